@@ -1,0 +1,56 @@
+// Per-type row kernels and the matrix multiply, with run-time ISA dispatch.
+//
+// Every type has a scalar reference (kernels/ref/) that reads like llama2.c; ISA variants (kernels/x86/,
+// kernels/arm/) are chosen once at startup from cpuid and are tested against the reference. Weights are
+// never dequantized as whole matrices: a matmul quantizes the activation rows once into the weight type's
+// vec_dot_type (e.g. q8_0 for q4_0 weights) and runs integer/float dot products row by row.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/thread-pool.h"
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace td::kernels {
+
+enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
+
+const char *isa_name(Isa isa);
+// The best ISA this CPU supports among those compiled in.
+Isa isa_detected();
+// The ISA in use: isa_detected() unless TANDEM_ISA=scalar|avx2|avx512|neon (or isa_force) says less.
+Isa isa_active();
+// Tests use this to run the same checks on each ISA; returns false if the CPU lacks it.
+bool isa_force(Isa isa);
+
+using ToFloatFn = void (*)(const void *src, float *dst, int64_t n);
+using FromFloatFn = void (*)(const float *src, void *dst, int64_t n);
+// *s = dot(x, y) over n elements; x is of the kernel's type, y of its vec_dot_type.
+using VecDotFn = void (*)(int64_t n, float *s, const void *x, const void *y);
+
+struct TypeKernels {
+    DType type = DType::f32;
+    ToFloatFn to_float = nullptr;      // dequantize one row of n elements
+    FromFloatFn from_float = nullptr;  // quantize one row of n elements (n a multiple of the block size)
+    VecDotFn vec_dot = nullptr;
+    DType vec_dot_type = DType::f32;  // what the other operand of vec_dot must be quantized to
+};
+
+// Kernels for the active ISA; nullptr when the type is not supported.
+const TypeKernels *type_kernels(DType type);
+// Scalar reference kernels; nullptr when the type is not supported.
+const TypeKernels *type_kernels_ref(DType type);
+// Kernels of a given ISA (falls back to the reference where that ISA has no specialisation).
+const TypeKernels *type_kernels_for(DType type, Isa isa);
+
+// y = x W^T:  w [n_out rows of n_in] (any supported type, w.ne = {n_in, n_out}),
+//             x [n_tokens, n_in] f32 rows, y [n_tokens, n_out] f32 rows.
+// `scratch` holds the activations quantized to the weight's vec_dot_type; it grows as needed and is
+// reused across calls so nothing is allocated on the steady-state path. Each output element is computed by
+// one vec_dot call independent of n_tokens, so results do not depend on the batch it came in.
+void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, ThreadPool &pool,
+            std::vector<uint8_t> &scratch);
+
+}  // namespace td::kernels
