@@ -68,7 +68,7 @@ TEST(Fp16, RoundTripsEveryHalf) {
         EXPECT_EQ(fp32_to_fp16(f), h) << h;
     }
     EXPECT_EQ(fp32_to_fp16(1.0f), 0x3c00);
-    EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7c00);   // rounds to inf
+    EXPECT_EQ(fp32_to_fp16(65520.0f), 0x7c00);  // rounds to inf
     EXPECT_EQ(fp32_to_fp16(65519.0f), 0x7bff);
     EXPECT_EQ(fp32_to_fp16(1.0f + 1.0f / 2048), 0x3c00);  // tie to even
     EXPECT_EQ(fp32_to_fp16(1.0f + 3.0f / 2048), 0x3c02);

@@ -12,8 +12,12 @@ inline std::string shared_dir() {
     if (const char *env = std::getenv("TANDEM_SHARED_DIR")) return env;
     return TD_SHARED_DIR;
 }
-inline std::string shared_path(const std::string &rel) { return shared_dir() + "/" + rel; }
-inline bool shared_exists(const std::string &rel) { return std::filesystem::exists(shared_path(rel)); }
+inline std::string shared_path(const std::string &rel) {
+    return shared_dir() + "/" + rel;
+}
+inline bool shared_exists(const std::string &rel) {
+    return std::filesystem::exists(shared_path(rel));
+}
 
 // A fresh empty directory under the system temp dir, removed by the destructor.
 class TempDir {
@@ -34,6 +38,73 @@ private:
     std::string path_;
 };
 
-inline std::string tandem_bin() { return TD_TANDEM_BIN; }
+inline std::string tandem_bin() {
+    return TD_TANDEM_BIN;
+}
+
+}  // namespace td::test
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+extern char **environ;
+
+namespace td::test {
+
+struct ProcessResult {
+    int exit_code = -1;  // valid when !signaled
+    bool signaled = false;
+    int signal = 0;
+    std::string out;  // stdout
+    std::string err;  // stderr
+};
+
+inline std::string read_file(const std::string &path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Runs the tandem binary with args, capturing stdout and stderr (through temp files), no stdin.
+inline ProcessResult run_tandem(const std::vector<std::string> &args) {
+    TempDir dir;
+    const std::string out_path = dir.file("out"), err_path = dir.file("err");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> all = {tandem_bin()};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char *> argv;
+    for (auto &a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ProcessResult r;
+    pid_t pid = 0;
+    if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) {
+        posix_spawn_file_actions_destroy(&fa);
+        r.err = "spawn failed";
+        return r;
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFSIGNALED(status)) {
+        r.signaled = true;
+        r.signal = WTERMSIG(status);
+    } else {
+        r.exit_code = WEXITSTATUS(status);
+    }
+    r.out = read_file(out_path);
+    r.err = read_file(err_path);
+    return r;
+}
 
 }  // namespace td::test

@@ -1,2 +1,37 @@
+// tandem: one binary, one subcommand per job. Each subcommand lives in its own cmd-*.cpp and registers its
+// options on a CLI11 subcommand; main only dispatches.
+#include <CLI/CLI.hpp>
 #include <cstdio>
-int main() { std::puts("tandem"); return 0; }
+#include <functional>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/log.h"
+
+int main(int argc, char **argv) {
+    CLI::App app{"tandem: run one large language model across several machines (GGUF, llama architecture)",
+                 "tandem"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("tandem ") + TD_VERSION + " (" + TD_GIT_ID + ")");
+    bool verbose = false;
+    app.add_flag("-v,--verbose", verbose, "Log more (also TANDEM_LOG=debug|info|warn|error)");
+
+    std::vector<std::function<int()>> runners;
+    td::cli::register_run(app, runners);
+    td::cli::register_tokenize(app, runners);
+    td::cli::register_info(app, runners);
+    td::cli::register_synth(app, runners);
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError &e) {
+        return app.exit(e);
+    }
+    if (verbose) td::log_set_level(td::LogLevel::info);
+    for (auto &run : runners) {
+        int rc = run();
+        if (rc >= 0) return rc;
+    }
+    std::fprintf(stderr, "tandem: error: no subcommand ran\n");
+    return 2;
+}

@@ -11,10 +11,11 @@ namespace td::detail {
 [[noreturn]] void assert_fail(const char *file, int line, const char *cond, const std::string &message);
 }
 
-#define TD_ASSERT(cond, ...)                                                                   \
-    do {                                                                                       \
-        if (__builtin_expect(!(cond), 0))                                                      \
+#define TD_ASSERT(cond, ...)                                                                     \
+    do {                                                                                         \
+        if (__builtin_expect(!(cond), 0))                                                        \
             ::td::detail::assert_fail(__FILE__, __LINE__, #cond, ::fmt::format("" __VA_ARGS__)); \
     } while (0)
 
-#define TD_UNREACHABLE(...) ::td::detail::assert_fail(__FILE__, __LINE__, "unreachable", ::fmt::format("" __VA_ARGS__))
+#define TD_UNREACHABLE(...) \
+    ::td::detail::assert_fail(__FILE__, __LINE__, "unreachable", ::fmt::format("" __VA_ARGS__))

@@ -24,8 +24,12 @@ std::atomic<int> &level_ref() {
 
 }  // namespace
 
-LogLevel log_level() { return static_cast<LogLevel>(level_ref().load(std::memory_order_relaxed)); }
-void log_set_level(LogLevel level) { level_ref().store(static_cast<int>(level)); }
+LogLevel log_level() {
+    return static_cast<LogLevel>(level_ref().load(std::memory_order_relaxed));
+}
+void log_set_level(LogLevel level) {
+    level_ref().store(static_cast<int>(level));
+}
 
 void log_write(LogLevel level, const std::string &message) {
     static const char *names[] = {"error", "warn", "info", "debug"};

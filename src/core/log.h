@@ -28,7 +28,8 @@ void log_info(fmt::format_string<Args...> f, Args &&...args) {
 }
 template <typename... Args>
 void log_debug(fmt::format_string<Args...> f, Args &&...args) {
-    if (log_level() >= LogLevel::debug) log_write(LogLevel::debug, fmt::format(f, std::forward<Args>(args)...));
+    if (log_level() >= LogLevel::debug)
+        log_write(LogLevel::debug, fmt::format(f, std::forward<Args>(args)...));
 }
 
 }  // namespace td

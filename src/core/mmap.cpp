@@ -36,7 +36,8 @@ Result<MappedFile> MappedFile::open(const std::string &path) {
         if (p == MAP_FAILED) {
             int err = errno;
             ::close(fd);
-            return make_error(ErrorKind::io, "{}: cannot mmap {} bytes: {}", path, file.size_, std::strerror(err));
+            return make_error(ErrorKind::io, "{}: cannot mmap {} bytes: {}", path, file.size_,
+                              std::strerror(err));
         }
         file.data_ = static_cast<uint8_t *>(p);
     }
@@ -45,7 +46,9 @@ Result<MappedFile> MappedFile::open(const std::string &path) {
 }
 
 MappedFile::MappedFile(MappedFile &&other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)), path_(std::move(other.path_)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      path_(std::move(other.path_)) {}
 
 MappedFile &MappedFile::operator=(MappedFile &&other) noexcept {
     if (this != &other) {

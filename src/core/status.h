@@ -85,9 +85,9 @@ private:
 }  // namespace td
 
 // Propagate an error Status: TD_TRY(some_call_returning_status());
-#define TD_TRY(expr)                              \
-    do {                                          \
-        ::td::Status td_try_status_ = (expr);     \
+#define TD_TRY(expr)                                     \
+    do {                                                 \
+        ::td::Status td_try_status_ = (expr);            \
         if (!td_try_status_.ok()) return td_try_status_; \
     } while (0)
 

@@ -11,6 +11,20 @@
 // Reading maps the file and validates everything before returning: counts and lengths are bounded by the
 // bytes left in the file before anything is allocated, all size arithmetic is overflow-checked, every
 // tensor must lie inside the file. Any violation returns invalid_input naming the file and the problem.
+//
+// general.alignment may be any integer type holding a nonzero power of two that fits u32; default 32.
+// Copying a File shares the mapping (tensor data pointers stay valid while any copy lives) but copies
+// the metadata; pass it by reference where that matters.
+//
+// Choices where llama.cpp is silent or lenient (documented so the model code can rely on them):
+//   - n_dims must be 1..4 and every ne >= 1. ggml writes n_dims >= 1 and its reader divides by ne, so a
+//     zero-sized dimension is rejected here rather than special-cased downstream.
+//   - Known dtypes that tandem cannot compute with yet (dtype_traits(t).supported == false) load fine;
+//     the model decides. Unknown dtype ids are an error naming the tensor and the id.
+//   - Arrays may nest (array of arrays) up to kMaxArrayDepth levels; llama.cpp itself rejects nesting.
+//   - Tensors need not be packed back to back (llama.cpp's reader requires that, its mmap loader does
+//     not); each offset must be a multiple of the alignment and the data must end inside the file.
+//   - A bool byte other than 0 reads as true.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +41,11 @@
 #include "tensor/tensor.h"
 
 namespace td::gguf {
+
+inline constexpr size_t kDefaultAlignment = 32;
+inline constexpr size_t kMaxNameBytes = 64 * 1024;  // key and tensor name limit when reading
+inline constexpr size_t kMaxLlamaTensorName = 63;   // ggml's GGML_MAX_NAME - 1; enforced by Writer
+inline constexpr int kMaxArrayDepth = 8;            // arrays inside arrays inside ... (reader and writer)
 
 enum class ValueType : uint32_t {
     u8 = 0,
@@ -87,6 +106,8 @@ public:
     uint32_t version() const { return version_; }
     size_t alignment() const { return alignment_; }
     size_t file_size() const { return map_->size(); }
+    // Start of the data section (aligned end of the header). For a file without tensors it may lie past
+    // file_size(): gguf-py writes no padding after the header then, and nothing reads from it.
     size_t data_offset() const { return data_offset_; }
 
     // Metadata, in file order.
@@ -130,8 +151,12 @@ private:
 
 // Writes GGUF v3 files that llama.cpp loads. Keys keep insertion order; tensors are laid out in
 // insertion order at `alignment` (general.alignment is written when it is not 32).
+// Setting a key that is already set replaces its value and keeps its position. general.alignment, if
+// set explicitly, must equal the constructor's alignment (write() fails otherwise) and is always
+// written as u32, the type llama.cpp requires.
 class Writer {
 public:
+    // alignment: a power of two (asserted).
     explicit Writer(size_t alignment = 32);
 
     void set_u8(std::string key, uint8_t v);
@@ -148,10 +173,13 @@ public:
     void set_value(std::string key, const Value &v);
 
     // ne as in GGUF (ne[0] innermost). `data` holds n_bytes = dtype_row_bytes(type, ne[0]) * rows and
-    // is copied.
+    // is copied. Asserted (caller bugs): 1..4 dims, every ne >= 1, ne[0] a multiple of the block size,
+    // n_bytes matching the shape.
     void add_tensor(std::string name, DType type, std::vector<int64_t> ne, const void *data, size_t n_bytes);
 
-    // Writes the whole file (to path + ".tmp", then renamed). io errors name the path.
+    // Writes the whole file (to path + ".tmp", then renamed). io errors name the path; invalid_input for
+    // a duplicate tensor name, a tensor name longer than kMaxLlamaTensorName, a general.alignment that
+    // disagrees with the constructor, or arrays nested deeper than kMaxArrayDepth.
     Status write(const std::string &path) const;
 
 private:
@@ -161,6 +189,8 @@ private:
         std::vector<int64_t> ne;
         std::vector<uint8_t> data;
     };
+    void put(std::string key, Value value);
+
     size_t alignment_;
     std::vector<std::pair<std::string, Value>> kv_;
     std::vector<PendingTensor> tensors_;

@@ -22,14 +22,22 @@ const char *isa_name(Isa isa);
 Isa isa_detected();
 // The ISA in use: isa_detected() unless TANDEM_ISA=scalar|avx2|avx512|neon (or isa_force) says less.
 Isa isa_active();
-// Tests use this to run the same checks on each ISA; returns false if the CPU lacks it.
+// Tests use this to run the same checks on each ISA; returns false if the CPU lacks it (or it is not compiled
+// in). Scalar is always available.
 bool isa_force(Isa isa);
+// Forgets isa_force: the next isa_active() reads TANDEM_ISA again.
+void isa_reset();
 
 using ToFloatFn = void (*)(const void *src, float *dst, int64_t n);
 using FromFloatFn = void (*)(const float *src, void *dst, int64_t n);
 // *s = dot(x, y) over n elements; x is of the kernel's type, y of its vec_dot_type.
 using VecDotFn = void (*)(int64_t n, float *s, const void *x, const void *y);
 
+// Supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q8_1 (ggml's block layouts, kernels/blocks.h).
+// vec_dot_type: f32->f32, f16->f16, bf16->bf16, q4_0/q5_0/q8_0->q8_0, q4_1/q5_1/q8_1->q8_1, as in ggml.
+// from_float writes the bytes ggml's reference quantizer writes, on every ISA. Every ISA's vec_dot for a
+// block type returns the reference's result bit for bit; float types agree within rounding.
+// For block types n must be a multiple of 32; q8_0/q8_1 y operands must come from from_float (never -128).
 struct TypeKernels {
     DType type = DType::f32;
     ToFloatFn to_float = nullptr;      // dequantize one row of n elements
@@ -42,11 +50,15 @@ struct TypeKernels {
 const TypeKernels *type_kernels(DType type);
 // Scalar reference kernels; nullptr when the type is not supported.
 const TypeKernels *type_kernels_ref(DType type);
-// Kernels of a given ISA (falls back to the reference where that ISA has no specialisation).
+// Kernels of a given ISA. Where that ISA has no specialisation for a function, the next lower ISA's is used
+// (avx512 -> avx2 -> reference); an ISA not compiled into this build gives the reference. Does not check
+// that the CPU supports the ISA (isa_force does).
 const TypeKernels *type_kernels_for(DType type, Isa isa);
 
 // y = x W^T:  w [n_out rows of n_in] (any supported type, w.ne = {n_in, n_out}),
-//             x [n_tokens, n_in] f32 rows, y [n_tokens, n_out] f32 rows.
+//             x [n_tokens, n_in] f32 rows, y [n_tokens, n_out] f32 rows (y must not overlap x).
+// n_in must be a multiple of the weight type's block size and w.data aligned to its element/block type
+// (asserted: the loader validates both). Uses the active ISA's kernels.
 // `scratch` holds the activations quantized to the weight's vec_dot_type; it grows as needed and is
 // reused across calls so nothing is allocated on the steady-state path. Each output element is computed by
 // one vec_dot call independent of n_tokens, so results do not depend on the batch it came in.

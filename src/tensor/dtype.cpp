@@ -27,26 +27,16 @@ struct Entry {
 //   q6_k: 128 ql + 64 qh + 16 scales + f16 d       = 210 per 256
 //   q8_k: f32 d + 256 int8 + 16 int16 bsums        = 292 per 256
 constexpr std::array<Entry, 20> kTable = {{
-    {DType::f32, {"f32", 1, 4, false, true}},
-    {DType::f16, {"f16", 1, 2, false, true}},
-    {DType::q4_0, {"q4_0", 32, 18, true, true}},
-    {DType::q4_1, {"q4_1", 32, 20, true, true}},
-    {DType::q5_0, {"q5_0", 32, 22, true, true}},
-    {DType::q5_1, {"q5_1", 32, 24, true, true}},
-    {DType::q8_0, {"q8_0", 32, 34, true, true}},
-    {DType::q8_1, {"q8_1", 32, 36, true, true}},
-    {DType::q2_k, {"q2_k", 256, 84, true, false}},
-    {DType::q3_k, {"q3_k", 256, 110, true, false}},
-    {DType::q4_k, {"q4_k", 256, 144, true, false}},
-    {DType::q5_k, {"q5_k", 256, 176, true, false}},
-    {DType::q6_k, {"q6_k", 256, 210, true, false}},
-    {DType::q8_k, {"q8_k", 256, 292, true, false}},
-    {DType::i8, {"i8", 1, 1, false, false}},
-    {DType::i16, {"i16", 1, 2, false, false}},
-    {DType::i32, {"i32", 1, 4, false, false}},
-    {DType::i64, {"i64", 1, 8, false, false}},
-    {DType::f64, {"f64", 1, 8, false, false}},
-    {DType::bf16, {"bf16", 1, 2, false, true}},
+    {DType::f32, {"f32", 1, 4, false, true}},       {DType::f16, {"f16", 1, 2, false, true}},
+    {DType::q4_0, {"q4_0", 32, 18, true, true}},    {DType::q4_1, {"q4_1", 32, 20, true, true}},
+    {DType::q5_0, {"q5_0", 32, 22, true, true}},    {DType::q5_1, {"q5_1", 32, 24, true, true}},
+    {DType::q8_0, {"q8_0", 32, 34, true, true}},    {DType::q8_1, {"q8_1", 32, 36, true, true}},
+    {DType::q2_k, {"q2_k", 256, 84, true, false}},  {DType::q3_k, {"q3_k", 256, 110, true, false}},
+    {DType::q4_k, {"q4_k", 256, 144, true, false}}, {DType::q5_k, {"q5_k", 256, 176, true, false}},
+    {DType::q6_k, {"q6_k", 256, 210, true, false}}, {DType::q8_k, {"q8_k", 256, 292, true, false}},
+    {DType::i8, {"i8", 1, 1, false, false}},        {DType::i16, {"i16", 1, 2, false, false}},
+    {DType::i32, {"i32", 1, 4, false, false}},      {DType::i64, {"i64", 1, 8, false, false}},
+    {DType::f64, {"f64", 1, 8, false, false}},      {DType::bf16, {"bf16", 1, 2, false, true}},
 }};
 
 const Entry *find_entry(uint32_t id) {
@@ -57,7 +47,9 @@ const Entry *find_entry(uint32_t id) {
 
 }  // namespace
 
-bool dtype_is_known(uint32_t id) { return find_entry(id) != nullptr; }
+bool dtype_is_known(uint32_t id) {
+    return find_entry(id) != nullptr;
+}
 
 const DTypeTraits &dtype_traits(DType type) {
     const Entry *e = find_entry(static_cast<uint32_t>(type));

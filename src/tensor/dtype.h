@@ -34,18 +34,20 @@ enum class DType : uint32_t {
 };
 
 struct DTypeTraits {
-    const char *name;      // lower case, as llama.cpp prints: "f32", "q4_0", "q6_k"
-    int64_t block_size;    // elements per block (1 for plain types)
-    size_t block_bytes;    // bytes per block
+    const char *name;    // lower case, as llama.cpp prints: "f32", "q4_0", "q6_k"
+    int64_t block_size;  // elements per block (1 for plain types)
+    size_t block_bytes;  // bytes per block
     bool quantized;
-    bool supported;        // tandem can compute with it (dequantize + dot); false = known but not yet
+    bool supported;  // tandem can compute with it (dequantize + dot); false = known but not yet
 };
 
 // True for every id ggml defines that tandem knows the layout of (supported or not).
 bool dtype_is_known(uint32_t id);
 // Traits of a known type; asserts on an unknown id (check dtype_is_known first for file data).
 const DTypeTraits &dtype_traits(DType type);
-inline const char *dtype_name(DType type) { return dtype_traits(type).name; }
+inline const char *dtype_name(DType type) {
+    return dtype_traits(type).name;
+}
 // Parses "q4_0", "Q4_0", "f16", ... Error names the accepted values.
 Result<DType> dtype_from_name(std::string_view name);
 

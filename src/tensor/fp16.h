@@ -58,7 +58,9 @@ inline uint16_t fp32_to_fp16(float f) {
     return static_cast<uint16_t>(sign | h);
 }
 
-inline float bf16_to_fp32(uint16_t h) { return fp32_from_bits(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_fp32(uint16_t h) {
+    return fp32_from_bits(static_cast<uint32_t>(h) << 16);
+}
 
 // Float -> bfloat16, round to nearest even; NaN stays NaN (quiet).
 inline uint16_t fp32_to_bf16(float f) {

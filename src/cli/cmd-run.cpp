@@ -1,0 +1,145 @@
+// tandem run: generate text from a prompt on this machine, streaming it to stdout.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/log.h"
+#include "core/thread-pool.h"
+#include "model/context.h"
+#include "model/detokenizer.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "model/vocab.h"
+
+namespace td::cli {
+namespace {
+
+struct RunOptions {
+    std::string model;
+    std::string prompt;
+    std::string prompt_file;
+    int32_t n_predict = -1;
+    int32_t n_ctx = 0;
+    int32_t n_threads = 0;
+    int32_t n_batch = 512;
+    bool no_bos = false;
+    std::string kv_type = "f16";
+    SamplerParams sampling;
+    int64_t seed = -1;
+};
+
+int run_main(const RunOptions &opt) {
+    auto path = resolve_model(opt.model);
+    if (!path.ok()) return fail(path.status());
+    auto model = Model::load(*path);
+    if (!model.ok()) return fail(model.status());
+    auto vocab_r = Vocab::from_gguf((*model)->file());
+    if (!vocab_r.ok()) return fail(vocab_r.status());
+    auto vocab = std::make_shared<const Vocab>(std::move(vocab_r).value());
+    auto tokenizer = Tokenizer::create(vocab);
+    if (!tokenizer.ok()) return fail(tokenizer.status());
+
+    std::string prompt = opt.prompt;
+    if (!opt.prompt_file.empty()) {
+        std::ifstream in(opt.prompt_file, std::ios::binary);
+        if (!in)
+            return fail(make_error(ErrorKind::not_found, "{}: cannot read the prompt file", opt.prompt_file));
+        std::stringstream ss;
+        ss << in.rdbuf();
+        prompt = ss.str();
+    }
+    const bool add_bos = vocab->add_bos() && !opt.no_bos;
+    std::vector<int32_t> tokens = (*tokenizer)->encode(prompt, add_bos, /*parse_special=*/true);
+    if (tokens.empty()) return fail(invalid_input("the prompt is empty; pass one with -p"));
+
+    SamplerParams sp = opt.sampling;
+    sp.seed = opt.seed < 0 ? SamplerParams::seed_random : static_cast<uint64_t>(opt.seed);
+    if (Status s = sampler_params_validate(sp); !s.ok()) return fail(s);
+
+    ContextParams cp;
+    cp.n_ctx = opt.n_ctx;
+    if (opt.kv_type == "f32") {
+        cp.kv_type = KvType::f32;
+    } else if (opt.kv_type != "f16") {
+        return fail(invalid_input("--kv-type must be f16 or f32, got '{}'", opt.kv_type));
+    }
+    ThreadPool pool(opt.n_threads);
+    auto ctx = Context::create(*model, cp, pool);
+    if (!ctx.ok()) return fail(ctx.status());
+
+    Sampler sampler(sp, (*model)->hparams().n_vocab);
+    // The prompt is not echoed; generated text streams as soon as it is valid UTF-8. It continues the
+    // prompt, so the first piece keeps its leading space.
+    Detokenizer detok(**tokenizer, Detokenizer::Start::continuation);
+    GenerateParams gp;
+    gp.n_predict = opt.n_predict;
+    gp.n_batch = opt.n_batch;
+    auto stats = generate(
+        **ctx, sampler, tokens, gp, [&](int32_t t) { return vocab->is_eog(t); },
+        [&](int32_t token, const float *) {
+            std::string text = detok.push(token);
+            if (!text.empty()) {
+                std::fwrite(text.data(), 1, text.size(), stdout);
+                std::fflush(stdout);
+            }
+            return true;
+        });
+    std::string rest = detok.flush();
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    if (!stats.ok()) return fail(stats.status());
+    const GenerateStats &st = *stats;
+    if (st.stop == StopReason::context_full)
+        std::fprintf(stderr, "tandem: stopped: the context of %d tokens is full (raise -c)\n",
+                     (*ctx)->n_ctx());
+    std::fprintf(
+        stderr,
+        "tandem: prompt %d tokens, %.2f tokens/s | generation %d tokens, %.2f tokens/s | %d threads\n",
+        st.n_prompt, st.prompt_seconds > 0 ? st.n_prompt / st.prompt_seconds : 0.0, st.n_generated,
+        st.gen_seconds > 0 ? st.n_generated / st.gen_seconds : 0.0, pool.n_threads());
+    return 0;
+}
+
+}  // namespace
+
+void register_run(CLI::App &app, Runners &runners) {
+    auto opt = std::make_shared<RunOptions>();
+    CLI::App *cmd =
+        app.add_subcommand("run", "Generate text from a prompt (streams to stdout, speed to stderr)");
+    cmd->add_option("-m,--model", opt->model, "GGUF model (default: stories260K, downloaded once if needed)");
+    cmd->add_option("-p,--prompt", opt->prompt, "Prompt text")->default_val("Once upon a time");
+    cmd->add_option("-f,--file", opt->prompt_file, "Read the prompt from a file");
+    cmd->add_option("-n,--n-predict", opt->n_predict,
+                    "Tokens to generate (-1: until end of text or context full)")
+        ->default_val(-1);
+    cmd->add_option("-c,--ctx-size", opt->n_ctx, "Context size in tokens (0: the model's)")->default_val(0);
+    cmd->add_option("-t,--threads", opt->n_threads, "Threads (0: all cores)")->default_val(0);
+    cmd->add_option("-b,--batch-size", opt->n_batch, "Prompt tokens per forward pass")
+        ->default_val(512)
+        ->check(CLI::Range(1, 1 << 16));
+    cmd->add_flag("--no-bos", opt->no_bos, "Do not add the BOS token");
+    cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
+    cmd->add_option("--temp", opt->sampling.temperature, "Temperature (0: greedy)")->default_val(0.8f);
+    cmd->add_option("--top-k", opt->sampling.top_k, "Top-k (0: off)")->default_val(40);
+    cmd->add_option("--top-p", opt->sampling.top_p, "Top-p (1: off)")->default_val(0.95f);
+    cmd->add_option("--min-p", opt->sampling.min_p, "Min-p (0: off)")->default_val(0.05f);
+    cmd->add_option("--repeat-penalty", opt->sampling.repeat_penalty, "Repetition penalty (1: off)")
+        ->default_val(1.0f);
+    cmd->add_option("--repeat-last-n", opt->sampling.repeat_last_n, "Tokens the penalty looks back")
+        ->default_val(64);
+    cmd->add_option("--presence-penalty", opt->sampling.presence_penalty, "Presence penalty")
+        ->default_val(0.0f);
+    cmd->add_option("--frequency-penalty", opt->sampling.frequency_penalty, "Frequency penalty")
+        ->default_val(0.0f);
+    cmd->add_option("-s,--seed", opt->seed, "Random seed (-1: random)")->default_val(-1);
+    runners.push_back([cmd, opt] { return cmd->parsed() ? run_main(*opt) : -1; });
+}
+
+}  // namespace td::cli

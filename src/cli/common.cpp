@@ -1,0 +1,101 @@
+#include "cli/common.h"
+
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+extern char **environ;
+
+namespace td::cli {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char *kDefaultModel = "stories260K.gguf";
+constexpr const char *kDefaultModelUrl =
+    "https://huggingface.co/ggml-org/tiny-llamas/resolve/main/stories260K.gguf";
+
+fs::path cache_dir() {
+    if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+        return fs::path(xdg) / "tandem" / "models";
+    if (const char *home = std::getenv("HOME"); home && *home)
+        return fs::path(home) / ".cache" / "tandem" / "models";
+    return fs::temp_directory_path() / "tandem" / "models";
+}
+
+// The source tree's parent, found from the binary (build/<preset>/tandem), for ../shared beside the checkout.
+std::vector<fs::path> shared_candidates() {
+    std::vector<fs::path> out;
+    out.push_back(fs::current_path() / ".." / "shared" / "models" / kDefaultModel);
+    std::error_code ec;
+    fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path();
+             dir = dir.parent_path())
+            out.push_back(dir.parent_path() / "shared" / "models" / kDefaultModel);
+    }
+    return out;
+}
+
+Status download(const std::string &url, const fs::path &dest) {
+    std::error_code ec;
+    fs::create_directories(dest.parent_path(), ec);
+    if (ec)
+        return make_error(ErrorKind::io, "cannot create {}: {}", dest.parent_path().string(), ec.message());
+    const std::string tmp = dest.string() + ".part";
+    std::fprintf(stderr, "tandem: downloading %s\n        to %s\n", url.c_str(), dest.c_str());
+    std::vector<std::string> args = {"curl", "-L", "--fail", "--progress-bar", "-o", tmp, url};
+    std::vector<char *> argv;
+    for (auto &a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawnp(&pid, "curl", nullptr, nullptr, argv.data(), environ) != 0)
+        return make_error(ErrorKind::failed,
+                          "cannot run curl to download the default model; install curl or pass -m");
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fs::remove(tmp, ec);
+        return make_error(ErrorKind::failed, "downloading {} failed; pass a model with -m", url);
+    }
+    fs::rename(tmp, dest, ec);
+    if (ec)
+        return make_error(ErrorKind::io, "cannot move the download to {}: {}", dest.string(), ec.message());
+    return {};
+}
+
+}  // namespace
+
+Result<std::string> resolve_model(const std::string &arg) {
+    if (!arg.empty()) return arg;
+    if (const char *env = std::getenv("TANDEM_MODEL"); env && *env) return std::string(env);
+    std::error_code ec;
+    for (const fs::path &p : shared_candidates())
+        if (fs::is_regular_file(p, ec)) return fs::weakly_canonical(p, ec).string();
+    const fs::path cached = cache_dir() / kDefaultModel;
+    if (fs::is_regular_file(cached, ec)) return cached.string();
+    TD_TRY(download(kDefaultModelUrl, cached));
+    return cached.string();
+}
+
+int fail(const Status &status) {
+    std::fprintf(stderr, "tandem: error: %s\n", status.message().c_str());
+    return 1;
+}
+
+std::string human_bytes(double bytes) {
+    const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (bytes >= 1024.0 && u < 4) {
+        bytes /= 1024.0;
+        ++u;
+    }
+    return u == 0 ? fmt::format("{:.0f} {}", bytes, units[u]) : fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+}  // namespace td::cli

@@ -1,0 +1,105 @@
+// y = x W^T for any supported weight type, split over output rows.
+//
+// The activations are quantized once per call to the weight's vec_dot_type (q8_0 for q4_0 weights, ...);
+// then every output element y[t][o] is one vec_dot(W row o, x row t). No element is ever split across
+// threads or summed from partial results, so y does not depend on the thread count or on which tokens share
+// the batch: the same token gives the same bits alone or in a batch of 100.
+#include <cstdint>
+
+#include "core/check.h"
+#include "kernels/kernels.h"
+
+namespace td::kernels {
+namespace {
+
+// Output rows per work item: enough to amortise the scheduling, few enough that a chunk of weight rows
+// (16 x 2.3 KB for a 4096-wide q4_0 row) stays in L2 while every token of the batch passes over it.
+constexpr int64_t kRowsPerChunk = 16;
+
+// Everything the worker lambda needs, captured through one pointer so std::function does not allocate.
+struct MatmulJob {
+    const TypeKernels *kernels;
+    const uint8_t *w;  // [n_out][w_row_bytes]
+    size_t w_row_bytes;
+    const uint8_t *x;  // [n_tokens][x_row_bytes], in kernels->vec_dot_type
+    size_t x_row_bytes;
+    float *y;  // [n_tokens][n_out]
+    int64_t n_in;
+    int64_t n_out;
+    int64_t n_tokens;
+};
+
+void matmul_rows(const MatmulJob &job, int64_t row_begin, int64_t row_end) {
+    // Token-outer: the chunk's weight rows are reused from cache by every token.
+    for (int64_t t = 0; t < job.n_tokens; ++t) {
+        const uint8_t *xt = job.x + static_cast<size_t>(t) * job.x_row_bytes;
+        float *yt = job.y + t * job.n_out;  // [n_out]
+        for (int64_t o = row_begin; o < row_end; ++o)
+            job.kernels->vec_dot(job.n_in, &yt[o], job.w + static_cast<size_t>(o) * job.w_row_bytes, xt);
+    }
+}
+
+}  // namespace
+
+void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, ThreadPool &pool,
+            std::vector<uint8_t> &scratch) {
+    const int64_t n_in = w.ne[0];
+    const int64_t n_out = w.ne[1];
+    TD_ASSERT(w.ne[2] == 1 && w.ne[3] == 1, "matmul: {} is not a matrix ({} x {} x {} x {})", w.name, w.ne[0],
+              w.ne[1], w.ne[2], w.ne[3]);
+    TD_ASSERT(n_tokens >= 0 && n_in > 0 && n_out >= 0, "matmul: {} n_in {} n_out {} n_tokens {}", w.name,
+              n_in, n_out, n_tokens);
+    const TypeKernels *k = type_kernels(w.type);
+    TD_ASSERT(k != nullptr, "matmul: {} has type {}, which has no kernels", w.name, dtype_name(w.type));
+    const DTypeTraits &wt = dtype_traits(w.type);
+    TD_ASSERT(n_in % wt.block_size == 0, "matmul: {} row length {} is not a multiple of {}'s block size {}",
+              w.name, n_in, wt.name, wt.block_size);
+    const size_t w_align = w.type == DType::f32 ? alignof(float) : alignof(uint16_t);
+    TD_ASSERT(reinterpret_cast<uintptr_t>(w.data) % w_align == 0, "matmul: {} data is not {}-byte aligned",
+              w.name, w_align);
+    if (n_tokens == 0 || n_out == 0) return;
+
+    MatmulJob job{};
+    job.kernels = k;
+    job.w = static_cast<const uint8_t *>(w.data);
+    job.w_row_bytes = w.row_bytes();
+    job.y = y;
+    job.n_in = n_in;
+    job.n_out = n_out;
+    job.n_tokens = n_tokens;
+
+    if (k->vec_dot_type == DType::f32) {
+        job.x = reinterpret_cast<const uint8_t *>(x);
+        job.x_row_bytes = static_cast<size_t>(n_in) * sizeof(float);
+    } else {
+        // Quantize each activation row once: scratch [n_tokens][x_row_bytes] in the vec_dot_type.
+        const TypeKernels *kx = type_kernels(k->vec_dot_type);
+        TD_ASSERT(kx != nullptr, "no kernels for vec_dot_type {}", dtype_name(k->vec_dot_type));
+        job.x_row_bytes = dtype_row_bytes(k->vec_dot_type, n_in);
+        const size_t need = job.x_row_bytes * static_cast<size_t>(n_tokens);
+        if (scratch.size() < need) scratch.resize(need);
+        uint8_t *xq = scratch.data();
+        if (n_tokens == 1) {
+            kx->from_float(x, xq, n_in);
+        } else {
+            struct QuantizeJob {
+                const TypeKernels *kx;
+                const float *x;
+                uint8_t *xq;
+                int64_t n_in;
+                size_t row_bytes;
+            } qjob{kx, x, xq, n_in, job.x_row_bytes};
+            pool.parallel_for(n_tokens, [q = &qjob](int64_t begin, int64_t end) {
+                for (int64_t t = begin; t < end; ++t)
+                    q->kx->from_float(q->x + t * q->n_in, q->xq + static_cast<size_t>(t) * q->row_bytes,
+                                      q->n_in);
+            });
+        }
+        job.x = xq;
+    }
+
+    pool.parallel_for(
+        n_out, [j = &job](int64_t begin, int64_t end) { matmul_rows(*j, begin, end); }, kRowsPerChunk);
+}
+
+}  // namespace td::kernels

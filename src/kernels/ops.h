@@ -1,0 +1,49 @@
+// Element-wise and row ops used by the forward pass: RMSNorm, RoPE, softmax, SwiGLU, attention.
+// Scalar reference implementations (ref/ops-ref.cpp) that read like llama2.c; vectorised variants come in
+// with the SIMD kernels and are tested against these.
+#pragma once
+
+#include <cstdint>
+
+namespace td::kernels {
+
+// y[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]        x, y, w: [n]   (y may alias x)
+void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+
+enum class RopeOrder {
+    adjacent = 0,  // rotate pairs (x[2i], x[2i+1])          - llama ("normal" in ggml)
+    halves = 1,    // rotate pairs (x[i], x[i + n_rot/2])     - gpt-neox, qwen2 ("neox" in ggml)
+};
+
+struct RopeParams {
+    int32_t n_rot = 0;  // rotated dims per head (<= head_dim; the rest pass through)
+    float freq_base = 10000.0f;
+    float freq_scale = 1.0f;              // 1 / linear scaling factor
+    const float *freq_factors = nullptr;  // [n_rot/2] per-frequency divisors (llama3 rope_freqs), or null
+    RopeOrder order = RopeOrder::adjacent;
+};
+
+// Rotates each of n_head heads of x in place for position pos.   x: [n_head, head_dim]
+//   theta_i = pos * freq_scale * base^(-2i/n_rot) / freq_factors[i]
+void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p);
+
+// x = softmax(x) in place, numerically stable.   x: [n]
+void softmax(float *x, int64_t n);
+
+// out[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + e^-v).   gate, up, out: [n] (out may alias gate)
+void swiglu(const float *gate, const float *up, float *out, int64_t n);
+
+// y[i] += x[i]   [n]
+void add_inplace(float *y, const float *x, int64_t n);
+
+// One attention head for one query over n_kv cached positions; causal masking is done by the caller (it
+// passes only positions <= the query's). K and V rows are f16 (kv_f16) or f32, row stride kv_stride elements.
+//   out = sum_j softmax(scale * q.k_j)_j v_j
+//   q: [head_dim]   k, v: [n_kv rows, stride]   out: [head_dim]   scores: [n_kv] scratch
+void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
+                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out);
+
+// dst[i] = f16(src[i]) or a plain copy, for writing K/V into the cache.
+void store_row(const float *src, void *dst, bool to_f16, int64_t n);
+
+}  // namespace td::kernels

@@ -1,0 +1,70 @@
+// AVX2 (+F16C) quantizers for the activation side of a matmul. Both write exactly the reference's bytes.
+// Same linkage rule as vec-dot-avx2.cpp: no inline functions from shared headers in this file.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/blocks.h"
+#include "kernels/x86/kernels-x86.h"
+
+namespace td::kernels::avx2 {
+namespace {
+
+inline float hmax_f32x8(__m256 v) {
+    __m128 q = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+
+// roundf() for each lane: to nearest, ties away from zero. x - trunc(x) is exact in float, so comparing it
+// with 0.5 decides the rounding without the error that floor(x + 0.5) has near 0.49999997.
+inline __m256 round_half_away(__m256 x) {
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(sign_bit, _mm256_sub_ps(x, t));
+    const __m256 away = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 step = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_and_ps(x, sign_bit));  // +-1 with x's sign
+    return _mm256_add_ps(t, _mm256_and_ps(away, step));
+}
+
+}  // namespace
+
+void from_float_f16(const float *src, void *dst, int64_t n) {
+    uint16_t *y = static_cast<uint16_t *>(dst);  // [n] half
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(y + i), h);
+    }
+    for (; i < n; ++i) y[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+void from_float_q8_0(const float *src, void *dst, int64_t n) {
+    BlockQ8_0 *y = static_cast<BlockQ8_0 *>(dst);  // [n / 32]
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / kQK; ++b) {
+        const float *x = src + b * kQK;  // [32]
+        __m256 v[4];
+        for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + 8 * k);
+        const __m256 amax8 =
+            _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_bit, v[0]), _mm256_andnot_ps(sign_bit, v[1])),
+                          _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[2]), _mm256_andnot_ps(sign_bit, v[3])));
+        // Scalar d and 1/d exactly as the reference computes them (not 127 / amax, which rounds differently).
+        const float d = hmax_f32x8(amax8) / 127;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];  // [4][8] int32 in -127..127
+        for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v[k], vid)));
+        // Packing works per 128-bit half, leaving 4-byte groups in the order 0 2 4 6 1 3 5 7 of the 8 groups
+        // of 4 elements; the permute puts them back in element order.
+        const __m256i q16a = _mm256_packs_epi32(q[0], q[1]);
+        const __m256i q16b = _mm256_packs_epi32(q[2], q[3]);
+        const __m256i q8 = _mm256_packs_epi16(q16a, q16b);
+        const __m256i ordered = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(y[b].qs), ordered);
+    }
+}
+
+}  // namespace td::kernels::avx2

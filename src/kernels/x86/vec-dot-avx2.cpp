@@ -1,0 +1,162 @@
+// AVX2 (+FMA, F16C) dot products. Compiled with -mavx2 -mfma -mf16c; called only on CPUs that have them.
+//
+// Nothing here may use an inline function with external linkage from a shared header (fp16.h, fmt, std
+// algorithms): the AVX2 copy could become the program's copy. Halves are converted with F16C instead, which
+// is exact like the reference conversion.
+//
+// Block types: the integer sum of each block is exact, and block b's scaled sum goes into vector lane b % 8,
+// the reference's accumulation order (kernels/blocks.h), so the results equal the reference bit for bit.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/blocks.h"
+#include "kernels/x86/kernels-x86.h"
+
+namespace td::kernels::avx2 {
+namespace {
+
+// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)), the same tree as dot_lanes_sum().
+inline float hsum_f32x8(__m256 v) {
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+inline int32_t hsum_i32x8(__m256i v) {
+    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
+    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 1));
+    return _mm_cvtsi128_si32(q);
+}
+
+inline float half_to_float(uint16_t h) {
+    return _cvtsh_ss(h);
+}
+
+// 32 int8 x 32 int8 -> 8 int32 partial sums, exact. maddubs wants an unsigned first operand, so the signs
+// move onto y: |x| * (y * sign(x)). Pairs of products stay within int16 (2 * 128 * 127 < 32768) as long as
+// y is never -128, which from_float guarantees (-128 * -1 would overflow int8).
+inline __m256i dot_i8x32(__m256i x, __m256i y) {
+    const __m256i ax = _mm256_sign_epi8(x, x);
+    const __m256i sy = _mm256_sign_epi8(y, x);
+    const __m256i pairs = _mm256_maddubs_epi16(ax, sy);     // [16] int16
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));  // [8] int32
+}
+
+// Eight blocks' 8-lane partial sums -> one vector [S0 .. S7] of the blocks' totals.
+inline __m256i sum_blocks_i32x8(const __m256i s[8]) {
+    // hadd works inside each 128-bit half: after two rounds, half 0 holds the sums of lanes 0..3 of four
+    // blocks and half 1 the sums of lanes 4..7; the two halves are then added.
+    const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    const __m256i lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
+    const __m256i hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
+    return _mm256_add_epi32(lo, hi);
+}
+
+// q4_0 nibbles -> 32 int8 in element order (low nibbles are elements 0..15, high nibbles 16..31), minus 8.
+inline __m256i unpack_q4_0(const uint8_t *qs) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
+    const __m256i nibbles =
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+    return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
+}
+
+inline __m256i load_i8x32(const int8_t *p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
+}
+
+// Scales dx_k * dy_k of eight consecutive blocks, as the reference computes them (float product).
+template <typename BX, typename BY>
+inline __m256 block_scales(const BX *x, const BY *y) {
+    alignas(16) uint16_t dx[8];
+    alignas(16) uint16_t dy[8];
+    for (int k = 0; k < 8; ++k) {
+        dx[k] = x[k].d;
+        dy[k] = y[k].d;
+    }
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i *>(dx))),
+                         _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i *>(dy))));
+}
+
+// The shared skeleton of q4_0 x q8_0 and q8_0 x q8_0: `block_dot(x, y)` gives one block's 8 int32 partials.
+template <typename BX, typename BlockDot>
+inline float dot_blocks(int64_t n, const BX *x, const BlockQ8_0 *y, BlockDot block_dot) {
+    const int64_t nb = n / kQK;
+    __m256 acc = _mm256_setzero_ps();  // lane k: blocks b with b % 8 == k
+    int64_t b = 0;
+    for (; b + kDotLanes <= nb; b += kDotLanes) {
+        __m256i partial[kDotLanes];
+        for (int k = 0; k < kDotLanes; ++k) partial[k] = block_dot(x[b + k], y[b + k]);
+        const __m256 sumf = _mm256_cvtepi32_ps(sum_blocks_i32x8(partial));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(block_scales(x + b, y + b), sumf));
+    }
+    alignas(32) float lanes[kDotLanes];
+    _mm256_store_ps(lanes, acc);
+    for (; b < nb; ++b) {
+        const float sumi = static_cast<float>(hsum_i32x8(block_dot(x[b], y[b])));
+        lanes[b % kDotLanes] += half_to_float(x[b].d) * half_to_float(y[b].d) * sumi;
+    }
+    return dot_lanes_sum(lanes);
+}
+
+}  // namespace
+
+void vec_dot_f32_f32(int64_t n, float *s, const void *vx, const void *vy) {
+    const float *x = static_cast<const float *>(vx);  // [n]
+    const float *y = static_cast<const float *>(vy);  // [n]
+    // Four independent accumulators hide the FMA latency.
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), acc3);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+    float sum = hsum_f32x8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    for (; i < n; ++i) sum += x[i] * y[i];
+    *s = sum;
+}
+
+void vec_dot_f16_f16(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = static_cast<const uint16_t *>(vx);  // [n] half
+    const uint16_t *y = static_cast<const uint16_t *>(vy);  // [n] half
+    auto load = [](const uint16_t *p) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    };
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm256_fmadd_ps(load(x + i), load(y + i), acc0);
+        acc1 = _mm256_fmadd_ps(load(x + i + 8), load(y + i + 8), acc1);
+        acc2 = _mm256_fmadd_ps(load(x + i + 16), load(y + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(load(x + i + 24), load(y + i + 24), acc3);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(load(x + i), load(y + i), acc0);
+    float sum = hsum_f32x8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    for (; i < n; ++i) sum += half_to_float(x[i]) * half_to_float(y[i]);
+    *s = sum;
+}
+
+void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
+    const BlockQ4_0 *x = static_cast<const BlockQ4_0 *>(vx);  // [n / 32]
+    const BlockQ8_0 *y = static_cast<const BlockQ8_0 *>(vy);  // [n / 32]
+    *s = dot_blocks(n, x, y, [](const BlockQ4_0 &bx, const BlockQ8_0 &by) {
+        return dot_i8x32(unpack_q4_0(bx.qs), load_i8x32(by.qs));
+    });
+}
+
+void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
+    const BlockQ8_0 *x = static_cast<const BlockQ8_0 *>(vx);  // [n / 32]
+    const BlockQ8_0 *y = static_cast<const BlockQ8_0 *>(vy);  // [n / 32]
+    *s = dot_blocks(n, x, y, [](const BlockQ8_0 &bx, const BlockQ8_0 &by) {
+        return dot_i8x32(load_i8x32(bx.qs), load_i8x32(by.qs));
+    });
+}
+
+}  // namespace td::kernels::avx2

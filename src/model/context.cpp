@@ -1,0 +1,214 @@
+#include "model/context.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "kernels/kernels.h"
+#include "kernels/ops.h"
+
+namespace td {
+
+Result<std::unique_ptr<Context>> Context::create(std::shared_ptr<const Model> model,
+                                                 const ContextParams &params, ThreadPool &pool) {
+    const HParams &hp = model->hparams();
+    int32_t n_ctx = params.n_ctx > 0 ? params.n_ctx : hp.n_ctx_train;
+    if (n_ctx <= 0 || n_ctx > (1 << 20)) return invalid_input("context size {} must be in 1..1048576", n_ctx);
+    if (params.n_seq <= 0 || params.n_seq > 4096)
+        return invalid_input("number of sequences {} must be in 1..4096", params.n_seq);
+    if (n_ctx > hp.n_ctx_train)
+        log_warn("context size {} exceeds the model's training context {}; quality may suffer", n_ctx,
+                 hp.n_ctx_train);
+
+    std::unique_ptr<Context> ctx(new Context());
+    ctx->model_ = std::move(model);
+    ctx->pool_ = &pool;
+    ctx->n_ctx_ = n_ctx;
+    const int32_t n_layer = ctx->model_->layer_last() - ctx->model_->layer_first();
+    TD_ASSIGN_OR_RETURN(
+        ctx->kv_, KvCache::create(std::max(n_layer, 1), params.n_seq, n_ctx, hp.n_embd_kv(), params.kv_type));
+    kernels::RopeParams &r = ctx->rope_;
+    r.n_rot = hp.n_rot;
+    r.freq_base = hp.rope_freq_base;
+    r.freq_scale = hp.rope_scaling == RopeScaling::linear ? 1.0f / hp.rope_scale_factor : 1.0f;
+    r.freq_factors = ctx->model_->rope_freq_factors();
+    r.order = hp.rope_order;
+    return ctx;
+}
+
+Status Context::validate(const Batch &batch, const float *hidden_in) const {
+    const Model &m = *model_;
+    const int32_t n = batch.size();
+    if (n == 0) return invalid_input("empty batch");
+    if (batch.seq.size() != batch.pos.size() || batch.want_logits.size() != batch.pos.size() ||
+        (m.layer_first() == 0 && batch.token.size() != batch.pos.size()))
+        return invalid_input("batch arrays have different lengths");
+    if (m.layer_first() > 0 && hidden_in == nullptr)
+        return invalid_input("a stage starting at layer {} needs hidden-state input", m.layer_first());
+    // Positions of each sequence must continue its cache without gaps (a sequence may also rewind).
+    std::vector<int32_t> next(kv_.n_seq(), -1);  // TODO(perf): small allocation per batch
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t s = batch.seq[i], p = batch.pos[i];
+        if (s < 0 || s >= kv_.n_seq())
+            return invalid_input("sequence {} is out of range (this context has {} slots)", s, kv_.n_seq());
+        if (p < 0 || p >= n_ctx_)
+            return invalid_input(
+                "position {} is beyond the context size {} (prompt plus generated tokens must fit)", p,
+                n_ctx_);
+        const int32_t expected = next[s] < 0 ? kv_.seq_len(s) : next[s];
+        if (next[s] < 0 ? p > expected : p != expected)
+            return invalid_input("sequence {}: position {} does not follow position {}", s, p, expected - 1);
+        next[s] = p + 1;
+        if (m.layer_first() == 0) {
+            const int32_t t = batch.token[i];
+            if (t < 0 || t >= m.hparams().n_vocab)
+                return invalid_input("token id {} is out of range (vocabulary has {} tokens)", t,
+                                     m.hparams().n_vocab);
+        }
+    }
+    return {};
+}
+
+void Context::ensure_scratch(int32_t n) {
+    const HParams &hp = model_->hparams();
+    const size_t rows = static_cast<size_t>(n);
+    auto grow = [](std::vector<float> &v, size_t size) {
+        if (v.size() < size) v.resize(size);
+    };
+    grow(x_, rows * hp.n_embd);
+    grow(xn_, rows * hp.n_embd);
+    grow(q_, rows * hp.n_embd_q());
+    grow(k_, rows * hp.n_embd_kv());
+    grow(v_, rows * hp.n_embd_kv());
+    grow(attn_, rows * hp.n_embd_q());
+    grow(gate_, rows * hp.n_ff);
+    grow(up_, rows * hp.n_ff);
+    grow(scores_, static_cast<size_t>(pool_->n_threads()) * n_ctx_);
+}
+
+Status Context::decode(const Batch &batch, const float *hidden_in) {
+    TD_TRY(validate(batch, hidden_in));
+    const Model &m = *model_;
+    const HParams &hp = m.hparams();
+    const int32_t n = batch.size();
+    const int64_t n_embd = hp.n_embd;
+    ensure_scratch(n);
+
+    // Input: embedding rows (dequantized from the table's type) or the previous stage's hidden state.
+    if (m.layer_first() == 0) {
+        const TensorView &emb = m.tok_embd();
+        const kernels::TypeKernels *k = kernels::type_kernels(emb.type);
+        pool_->parallel_for(n, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) k->to_float(emb.row(batch.token[i]), &x_[i * n_embd], n_embd);
+        });
+    } else {
+        std::memcpy(x_.data(), hidden_in, static_cast<size_t>(n) * n_embd * sizeof(float));
+    }
+
+    for (int32_t il = m.layer_first(); il < m.layer_last(); ++il) layer_forward(il, batch);
+
+    // The sequences now extend to the last position written.
+    for (int32_t i = 0; i < n; ++i) kv_.seq_set_len(batch.seq[i], batch.pos[i] + 1);
+
+    n_outputs_ = 0;
+    if (m.layer_last() != hp.n_layer) return {};
+
+    // Output head only for the rows that want logits: final norm, then [n_outputs, n_vocab] projection.
+    n_outputs_ = batch.n_outputs();
+    if (n_outputs_ == 0) return {};
+    if (out_rows_.size() < static_cast<size_t>(n_outputs_) * n_embd)
+        out_rows_.resize(static_cast<size_t>(n_outputs_) * n_embd);
+    const size_t n_logits = static_cast<size_t>(n_outputs_) * hp.n_vocab;
+    if (logits_.size() < n_logits) logits_.resize(n_logits);
+    const float *norm_w = static_cast<const float *>(m.output_norm().data);
+    for (int32_t i = 0, o = 0; i < n; ++i) {
+        if (!batch.want_logits[i]) continue;
+        kernels::rmsnorm(&x_[i * n_embd], norm_w, &out_rows_[o * n_embd], n_embd, hp.rms_eps);
+        ++o;
+    }
+    kernels::matmul(m.output(), out_rows_.data(), logits_.data(), n_outputs_, *pool_, mm_scratch_);
+    return {};
+}
+
+void Context::layer_forward(int32_t il, const Batch &batch) {
+    const Model &m = *model_;
+    const HParams &hp = m.hparams();
+    const LayerWeights &w = m.layer(il);
+    const int32_t n = batch.size();
+    const int32_t local = il - m.layer_first();
+    const int64_t n_embd = hp.n_embd, n_q = hp.n_embd_q(), n_kv = hp.n_embd_kv(), n_ff = hp.n_ff;
+    const int32_t head_dim = hp.head_dim;
+    ThreadPool &pool = *pool_;
+
+    // --- attention block:  x += Wo · attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)) ---
+    const float *attn_norm = static_cast<const float *>(w.attn_norm.data);
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+            kernels::rmsnorm(&x_[i * n_embd], attn_norm, &xn_[i * n_embd], n_embd, hp.rms_eps);
+    });
+    kernels::matmul(w.wq, xn_.data(), q_.data(), n, pool, mm_scratch_);
+    kernels::matmul(w.wk, xn_.data(), k_.data(), n, pool, mm_scratch_);
+    kernels::matmul(w.wv, xn_.data(), v_.data(), n, pool, mm_scratch_);
+
+    const bool kv_f16 = kv_.is_f16();
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            float *q = &q_[i * n_q], *k = &k_[i * n_kv], *v = &v_[i * n_kv];
+            if (w.bq.data) {
+                kernels::add_inplace(q, static_cast<const float *>(w.bq.data), n_q);
+                kernels::add_inplace(k, static_cast<const float *>(w.bk.data), n_kv);
+                kernels::add_inplace(v, static_cast<const float *>(w.bv.data), n_kv);
+            }
+            if (w.q_norm.data) {
+                for (int32_t h = 0; h < hp.n_head; ++h)
+                    kernels::rmsnorm(q + h * head_dim, static_cast<const float *>(w.q_norm.data),
+                                     q + h * head_dim, head_dim, hp.rms_eps);
+                for (int32_t h = 0; h < hp.n_head_kv; ++h)
+                    kernels::rmsnorm(k + h * head_dim, static_cast<const float *>(w.k_norm.data),
+                                     k + h * head_dim, head_dim, hp.rms_eps);
+            }
+            kernels::rope(q, hp.n_head, head_dim, batch.pos[i], rope_);
+            kernels::rope(k, hp.n_head_kv, head_dim, batch.pos[i], rope_);
+            kernels::store_row(k, kv_.k_row(local, batch.seq[i], batch.pos[i]), kv_f16, n_kv);
+            kernels::store_row(v, kv_.v_row(local, batch.seq[i], batch.pos[i]), kv_f16, n_kv);
+        }
+    });
+
+    // Each (row, head) attends over its own sequence's positions 0..pos (causal).
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const int32_t n_gqa = hp.n_gqa();
+    const size_t elem = kv_f16 ? 2 : 4;
+    pool.run([&](int ith, int nth) {
+        float *scores = &scores_[static_cast<size_t>(ith) * n_ctx_];
+        for (int64_t job = ith; job < static_cast<int64_t>(n) * hp.n_head; job += nth) {
+            const int64_t i = job / hp.n_head;
+            const int32_t h = static_cast<int32_t>(job % hp.n_head);
+            const int32_t kvh = h / n_gqa;
+            const uint8_t *k0 =
+                kv_.k_row(local, batch.seq[i], 0) + static_cast<size_t>(kvh) * head_dim * elem;
+            const uint8_t *v0 =
+                kv_.v_row(local, batch.seq[i], 0) + static_cast<size_t>(kvh) * head_dim * elem;
+            kernels::attention_head(&q_[i * n_q + h * head_dim], k0, v0, kv_f16, n_kv, head_dim,
+                                    batch.pos[i] + 1, scale, scores, &attn_[i * n_q + h * head_dim]);
+        }
+    });
+    kernels::matmul(w.wo, attn_.data(), xn_.data(), n, pool, mm_scratch_);
+    kernels::add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
+
+    // --- feed-forward block:  x += W_down · (silu(W_gate·n(x)) * W_up·n(x)) ---
+    const float *ffn_norm = static_cast<const float *>(w.ffn_norm.data);
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+            kernels::rmsnorm(&x_[i * n_embd], ffn_norm, &xn_[i * n_embd], n_embd, hp.rms_eps);
+    });
+    kernels::matmul(w.w_gate, xn_.data(), gate_.data(), n, pool, mm_scratch_);
+    kernels::matmul(w.w_up, xn_.data(), up_.data(), n, pool, mm_scratch_);
+    pool.parallel_for(
+        static_cast<int64_t>(n) * n_ff,
+        [&](int64_t b, int64_t e) { kernels::swiglu(&gate_[b], &up_[b], &gate_[b], e - b); }, 4096);
+    kernels::matmul(w.w_down, gate_.data(), xn_.data(), n, pool, mm_scratch_);
+    kernels::add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
+}
+
+}  // namespace td

@@ -1,0 +1,81 @@
+// A context runs a model's layer range over batches: it owns the KV cache of those layers and the scratch
+// buffers, and uses a thread pool it is given. One context serves many sequences (slots).
+//
+//   first == 0:        input is token ids (embedding lookup)
+//   first > 0:         input is the hidden state [n_tokens, n_embd] from the previous stage
+//   last == n_layer:   output is logits [n_outputs, n_vocab] for the rows that asked for them
+//   last < n_layer:    output is the hidden state [n_tokens, n_embd] for the next stage
+// Splitting [0, n) into [0, k) + [k, n) gives bit-identical results: the math per row does not depend on
+// which call it ran in.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread-pool.h"
+#include "model/batch.h"
+#include "model/kv-cache.h"
+#include "model/model.h"
+
+namespace td {
+
+struct ContextParams {
+    int32_t n_ctx = 0;  // positions per sequence; 0 = the model's training context
+    int32_t n_seq = 1;  // sequence slots
+    KvType kv_type = KvType::f16;
+};
+
+class Context {
+public:
+    // Errors: n_ctx above the model's training context is allowed (with a warning) but must be positive
+    // and at most 1M; the KV cache must fit in memory.
+    static Result<std::unique_ptr<Context>> create(std::shared_ptr<const Model> model,
+                                                   const ContextParams &params, ThreadPool &pool);
+
+    // Runs the layer range over `batch`. hidden_in: [batch.size(), n_embd], required when layer_first > 0.
+    // Bad input (token id out of range, position beyond the context, gap in a sequence's positions,
+    // sequence slot out of range) returns invalid_input and leaves the cache unchanged.
+    Status decode(const Batch &batch, const float *hidden_in = nullptr);
+
+    const float *logits() const { return logits_.data(); }  // [n_outputs, n_vocab], last stage only
+    int32_t n_outputs() const { return n_outputs_; }
+    const float *hidden() const { return x_.data(); }  // [n_tokens, n_embd], non-last stage only
+
+    const Model &model() const { return *model_; }
+    int32_t n_ctx() const { return n_ctx_; }
+    int32_t n_seq() const { return kv_.n_seq(); }
+    KvCache &kv() { return kv_; }
+    void seq_clear(int32_t seq) { kv_.seq_clear(seq); }
+    int32_t seq_len(int32_t seq) const { return kv_.seq_len(seq); }
+
+private:
+    Context() = default;
+    Status validate(const Batch &batch, const float *hidden_in) const;
+    void layer_forward(int32_t il, const Batch &batch);
+    void ensure_scratch(int32_t n_tokens);
+
+    std::shared_ptr<const Model> model_;
+    ThreadPool *pool_ = nullptr;
+    int32_t n_ctx_ = 0;
+    KvCache kv_;
+    kernels::RopeParams rope_;
+
+    // Scratch, grown to the largest batch seen and reused.
+    std::vector<float> x_;         // [n, n_embd] residual stream
+    std::vector<float> xn_;        // [n, n_embd] normed
+    std::vector<float> q_;         // [n, n_embd_q]
+    std::vector<float> k_;         // [n, n_embd_kv]
+    std::vector<float> v_;         // [n, n_embd_kv]
+    std::vector<float> attn_;      // [n, n_embd_q]
+    std::vector<float> gate_;      // [n, n_ff]
+    std::vector<float> up_;        // [n, n_ff]
+    std::vector<float> scores_;    // [n_threads, n_ctx] attention scores per thread
+    std::vector<float> logits_;    // [n_outputs, n_vocab]
+    std::vector<float> out_rows_;  // [n_outputs, n_embd]
+    std::vector<uint8_t> mm_scratch_;
+    int32_t n_outputs_ = 0;
+};
+
+}  // namespace td

@@ -1,0 +1,53 @@
+// Hyperparameters of a decoder-only transformer, read from GGUF metadata ("<arch>.block_count", ...).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+#include "gguf/gguf.h"
+#include "kernels/ops.h"
+
+namespace td {
+
+enum class RopeScaling { none = 0, linear = 1, llama3 = 2 };
+
+struct HParams {
+    std::string arch;  // general.architecture
+    std::string name;  // general.name (may be empty)
+    int32_t n_vocab = 0;
+    int32_t n_ctx_train = 0;
+    int32_t n_embd = 0;
+    int32_t n_layer = 0;
+    int32_t n_head = 0;
+    int32_t n_head_kv = 0;
+    int32_t head_dim = 0;  // n_embd / n_head unless attention.key_length says otherwise
+    int32_t n_ff = 0;
+    float rms_eps = 1e-5f;
+
+    int32_t n_rot = 0;  // rope.dimension_count
+    float rope_freq_base = 10000.0f;
+    kernels::RopeOrder rope_order = kernels::RopeOrder::adjacent;
+    RopeScaling rope_scaling = RopeScaling::none;
+    float rope_scale_factor = 1.0f;  // linear: positions divided by it
+    // llama3 scaling (when no rope_freqs tensor ships): per-frequency factors are computed from these.
+    float rope_llama3_low_freq_factor = 1.0f;
+    float rope_llama3_high_freq_factor = 4.0f;
+    int32_t rope_orig_ctx = 8192;
+
+    int32_t n_embd_q() const { return n_head * head_dim; }
+    int32_t n_embd_kv() const { return n_head_kv * head_dim; }
+    int32_t n_gqa() const { return n_head / n_head_kv; }
+};
+
+// Reads the keys every llama-family architecture shares under the "<arch>." prefix and validates them
+// (positive sizes, n_head divisible by n_head_kv, ...). Errors name the file and key.
+Result<HParams> read_hparams(const gguf::File &file, std::string_view arch);
+
+// Weights and KV memory, in bytes, of one layer (for `info` and placement).
+struct LayerMemory {
+    size_t weights = 0;
+    size_t kv_per_token = 0;  // K + V for one position, at the cache type
+};
+
+}  // namespace td

@@ -1,0 +1,170 @@
+#include "model/model.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+
+#include "kernels/kernels.h"
+
+namespace td {
+namespace {
+
+std::string shape_str(const int64_t *ne, int n_dims) {
+    std::string s = "[";
+    for (int i = 0; i < n_dims; ++i) s += fmt::format("{}{}", i ? ", " : "", ne[i]);
+    return s + "]";
+}
+
+// Looks up a tensor and checks its shape; `required` false returns an empty view when absent.
+// `f32_only` is for norms and biases, which every converter stores as f32.
+Result<TensorView> get_tensor(const gguf::File &file, const std::string &name,
+                              std::initializer_list<int64_t> shape, bool required = true,
+                              bool f32_only = false) {
+    const gguf::TensorInfo *t = file.find_tensor(name);
+    if (t == nullptr) {
+        if (!required) return TensorView{};
+        return make_error(ErrorKind::invalid_input, "{}: missing tensor '{}'", file.path(), name);
+    }
+    const int n = static_cast<int>(shape.size());
+    bool match = t->n_dims == n;
+    int i = 0;
+    for (int64_t want : shape) match = match && t->ne[i++] == want;
+    if (!match) {
+        std::vector<int64_t> want(shape);
+        return invalid_input("{}: tensor '{}' has shape {}, expected {}", file.path(), name,
+                             shape_str(t->ne, t->n_dims), shape_str(want.data(), n));
+    }
+    if (f32_only && t->type != DType::f32)
+        return make_error(ErrorKind::unimplemented, "{}: tensor '{}' is {}, expected f32", file.path(), name,
+                          dtype_name(t->type));
+    if (kernels::type_kernels(t->type) == nullptr)
+        return make_error(ErrorKind::unimplemented,
+                          "{}: tensor '{}' has type {}, which tandem cannot compute yet", file.path(), name,
+                          dtype_name(t->type));
+    return t->view();
+}
+
+// llama3 rope scaling computed from the keys, when the file ships no rope_freqs tensor:
+// long wavelengths are slowed by `factor`, short ones kept, smooth blend in between.
+std::vector<float> llama3_freq_factors(const HParams &hp) {
+    std::vector<float> ff(hp.n_rot / 2);
+    const float low_wavelen = static_cast<float>(hp.rope_orig_ctx) / hp.rope_llama3_low_freq_factor;
+    const float high_wavelen = static_cast<float>(hp.rope_orig_ctx) / hp.rope_llama3_high_freq_factor;
+    for (int32_t i = 0; i < hp.n_rot / 2; ++i) {
+        const float freq =
+            std::pow(hp.rope_freq_base, -2.0f * static_cast<float>(i) / static_cast<float>(hp.n_rot));
+        const float wavelen = 2.0f * static_cast<float>(M_PI) / freq;
+        if (wavelen < high_wavelen) {
+            ff[i] = 1.0f;
+        } else if (wavelen > low_wavelen) {
+            ff[i] = hp.rope_scale_factor;
+        } else {
+            const float smooth =
+                (static_cast<float>(hp.rope_orig_ctx) / wavelen - hp.rope_llama3_low_freq_factor) /
+                (hp.rope_llama3_high_freq_factor - hp.rope_llama3_low_freq_factor);
+            ff[i] = 1.0f / ((1.0f - smooth) / hp.rope_scale_factor + smooth);
+        }
+    }
+    return ff;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Model>> Model::load(const std::string &path, const ModelLoadOptions &options) {
+    TD_ASSIGN_OR_RETURN(gguf::File file, gguf::File::open(path));
+    return load(std::move(file), options);
+}
+
+Result<std::shared_ptr<Model>> Model::load(gguf::File file, const ModelLoadOptions &options) {
+    std::shared_ptr<Model> model(new Model());
+    model->file_ = std::move(file);
+    TD_TRY(model->bind(options));
+    return model;
+}
+
+Status Model::bind(const ModelLoadOptions &options) {
+    const gguf::File &f = file_;
+    TD_ASSIGN_OR_RETURN(std::string arch_name, f.get_string("general.architecture"));
+    arch_ = find_architecture(arch_name);
+    if (arch_ == nullptr)
+        return make_error(ErrorKind::unimplemented, "{}: architecture '{}' is not supported (supported: {})",
+                          f.path(), arch_name, fmt::join(architecture_names(), ", "));
+    TD_ASSIGN_OR_RETURN(hp_, arch_->load_hparams(f));
+
+    const int64_t n_embd = hp_.n_embd, n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv(), n_ff = hp_.n_ff;
+    layer_first_ = options.layer_first;
+    layer_last_ = options.layer_last < 0 ? hp_.n_layer : options.layer_last;
+    if (layer_first_ < 0 || layer_first_ > layer_last_ || layer_last_ > hp_.n_layer)
+        return invalid_input("{}: layer range [{}, {}) is outside the model's {} layers", f.path(),
+                             layer_first_, layer_last_, hp_.n_layer);
+
+    // The embedding defines n_vocab when no key did.
+    const gguf::TensorInfo *embd = f.find_tensor("token_embd.weight");
+    if (embd == nullptr) return invalid_input("{}: missing tensor 'token_embd.weight'", f.path());
+    if (hp_.n_vocab <= 0) hp_.n_vocab = static_cast<int32_t>(embd->ne[1]);
+    const int64_t n_vocab = hp_.n_vocab;
+
+    if (layer_first_ == 0) {
+        TD_ASSIGN_OR_RETURN(tok_embd_, get_tensor(f, "token_embd.weight", {n_embd, n_vocab}));
+    }
+    if (layer_last_ == hp_.n_layer) {
+        TD_ASSIGN_OR_RETURN(output_norm_, get_tensor(f, "output_norm.weight", {n_embd}, true, true));
+        TD_ASSIGN_OR_RETURN(output_, get_tensor(f, "output.weight", {n_embd, n_vocab}, false));
+        if (output_.data == nullptr) {  // tied embeddings
+            TD_ASSIGN_OR_RETURN(output_, get_tensor(f, "token_embd.weight", {n_embd, n_vocab}));
+        }
+    }
+
+    layers_.assign(hp_.n_layer, LayerWeights{});
+    for (int32_t il = layer_first_; il < layer_last_; ++il) {
+        auto name = [il](const char *what) { return fmt::format("blk.{}.{}", il, what); };
+        LayerWeights &l = layers_[il];
+        TD_ASSIGN_OR_RETURN(l.attn_norm, get_tensor(f, name("attn_norm.weight"), {n_embd}, true, true));
+        TD_ASSIGN_OR_RETURN(l.wq, get_tensor(f, name("attn_q.weight"), {n_embd, n_q}));
+        TD_ASSIGN_OR_RETURN(l.wk, get_tensor(f, name("attn_k.weight"), {n_embd, n_kv}));
+        TD_ASSIGN_OR_RETURN(l.wv, get_tensor(f, name("attn_v.weight"), {n_embd, n_kv}));
+        TD_ASSIGN_OR_RETURN(l.wo, get_tensor(f, name("attn_output.weight"), {n_q, n_embd}));
+        TD_ASSIGN_OR_RETURN(l.ffn_norm, get_tensor(f, name("ffn_norm.weight"), {n_embd}, true, true));
+        TD_ASSIGN_OR_RETURN(l.w_gate, get_tensor(f, name("ffn_gate.weight"), {n_embd, n_ff}));
+        TD_ASSIGN_OR_RETURN(l.w_up, get_tensor(f, name("ffn_up.weight"), {n_embd, n_ff}));
+        TD_ASSIGN_OR_RETURN(l.w_down, get_tensor(f, name("ffn_down.weight"), {n_ff, n_embd}));
+        const bool bias = arch_->has_qkv_bias;
+        TD_ASSIGN_OR_RETURN(l.bq, get_tensor(f, name("attn_q.bias"), {n_q}, bias, true));
+        TD_ASSIGN_OR_RETURN(l.bk, get_tensor(f, name("attn_k.bias"), {n_kv}, bias, true));
+        TD_ASSIGN_OR_RETURN(l.bv, get_tensor(f, name("attn_v.bias"), {n_kv}, bias, true));
+        const bool qk_norm = arch_->has_qk_norm;
+        TD_ASSIGN_OR_RETURN(l.q_norm,
+                            get_tensor(f, name("attn_q_norm.weight"), {hp_.head_dim}, qk_norm, true));
+        TD_ASSIGN_OR_RETURN(l.k_norm,
+                            get_tensor(f, name("attn_k_norm.weight"), {hp_.head_dim}, qk_norm, true));
+        l.loaded = true;
+    }
+
+    // RoPE frequency factors: a rope_freqs tensor (llama 3.1+ converters) wins over the keys.
+    if (const gguf::TensorInfo *rf = f.find_tensor("rope_freqs.weight")) {
+        if (rf->type != DType::f32 || rf->n_dims != 1 || rf->ne[0] != hp_.n_rot / 2)
+            return invalid_input("{}: tensor 'rope_freqs.weight' must be f32 [{}]", f.path(), hp_.n_rot / 2);
+        const float *p = reinterpret_cast<const float *>(rf->data);
+        rope_freqs_.assign(p, p + hp_.n_rot / 2);
+    } else if (hp_.rope_scaling == RopeScaling::llama3) {
+        rope_freqs_ = llama3_freq_factors(hp_);
+    }
+    return {};
+}
+
+size_t Model::layer_weight_bytes(int32_t il) const {
+    size_t total = 0;
+    const std::string prefix = fmt::format("blk.{}.", il);
+    for (const auto &t : file_.tensors())
+        if (t.name.compare(0, prefix.size(), prefix) == 0) total += t.n_bytes;
+    return total;
+}
+
+size_t Model::tensor_bytes_total() const {
+    size_t total = 0;
+    for (const auto &t : file_.tensors()) total += t.n_bytes;
+    return total;
+}
+
+}  // namespace td

@@ -1,0 +1,142 @@
+// Token sampler: turns one row of logits into a token id. One Sampler per sequence.
+//
+// The chain follows llama.cpp's default order (common_sampler with default params), so the knobs mean what
+// llama.cpp users expect:
+//
+//   penalties -> top_k -> top_p -> min_p -> temperature -> softmax -> draw
+//
+//   penalties    over the distinct tokens among the last repeat_last_n accepted tokens, each with its count:
+//                repeat:  logit > 0 ? logit / repeat_penalty : logit * repeat_penalty  (CTRL, sign-fixed)
+//                OpenAI:  logit -= frequency_penalty * count + presence_penalty * (count > 0)
+//   top_k        keep the k largest logits (k <= 0 or k >= n_vocab: off)
+//   top_p        keep the smallest prefix of the sorted distribution whose cumulative probability >= top_p,
+//                at least one token (top_p >= 1: off). Probabilities are at temperature 1.
+//   min_p        keep tokens with p >= min_p * p_max (min_p <= 0: off). Also at temperature 1.
+//   temperature  divide the surviving logits by temperature, softmax, draw one token.
+//
+// temperature <= 0 is greedy: penalties, then the argmax; ties go to the lowest token id. Greedy never
+// touches the random generator.
+//
+// Determinism: the same seed and the same sequence of logits and accept() calls give the same tokens on
+// every platform. The generator is std::mt19937_64 (fully specified by the standard); a draw is its top 53
+// bits scaled to [0, 1) by hand (no std::uniform_real_distribution, whose algorithm is implementation-
+// defined). The draw walks the survivors either in id order (when no filter needed a sort) or sorted by
+// (logit descending, id ascending), a total order, so it never depends on how the standard library's
+// sort/select algorithms arrange equal elements. The one residue is std::exp, which may differ by an ulp
+// between C libraries and could flip a draw that lands exactly on a boundary.
+//
+// Non-finite logits: NaN counts as -inf; -inf tokens are never drawn; if some logits are +inf the draw is
+// uniform over those. If every logit is -inf or NaN there is nothing to choose and sample() returns 0.
+//
+// Cost: creating a Sampler allocates nothing but the generator state. The first sample() allocates two
+// [n_vocab] scratch arrays; later calls allocate nothing (with repeat_last_n = -1 the history grows with
+// the sequence, amortised). Per token: a few linear passes over the vocabulary, no full sort: top_k selects
+// with a heap (nth_element for k > 512) and sorts only the k survivors; top_p without top_k cuts the
+// nucleus out with a probability histogram and sorts only the nucleus.
+//
+// Thread safety: a Sampler belongs to one sequence and is used by one thread at a time; the const methods
+// may run concurrently with each other.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/status.h"
+
+namespace td {
+
+struct SamplerParams {
+    // seed value meaning "pick a random seed" (from std::random_device) at construction and at each reset().
+    static constexpr uint64_t seed_random = UINT64_MAX;
+
+    float temperature = 0.8f;        // <= 0: greedy
+    int32_t top_k = 40;              // <= 0: off
+    float top_p = 0.95f;             // in [0, 1]; 1: off
+    float min_p = 0.05f;             // in [0, 1]; 0: off
+    float repeat_penalty = 1.0f;     // > 0; 1: off
+    int32_t repeat_last_n = 64;      // window of accepted tokens the penalties look at; 0: off; -1: all
+                                     // (the window is sorted once per token: keep it to a few thousand)
+    float presence_penalty = 0.0f;   // OpenAI presence_penalty (OpenAI allows [-2, 2]); 0: off
+    float frequency_penalty = 0.0f;  // OpenAI frequency_penalty; 0: off
+    uint64_t seed = seed_random;
+};
+
+// Checks parameters that came from a user (CLI flag, HTTP request). Returns invalid_input naming the field,
+// e.g. "top_p must be in [0, 1], got 1.5". The Sampler constructor asserts what this checks.
+Status sampler_params_validate(const SamplerParams &params);
+
+struct TokenProb {
+    int32_t id = 0;
+    float logprob = 0.0f;  // natural log of the probability; -inf for a token that cannot occur
+};
+
+class Sampler {
+public:
+    // params must pass sampler_params_validate (asserted); n_vocab >= 1 (asserted).
+    Sampler(const SamplerParams &params, int32_t n_vocab);
+
+    // Picks the next token from logits (after penalties from the accepted history and the chain above).
+    // logits: [n_vocab], read only. Does not add the token to the history: call accept() with it.
+    // Each non-greedy call consumes exactly one number from the generator, even when one candidate is left.
+    int32_t sample(const float *logits);
+
+    // Appends a token to the history the penalties look at: every sampled token, and prompt tokens if the
+    // penalties should see them (llama.cpp feeds the prompt too). token in [0, n_vocab) (asserted).
+    void accept(int32_t token);
+
+    // Clears the history and reseeds: with a fixed seed the next samples repeat the sequence from the start;
+    // with seed_random a fresh random seed is drawn.
+    void reset();
+
+    // The distribution the last sample() drew from (after penalties, filters and temperature), for
+    // logprobs of the sampled token. Greedy is a point mass: the chosen token with logprob 0.
+    // last_top_logprobs returns the min(n, survivors) most likely tokens, best first (ties: lower id); tokens
+    // the filters removed have probability 0 and are not listed. Before the first sample(): 0 / empty.
+    float last_logprob() const;  // log p of the token sample() returned
+    std::vector<TokenProb> last_top_logprobs(int n) const;
+
+    // OpenAI logprobs semantics: log-softmax of the raw logits (no penalties, filters or temperature).
+    // logits: [n_vocab]. top_logprobs returns min(n, n_vocab) entries, best first, ties by lower id.
+    std::vector<TokenProb> top_logprobs(const float *logits, int n) const;
+    float token_logprob(const float *logits, int32_t token) const;  // token in [0, n_vocab) (asserted)
+
+    const SamplerParams &params() const { return params_; }
+    int32_t n_vocab() const { return n_vocab_; }
+    uint64_t seed() const { return seed_; }  // the seed in use (the drawn one when params.seed is random)
+
+private:
+    struct Candidate {
+        int32_t id;
+        float logit;  // after penalties
+    };
+
+    void load_logits(const float *logits);  // fills cand_ in id order and applies the penalties
+    void apply_penalties();
+    void reseed();
+
+    SamplerParams params_;
+    int32_t n_vocab_ = 0;
+    uint64_t seed_ = 0;
+    std::mt19937_64 rng_;
+
+    std::vector<int32_t> history_;  // [min(n_accepted, repeat_last_n)] ring buffer; all tokens when -1
+    size_t history_next_ = 0;       // ring position the next accept() overwrites once history_ is full
+
+    // Scratch kept between calls so sample() does not allocate.
+    std::vector<Candidate> cand_;       // [n_vocab]; after sample(), [0, n_final_) is the final set
+    std::vector<float> weight_;         // [n_vocab]; exp((logit - max) / temperature) of the final set
+    std::vector<int32_t> penalty_ids_;  // [history_.size()] sorted copy of the window
+
+    // The last final distribution: logprob of cand_[i] = (cand_[i].logit - final_max_) / final_temp_
+    // - final_log_sum_.
+    size_t n_final_ = 0;
+    bool last_greedy_ = false;
+    int32_t last_token_ = -1;
+    float last_token_logprob_ = 0.0f;
+    float final_max_ = 0.0f;
+    float final_temp_ = 1.0f;
+    double final_log_sum_ = 0.0;
+};
+
+}  // namespace td

@@ -1,0 +1,128 @@
+#include "model/synth.h"
+
+#include <fmt/core.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "kernels/kernels.h"
+
+namespace td {
+namespace {
+
+// splitmix64: a fast, well-mixed generator; each tensor gets its own stream so rows can fill in parallel.
+uint64_t splitmix64(uint64_t &state) {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+struct TensorMaker {
+    gguf::Writer &writer;
+    ThreadPool &pool;
+    uint64_t seed;
+    int tensor_index = 0;
+
+    // A matrix [rows of n_in] in `type`, or a vector (rows == 0) of ones in f32 (norm weights).
+    Status add(const std::string &name, int64_t n_in, int64_t rows, DType type) {
+        ++tensor_index;
+        if (rows == 0) {
+            std::vector<float> ones(n_in, 1.0f);
+            writer.add_tensor(name, DType::f32, {n_in}, ones.data(), ones.size() * sizeof(float));
+            return {};
+        }
+        const kernels::TypeKernels *k = kernels::type_kernels_ref(type);
+        if (type != DType::f32 && k == nullptr)
+            return make_error(ErrorKind::unimplemented, "synth: type {} cannot be quantized yet",
+                              dtype_name(type));
+        if (n_in % dtype_traits(type).block_size != 0)
+            return invalid_input("synth: tensor '{}' rows of {} are not a multiple of {}'s block size {}",
+                                 name, n_in, dtype_name(type), dtype_traits(type).block_size);
+        const size_t row_bytes = dtype_row_bytes(type, n_in);
+        std::vector<uint8_t> data(row_bytes * rows);  // [rows, row_bytes]
+        // Uniform in [-a, a] with a = 0.02 * sqrt(3) has the standard deviation 0.02 of common inits.
+        const float a = 0.02f * std::sqrt(3.0f);
+        const uint64_t tensor_seed = seed * 1000003ull + static_cast<uint64_t>(tensor_index);
+        pool.parallel_for(
+            rows,
+            [&](int64_t b, int64_t e) {
+                std::vector<float> row(n_in);  // [n_in]
+                for (int64_t r = b; r < e; ++r) {
+                    uint64_t state = tensor_seed ^ (static_cast<uint64_t>(r) * 0x2545f4914f6cdd1dull);
+                    for (int64_t i = 0; i < n_in; ++i) {
+                        const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+                        row[i] = static_cast<float>((2.0 * u - 1.0) * a);
+                    }
+                    if (type == DType::f32) {
+                        std::memcpy(&data[r * row_bytes], row.data(), row_bytes);
+                    } else {
+                        k->from_float(row.data(), &data[r * row_bytes], n_in);
+                    }
+                }
+            },
+            8);
+        writer.add_tensor(name, type, {n_in, rows}, data.data(), data.size());
+        return {};
+    }
+};
+
+}  // namespace
+
+Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &pool) {
+    if (p.n_embd <= 0 || p.n_layer <= 0 || p.n_head <= 0 || p.n_head_kv <= 0 || p.n_ff <= 0 || p.n_ctx <= 0)
+        return invalid_input("synth: every size must be positive");
+    if (p.n_embd % p.n_head != 0)
+        return invalid_input("synth: --dim {} is not a multiple of --heads {}", p.n_embd, p.n_head);
+    if (p.n_head % p.n_head_kv != 0)
+        return invalid_input("synth: --heads {} is not a multiple of --kv-heads {}", p.n_head, p.n_head_kv);
+    if ((p.n_embd / p.n_head) % 2 != 0)
+        return invalid_input("synth: head size {} must be even", p.n_embd / p.n_head);
+    if (p.vocab_from.empty()) return invalid_input("synth: --vocab-from MODEL.gguf is required");
+    TD_ASSIGN_OR_RETURN(gguf::File vocab_file, gguf::File::open(p.vocab_from));
+    const gguf::Value *tokens = vocab_file.find("tokenizer.ggml.tokens");
+    if (tokens == nullptr || tokens->array_size() == 0)
+        return invalid_input("{}: has no tokenizer.ggml.tokens to copy", p.vocab_from);
+    const int64_t n_vocab = static_cast<int64_t>(tokens->array_size());
+    const int32_t head_dim = p.n_embd / p.n_head;
+
+    gguf::Writer w;
+    w.set_string("general.architecture", "llama");
+    w.set_string("general.name", p.name);
+    w.set_u32("general.quantization_version", 2);
+    w.set_u32("llama.context_length", static_cast<uint32_t>(p.n_ctx));
+    w.set_u32("llama.embedding_length", static_cast<uint32_t>(p.n_embd));
+    w.set_u32("llama.block_count", static_cast<uint32_t>(p.n_layer));
+    w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(p.n_ff));
+    w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
+    w.set_u32("llama.attention.head_count", static_cast<uint32_t>(p.n_head));
+    w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
+    w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.set_f32("llama.rope.freq_base", p.rope_freq_base);
+    w.set_u32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
+    for (const auto &[key, value] : vocab_file.metadata())
+        if (key.rfind("tokenizer.", 0) == 0) w.set_value(key, value);
+
+    const int64_t n_embd = p.n_embd, n_q = p.n_embd, n_kv = static_cast<int64_t>(p.n_head_kv) * head_dim;
+    TensorMaker make{w, pool, p.seed};
+    TD_TRY(make.add("token_embd.weight", n_embd, n_vocab, p.type));
+    TD_TRY(make.add("output_norm.weight", n_embd, 0, DType::f32));
+    if (!p.tied_output) TD_TRY(make.add("output.weight", n_embd, n_vocab, p.type));
+    for (int32_t il = 0; il < p.n_layer; ++il) {
+        auto name = [il](const char *what) { return fmt::format("blk.{}.{}", il, what); };
+        TD_TRY(make.add(name("attn_norm.weight"), n_embd, 0, DType::f32));
+        TD_TRY(make.add(name("attn_q.weight"), n_embd, n_q, p.type));
+        TD_TRY(make.add(name("attn_k.weight"), n_embd, n_kv, p.type));
+        TD_TRY(make.add(name("attn_v.weight"), n_embd, n_kv, p.type));
+        TD_TRY(make.add(name("attn_output.weight"), n_q, n_embd, p.type));
+        TD_TRY(make.add(name("ffn_norm.weight"), n_embd, 0, DType::f32));
+        TD_TRY(make.add(name("ffn_gate.weight"), n_embd, p.n_ff, p.type));
+        TD_TRY(make.add(name("ffn_up.weight"), n_embd, p.n_ff, p.type));
+        TD_TRY(make.add(name("ffn_down.weight"), p.n_ff, n_embd, p.type));
+    }
+    return w.write(path);
+}
+
+}  // namespace td

@@ -1,0 +1,575 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "model/sampler.h"
+
+// Heap allocations made by this thread; the global operator new below counts them so a test can check that
+// sample() does not allocate per token. This replacement is local to the test-sampler binary.
+thread_local long long g_allocations = 0;
+
+// noinline: once inlined into the standard containers, GCC 12 pairs malloc with operator delete and warns
+// (-Wmismatched-new-delete).
+[[gnu::noinline]] void *operator new(std::size_t size) {
+    ++g_allocations;
+    void *p = std::malloc(size ? size : 1);
+    if (!p) std::abort();
+    return p;
+}
+[[gnu::noinline]] void operator delete(void *p) noexcept {
+    std::free(p);
+}
+[[gnu::noinline]] void operator delete(void *p, std::size_t) noexcept {
+    std::free(p);
+}
+
+namespace td {
+namespace {
+
+constexpr float k_inf = std::numeric_limits<float>::infinity();
+
+// Temperature t and no filters: the plain softmax draw.
+SamplerParams plain(float temperature, uint64_t seed = 1234) {
+    SamplerParams p;
+    p.temperature = temperature;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = seed;
+    return p;
+}
+
+SamplerParams greedy() {
+    return plain(0.0f);
+}
+
+std::vector<float> logits_from_probs(const std::vector<double> &probs) {
+    std::vector<float> logits;
+    for (double p : probs) logits.push_back(float(std::log(p)));
+    return logits;
+}
+
+// counts[id] over n draws (no accept(): the history stays empty).
+std::vector<int> histogram(Sampler &s, const std::vector<float> &logits, int n) {
+    std::vector<int> counts(logits.size(), 0);
+    for (int i = 0; i < n; ++i) counts[size_t(s.sample(logits.data()))]++;
+    return counts;
+}
+
+std::set<int> support(const std::vector<int> &counts) {
+    std::set<int> ids;
+    for (size_t i = 0; i < counts.size(); ++i)
+        if (counts[i] > 0) ids.insert(int(i));
+    return ids;
+}
+
+std::vector<float> random_logits(size_t n, uint64_t seed, float scale = 3.0f) {
+    std::mt19937_64 rng(seed);
+    std::vector<float> v(n);
+    for (float &x : v) x = float(double(rng() >> 11) * 0x1.0p-53 * 2.0 - 1.0) * scale;
+    return v;
+}
+
+std::vector<double> softmax(const std::vector<float> &logits, double temperature) {
+    double max = *std::max_element(logits.begin(), logits.end());
+    std::vector<double> p(logits.size());
+    double sum = 0.0;
+    for (size_t i = 0; i < p.size(); ++i) sum += p[i] = std::exp((logits[i] - max) / temperature);
+    for (double &x : p) x /= sum;
+    return p;
+}
+
+// Pearson chi-square of observed counts against expected probabilities (cells with p = 0 must be empty).
+double chi_square(const std::vector<int> &counts, const std::vector<double> &probs, int n) {
+    double chi2 = 0.0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+        if (probs[i] == 0.0) {
+            EXPECT_EQ(counts[i], 0) << "token " << i << " has probability 0";
+            continue;
+        }
+        const double expected = probs[i] * n;
+        chi2 += (counts[i] - expected) * (counts[i] - expected) / expected;
+    }
+    return chi2;
+}
+
+TEST(SamplerParams, ValidateNamesTheBadField) {
+    EXPECT_TRUE(sampler_params_validate(SamplerParams{}).ok());
+    auto bad = [](auto mutate) {
+        SamplerParams p;
+        mutate(p);
+        return sampler_params_validate(p);
+    };
+    Status s = bad([](SamplerParams &p) { p.top_p = 1.5f; });
+    EXPECT_EQ(s.kind(), ErrorKind::invalid_input);
+    EXPECT_NE(s.message().find("top_p"), std::string::npos) << s.message();
+    EXPECT_NE(bad([](SamplerParams &p) { p.min_p = -0.1f; }).message().find("min_p"), std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.repeat_penalty = 0.0f; }).message().find("repeat_penalty"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.repeat_last_n = -2; }).message().find("repeat_last_n"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.temperature = std::nanf(""); }).message().find("temperature"),
+              std::string::npos);
+    EXPECT_FALSE(bad([](SamplerParams &p) { p.presence_penalty = k_inf; }).ok());
+    EXPECT_FALSE(bad([](SamplerParams &p) { p.frequency_penalty = std::nanf(""); }).ok());
+    EXPECT_TRUE(bad([](SamplerParams &p) { p.temperature = -1.0f; }).ok());  // greedy
+    EXPECT_TRUE(bad([](SamplerParams &p) { p.top_k = -5; }).ok());           // off
+}
+
+TEST(Sampler, GreedyPicksMax) {
+    for (uint64_t seed = 0; seed < 5; ++seed) {
+        const auto logits = random_logits(1000, seed);
+        Sampler s(greedy(), 1000);
+        const auto expect = std::max_element(logits.begin(), logits.end()) - logits.begin();
+        EXPECT_EQ(s.sample(logits.data()), expect);
+    }
+}
+
+TEST(Sampler, GreedyTieGoesToLowestId) {
+    const std::vector<float> logits = {1.0f, 3.0f, 3.0f, 2.0f, 3.0f};
+    Sampler s(greedy(), 5);
+    EXPECT_EQ(s.sample(logits.data()), 1);
+
+    // A tie created by the penalty: 2 / 2 == 1 exactly, so tokens 0, 1, 2 tie and 0 wins.
+    SamplerParams p = greedy();
+    p.repeat_penalty = 2.0f;
+    Sampler pen(p, 3);
+    const std::vector<float> tied = {2.0f, 1.0f, 1.0f};
+    EXPECT_EQ(pen.sample(tied.data()), 0);
+    pen.accept(0);
+    EXPECT_EQ(pen.sample(tied.data()), 0);
+    // Penalising the lowest of a tie hands it to the next id.
+    Sampler pen2(p, 3);
+    const std::vector<float> tie3 = {1.0f, 1.0f, 1.0f};
+    pen2.accept(0);
+    EXPECT_EQ(pen2.sample(tie3.data()), 1);
+}
+
+TEST(Sampler, SameSeedSameSequenceDifferentSeedsDiffer) {
+    const auto logits = random_logits(300, 7, 1.0f);  // flat enough that many tokens are likely
+    auto run = [&](uint64_t seed) {
+        SamplerParams p;  // defaults: top_k 40, top_p 0.95, min_p 0.05, temperature 0.8
+        p.seed = seed;
+        p.repeat_penalty = 1.1f;
+        Sampler s(p, 300);
+        std::vector<int32_t> out;
+        for (int i = 0; i < 200; ++i) {
+            out.push_back(s.sample(logits.data()));
+            s.accept(out.back());
+        }
+        return out;
+    };
+    const auto a = run(42);
+    EXPECT_EQ(a, run(42));
+    EXPECT_NE(a, run(43));
+    EXPECT_GT(std::set<int32_t>(a.begin(), a.end()).size(), 10u);
+}
+
+TEST(Sampler, RandomSeedIsReportedAndReplayable) {
+    const auto logits = random_logits(100, 3, 1.0f);
+    Sampler a(plain(1.0f, SamplerParams::seed_random), 100);
+    EXPECT_NE(a.seed(), SamplerParams::seed_random);
+    Sampler b(plain(1.0f, a.seed()), 100);
+    for (int i = 0; i < 50; ++i) ASSERT_EQ(a.sample(logits.data()), b.sample(logits.data()));
+}
+
+// Pins the exact stream: any change to the generator, the bits-to-double conversion, the candidate order or
+// the chain shows up here (and so would a platform that disagrees).
+TEST(Sampler, GoldenSequenceForFixedSeed) {
+    const std::vector<float> logits = {0.1f, 1.3f, -0.4f, 0.9f, 0.0f, 1.1f, -1.2f, 0.5f};
+    Sampler s(plain(1.0f, 42), 8);
+    std::vector<int32_t> got;
+    for (int i = 0; i < 16; ++i) got.push_back(s.sample(logits.data()));
+    const std::vector<int32_t> golden = {5, 4, 5, 1, 7, 1, 4, 2, 1, 2, 0, 3, 5, 4, 5, 7};
+    EXPECT_EQ(got, golden);
+}
+
+TEST(Sampler, TopKOneEqualsGreedy) {
+    SamplerParams p = plain(1.5f, 9);
+    p.top_k = 1;
+    Sampler topk(p, 64);
+    Sampler greedy_sampler(greedy(), 64);
+    for (uint64_t row = 0; row < 50; ++row) {
+        auto logits = random_logits(64, 100 + row);
+        logits[size_t(row % 7) + 20] = logits[size_t(row % 5)] = 10.0f;  // a tie for the max
+        EXPECT_EQ(topk.sample(logits.data()), greedy_sampler.sample(logits.data())) << "row " << row;
+    }
+}
+
+TEST(Sampler, TopKRestrictsSupport) {
+    const auto logits = random_logits(100, 11, 0.5f);
+    SamplerParams p = plain(1.0f);
+    p.top_k = 5;
+    Sampler s(p, 100);
+    std::vector<int> order(100);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    EXPECT_EQ(support(histogram(s, logits, 2000)), std::set<int>(order.begin(), order.begin() + 5));
+
+    // A large k takes the nth_element path instead of the heap.
+    const auto wide = random_logits(4000, 12, 0.5f);
+    p.top_k = 1000;
+    Sampler big(p, 4000);
+    std::vector<int> wide_order(wide.size());
+    std::iota(wide_order.begin(), wide_order.end(), 0);
+    std::sort(wide_order.begin(), wide_order.end(),
+              [&](int a, int b) { return wide[size_t(a)] > wide[size_t(b)]; });
+    const std::set<int> top1000(wide_order.begin(), wide_order.begin() + 1000);
+    const auto got = support(histogram(big, wide, 1500));
+    EXPECT_TRUE(std::includes(top1000.begin(), top1000.end(), got.begin(), got.end()));
+    EXPECT_GT(got.size(), 600u);
+}
+
+TEST(Sampler, TopPRestrictsSupportToNucleus) {
+    // Shuffled ids so the nucleus is not simply a prefix of the vocabulary.
+    std::vector<double> probs = {0.05, 0.3, 0.1, 0.4, 0.15};
+    const auto logits = logits_from_probs(probs);
+    SamplerParams p = plain(1.0f);
+    p.top_p = 0.8f;  // 0.4, 0.7, 0.85: the smallest prefix reaching 0.8 has three tokens
+    Sampler s(p, 5);
+    const auto counts = histogram(s, logits, 2000);
+    EXPECT_EQ(support(counts), (std::set<int>{1, 3, 4}));
+    // Renormalised over the nucleus: 0.4 / 0.85 of the draws for token 3.
+    EXPECT_NEAR(counts[3] / 2000.0, 0.4 / 0.85, 0.04);
+
+    p.top_p = 0.0f;  // at least one token is kept
+    Sampler one(p, 5);
+    EXPECT_EQ(support(histogram(one, logits, 200)), std::set<int>{3});
+}
+
+TEST(Sampler, TopPOnLargeVocabMatchesBruteForceNucleus) {
+    // No top_k: the nucleus is found by growing a sorted prefix; compare with a full sort.
+    const int32_t n_vocab = 20000;
+    const auto logits = random_logits(size_t(n_vocab), 5, 24.0f);  // a nucleus of a few hundred tokens
+    SamplerParams p = plain(1.0f);
+    p.top_p = 0.5f;
+    const auto probs = softmax(logits, 1.0);
+    std::vector<int> order(static_cast<size_t>(n_vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return probs[size_t(a)] > probs[size_t(b)]; });
+    std::set<int> nucleus;
+    double cum = 0.0;
+    for (int id : order) {
+        nucleus.insert(id);
+        if ((cum += probs[size_t(id)]) >= 0.5) break;
+    }
+    ASSERT_GT(nucleus.size(), 128u);  // more than the first two sorted chunks
+    Sampler s(p, n_vocab);
+    const auto got = support(histogram(s, logits, 400));
+    EXPECT_TRUE(std::includes(nucleus.begin(), nucleus.end(), got.begin(), got.end()));
+    EXPECT_GT(got.size(), 100u);
+}
+
+TEST(Sampler, MinPRestrictsSupport) {
+    const auto logits = logits_from_probs({0.05, 0.3, 0.1, 0.4, 0.15});
+    SamplerParams p = plain(1.0f);
+    p.min_p = 0.3f;  // keep p >= 0.12
+    Sampler s(p, 5);
+    EXPECT_EQ(support(histogram(s, logits, 2000)), (std::set<int>{1, 3, 4}));
+}
+
+TEST(Sampler, FiltersRunInLlamaCppOrder) {
+    // top_p before min_p: top_p 0.5 over {0.4, 0.3, 0.2, 0.1} keeps {0, 1}; min_p 0.6 keeps p >= 0.24, also
+    // {0, 1}. Had min_p run first, top_p over the renormalised {0.57, 0.43} would keep only token 0.
+    const auto logits = logits_from_probs({0.4, 0.3, 0.2, 0.1});
+    SamplerParams p = plain(1.0f);
+    p.top_p = 0.5f;
+    p.min_p = 0.6f;
+    Sampler s(p, 4);
+    EXPECT_EQ(support(histogram(s, logits, 1000)), (std::set<int>{0, 1}));
+
+    // Filters see temperature 1, temperature comes last: a very hot sampler still never leaves the set
+    // min_p chose, but inside it the draw is nearly uniform.
+    const auto logits3 = logits_from_probs({0.5, 0.3, 0.2});
+    SamplerParams hot = plain(100.0f);
+    hot.min_p = 0.5f;  // keep p >= 0.25: {0, 1}
+    Sampler h(hot, 3);
+    const auto counts = histogram(h, logits3, 4000);
+    EXPECT_EQ(support(counts), (std::set<int>{0, 1}));
+    EXPECT_NEAR(counts[0] / 4000.0, 0.5, 0.04);
+}
+
+TEST(Sampler, TemperatureOneMatchesSoftmax) {
+    const std::vector<float> logits = {0.0f, 0.5f, 1.0f, -1.0f, 2.0f, -0.5f, 1.5f, -2.0f};
+    const int n = 40000;
+    Sampler s(plain(1.0f, 77), 8);
+    // 7 degrees of freedom: P(chi2 > 24.3) = 0.001.
+    EXPECT_LT(chi_square(histogram(s, logits, n), softmax(logits, 1.0), n), 24.3);
+
+    // Temperature 0.5 with top_k 3: softmax(x / 0.5) renormalised over the three best.
+    SamplerParams p = plain(0.5f, 78);
+    p.top_k = 3;
+    Sampler k3(p, 8);
+    std::vector<float> top3(8, -k_inf);
+    for (size_t i : {4u, 6u, 2u}) top3[i] = logits[i];
+    // 2 degrees of freedom: P(chi2 > 13.8) = 0.001.
+    EXPECT_LT(chi_square(histogram(k3, logits, n), softmax(top3, 0.5), n), 13.8);
+}
+
+TEST(Sampler, HighTemperatureFlattens) {
+    std::vector<float> logits(50);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = -0.2f * float(i);
+    Sampler cold(plain(0.3f), 50);
+    Sampler hot(plain(3.0f), 50);
+    const auto n_cold = support(histogram(cold, logits, 1000)).size();
+    const auto n_hot = support(histogram(hot, logits, 1000)).size();
+    EXPECT_LT(n_cold, 20u);
+    EXPECT_GT(n_hot, 40u);
+}
+
+TEST(Sampler, RepeatPenaltyFlipsGreedy) {
+    SamplerParams p = greedy();
+    p.repeat_penalty = 1.1f;
+    p.repeat_last_n = 2;
+    Sampler s(p, 3);
+    const std::vector<float> logits = {2.0f, 1.9f, 0.5f};
+    EXPECT_EQ(s.sample(logits.data()), 0);
+    s.accept(0);  // 2.0 / 1.1 = 1.82 < 1.9
+    EXPECT_EQ(s.sample(logits.data()), 1);
+    s.accept(2);
+    s.accept(2);  // token 0 left the window of 2
+    EXPECT_EQ(s.sample(logits.data()), 0);
+
+    // Negative logits are multiplied, so a penalty never makes a token more likely.
+    Sampler neg(p, 2);
+    const std::vector<float> negative = {-1.0f, -1.05f};
+    neg.accept(0);  // -1.0 * 1.1 = -1.1 < -1.05
+    EXPECT_EQ(neg.sample(negative.data()), 1);
+
+    // It lowers the sampled share of a repeated token.
+    SamplerParams sp = plain(1.0f);
+    sp.repeat_penalty = 1.5f;
+    Sampler with(sp, 3), without(plain(1.0f), 3);
+    with.accept(0);
+    without.accept(0);
+    EXPECT_LT(histogram(with, logits, 2000)[0] + 150, histogram(without, logits, 2000)[0]);
+}
+
+TEST(Sampler, RepeatLastNMinusOneSeesWholeHistory) {
+    SamplerParams p = greedy();
+    p.repeat_penalty = 1.1f;
+    p.repeat_last_n = -1;
+    Sampler s(p, 3);
+    const std::vector<float> logits = {2.0f, 1.9f, 0.5f};
+    s.accept(0);
+    for (int i = 0; i < 500; ++i) s.accept(2);
+    EXPECT_EQ(s.sample(logits.data()), 1);
+
+    p.repeat_last_n = 0;  // off
+    Sampler off(p, 3);
+    off.accept(0);
+    EXPECT_EQ(off.sample(logits.data()), 0);
+}
+
+TEST(Sampler, PresenceAndFrequencyPenalties) {
+    SamplerParams p = greedy();
+    p.presence_penalty = 0.3f;
+    Sampler pres(p, 2);
+    const std::vector<float> a = {1.0f, 0.8f};
+    pres.accept(0);  // 1.0 - 0.3 = 0.7 < 0.8
+    EXPECT_EQ(pres.sample(a.data()), 1);
+    // Presence does not stack with the count: 1.0 - 0.3 = 0.7 > 0.6 after three repeats.
+    Sampler pres3(p, 2);
+    const std::vector<float> b = {1.0f, 0.6f};
+    for (int i = 0; i < 3; ++i) pres3.accept(0);
+    EXPECT_EQ(pres3.sample(b.data()), 0);
+
+    p = greedy();
+    p.frequency_penalty = 0.2f;
+    Sampler freq(p, 2);
+    const std::vector<float> c = {1.0f, 0.5f};
+    freq.accept(0);  // 0.8
+    EXPECT_EQ(freq.sample(c.data()), 0);
+    freq.accept(0);  // 0.6
+    EXPECT_EQ(freq.sample(c.data()), 0);
+    freq.accept(0);  // 0.4 < 0.5: frequency stacks
+    EXPECT_EQ(freq.sample(c.data()), 1);
+
+    // Negative values encourage repeats (OpenAI allows [-2, 2]).
+    p = greedy();
+    p.presence_penalty = -0.5f;
+    Sampler enc(p, 2);
+    const std::vector<float> d = {0.8f, 1.0f};
+    enc.accept(0);
+    EXPECT_EQ(enc.sample(d.data()), 0);
+}
+
+TEST(Sampler, ResetRestoresSequenceAndClearsHistory) {
+    const auto logits = random_logits(64, 21, 1.0f);
+    SamplerParams p = plain(1.0f, 5);
+    p.repeat_penalty = 1.3f;
+    Sampler s(p, 64);
+    auto run = [&] {
+        std::vector<int32_t> out;
+        for (int i = 0; i < 100; ++i) {
+            out.push_back(s.sample(logits.data()));
+            s.accept(out.back());
+        }
+        return out;
+    };
+    const auto first = run();
+    s.reset();
+    EXPECT_EQ(run(), first);
+
+    SamplerParams g = greedy();
+    g.repeat_penalty = 1.1f;
+    Sampler gs(g, 3);
+    const std::vector<float> l = {2.0f, 1.9f, 0.5f};
+    gs.accept(0);
+    EXPECT_EQ(gs.sample(l.data()), 1);
+    gs.reset();
+    EXPECT_EQ(gs.sample(l.data()), 0);
+}
+
+TEST(Sampler, NonFiniteLogits) {
+    const float nan = std::nanf("");
+    const std::vector<float> logits = {-k_inf, 0.5f, nan, 0.3f, -k_inf, 0.4f};
+    for (SamplerParams p : {plain(1.0f), plain(5.0f), SamplerParams{}}) {
+        p.seed = 3;
+        Sampler s(p, 6);
+        const auto ids = support(histogram(s, logits, 2000));
+        EXPECT_EQ(ids.count(0) + ids.count(2) + ids.count(4), 0u);
+        EXPECT_EQ(ids.size(), 3u);
+    }
+    Sampler g(greedy(), 3);
+    const std::vector<float> first_nan = {nan, -k_inf, -3.0f};
+    EXPECT_EQ(g.sample(first_nan.data()), 2);
+
+    // One finite token: always it.
+    const std::vector<float> single = {-k_inf, -k_inf, 7.0f, -k_inf};
+    Sampler one(SamplerParams{}, 4);
+    EXPECT_EQ(support(histogram(one, single, 100)), std::set<int>{2});
+
+    // +inf: uniform over the +inf tokens.
+    const std::vector<float> pos = {1.0f, k_inf, 5.0f, k_inf};
+    Sampler inf(plain(1.0f), 4);
+    const auto counts = histogram(inf, pos, 2000);
+    EXPECT_EQ(support(counts), (std::set<int>{1, 3}));
+    EXPECT_NEAR(counts[1] / 2000.0, 0.5, 0.05);
+    Sampler ginf(greedy(), 4);
+    EXPECT_EQ(ginf.sample(pos.data()), 1);
+    const auto top = ginf.top_logprobs(pos.data(), 3);
+    ASSERT_EQ(top.size(), 3u);
+    EXPECT_EQ(top[0].id, 1);
+    EXPECT_EQ(top[1].id, 3);
+    EXPECT_NEAR(top[0].logprob, std::log(0.5f), 1e-6f);
+    EXPECT_EQ(top[2].logprob, -k_inf);
+
+    // Nothing to choose: token 0, no crash.
+    const std::vector<float> none = {-k_inf, nan, -k_inf};
+    Sampler z(plain(1.0f), 3);
+    EXPECT_EQ(z.sample(none.data()), 0);
+    EXPECT_EQ(z.top_logprobs(none.data(), 2)[0].logprob, -k_inf);
+}
+
+TEST(Sampler, VocabOfOne) {
+    const float logit = -2.5f;
+    for (SamplerParams p : {greedy(), plain(1.0f), SamplerParams{}}) {
+        Sampler s(p, 1);
+        for (int i = 0; i < 5; ++i) {
+            EXPECT_EQ(s.sample(&logit), 0);
+            s.accept(0);
+        }
+        EXPECT_EQ(s.last_logprob(), 0.0f);
+        const auto top = s.top_logprobs(&logit, 3);
+        ASSERT_EQ(top.size(), 1u);
+        EXPECT_EQ(top[0].id, 0);
+        EXPECT_NEAR(top[0].logprob, 0.0f, 1e-6f);
+    }
+}
+
+TEST(Sampler, RawLogprobsAreLogSoftmax) {
+    const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, -k_inf};
+    Sampler s(SamplerParams{}, 6);
+    const auto probs = softmax(logits, 1.0);
+    const auto top = s.top_logprobs(logits.data(), 3);
+    ASSERT_EQ(top.size(), 3u);
+    EXPECT_EQ(top[0].id, 1);  // tie with 3: lower id first
+    EXPECT_EQ(top[1].id, 3);
+    EXPECT_EQ(top[2].id, 4);
+    for (const TokenProb &t : top) EXPECT_NEAR(t.logprob, std::log(probs[size_t(t.id)]), 1e-5);
+    EXPECT_EQ(s.top_logprobs(logits.data(), 100).size(), 6u);
+    EXPECT_TRUE(s.top_logprobs(logits.data(), 0).empty());
+    EXPECT_NEAR(s.token_logprob(logits.data(), 2), std::log(probs[2]), 1e-5);
+    EXPECT_EQ(s.token_logprob(logits.data(), 5), -k_inf);
+}
+
+TEST(Sampler, LastLogprobsDescribeTheFinalDistribution) {
+    // top_k 2 over two equal best logits: the final distribution is 50/50 whatever the temperature.
+    const std::vector<float> logits = {3.0f, 0.0f, 3.0f, 1.0f};
+    SamplerParams p = plain(0.7f);
+    p.top_k = 2;
+    Sampler s(p, 4);
+    EXPECT_TRUE(s.last_top_logprobs(5).empty());
+    const int32_t tok = s.sample(logits.data());
+    EXPECT_TRUE(tok == 0 || tok == 2);
+    EXPECT_NEAR(s.last_logprob(), std::log(0.5f), 1e-6f);
+    const auto top = s.last_top_logprobs(5);
+    ASSERT_EQ(top.size(), 2u);
+    EXPECT_EQ(top[0].id, 0);
+    EXPECT_EQ(top[1].id, 2);
+
+    // Temperature 2 without filters: log softmax(x / 2).
+    Sampler t(plain(2.0f), 4);
+    const int32_t tok2 = t.sample(logits.data());
+    const auto probs = softmax(logits, 2.0);
+    EXPECT_NEAR(t.last_logprob(), std::log(probs[size_t(tok2)]), 1e-5);
+    const auto all = t.last_top_logprobs(4);
+    ASSERT_EQ(all.size(), 4u);
+    EXPECT_EQ(all[3].id, 1);
+    EXPECT_NEAR(all[3].logprob, std::log(probs[1]), 1e-5);
+
+    Sampler g(greedy(), 4);
+    EXPECT_EQ(g.sample(logits.data()), 0);
+    EXPECT_EQ(g.last_logprob(), 0.0f);
+    ASSERT_EQ(g.last_top_logprobs(3).size(), 1u);
+}
+
+TEST(Sampler, NoAllocationPerTokenAfterFirstCall) {
+    const auto logits = random_logits(5000, 31, 2.0f);
+    SamplerParams top_p_only = plain(1.0f);
+    top_p_only.top_p = 0.9f;
+    SamplerParams big_k = plain(0.9f);
+    big_k.top_k = 1000;
+    for (SamplerParams p : {SamplerParams{}, top_p_only, big_k, plain(1.0f), greedy()}) {
+        p.repeat_penalty = 1.1f;
+        p.frequency_penalty = 0.1f;
+        Sampler s(p, 5000);
+        s.accept(s.sample(logits.data()));
+        const long long before = g_allocations;
+        for (int i = 0; i < 200; ++i) s.accept(s.sample(logits.data()));
+        EXPECT_EQ(g_allocations - before, 0) << "top_k " << p.top_k << " top_p " << p.top_p;
+        EXPECT_EQ(s.last_top_logprobs(0).size(), 0u);  // keeps s and the loop observable
+    }
+}
+
+TEST(Sampler, LargeVocabDefaultChain) {
+    // A 150k vocabulary with the default chain: every pick lies in the top 40.
+    const int32_t n_vocab = 150000;
+    const auto logits = random_logits(size_t(n_vocab), 99, 6.0f);
+    std::vector<int> order(static_cast<size_t>(n_vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 40, order.end(),
+                      [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    const std::set<int> top40(order.begin(), order.begin() + 40);
+    SamplerParams p;
+    p.seed = 8;
+    Sampler s(p, n_vocab);
+    for (int i = 0; i < 30; ++i) {
+        const int32_t tok = s.sample(logits.data());
+        ASSERT_TRUE(top40.count(tok)) << tok;
+        s.accept(tok);
+    }
+}
+
+}  // namespace
+}  // namespace td
