@@ -204,7 +204,7 @@ TEST(KernelsDispatch, EveryTypeHasAllFunctionsAndGgmlsVecDotType) {
             EXPECT_TRUE(k->to_float && k->from_float && k->vec_dot) << dtype_name(type);
         }
     }
-    EXPECT_EQ(kernels::type_kernels(DType::q4_k), nullptr);
+    EXPECT_EQ(kernels::type_kernels(DType::i8), nullptr);
     EXPECT_EQ(kernels::type_kernels_ref(DType::i32), nullptr);
 }
 

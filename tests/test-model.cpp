@@ -10,6 +10,7 @@
 
 #include "model/context.h"
 #include "model/detokenizer.h"
+#include "model/engine.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -127,9 +128,8 @@ void check_golden(const std::shared_ptr<Model> &model, const Tokenizer &tokenize
     ThreadPool pool(n_threads);
     ContextParams cp;
     cp.kv_type = kv_type;
-    auto ctx = Context::create(model, cp, pool);
-    ASSERT_TRUE(ctx.ok()) << ctx.status().message();
-    Sampler sampler(greedy(), model->hparams().n_vocab);
+    auto engine = LocalEngine::create(model, cp, pool);
+    ASSERT_TRUE(engine.ok()) << engine.status().message();
     Detokenizer detok(tokenizer, Detokenizer::Start::continuation);
     std::vector<int32_t> ids;
     std::string text;
@@ -137,8 +137,9 @@ void check_golden(const std::shared_ptr<Model> &model, const Tokenizer &tokenize
     GenerateParams gp;
     gp.n_predict = 64;
     gp.n_batch = n_batch;
+    gp.want_logits = true;
     auto stats = generate(
-        **ctx, sampler, prompt, gp, [](int32_t) { return false; },
+        **engine, greedy(), prompt, gp, [](int32_t) { return false; },
         [&](int32_t token, const float *logits) {
             const size_t i = ids.size();
             float e = 0;
@@ -194,14 +195,13 @@ TEST_F(Stories, PromptLongerThanContextIsAnError) {
     ThreadPool pool(1);
     ContextParams cp;
     cp.n_ctx = 8;
-    auto ctx = Context::create(model, cp, pool);
-    ASSERT_TRUE(ctx.ok());
-    Sampler sampler(greedy(), model->hparams().n_vocab);
+    auto engine = LocalEngine::create(model, cp, pool);
+    ASSERT_TRUE(engine.ok());
     std::vector<int32_t> prompt =
         tokenizer->encode("Once upon a time there was a little girl named Lily", true, false);
     ASSERT_GE(prompt.size(), 8u);
     auto r = generate(
-        **ctx, sampler, prompt, {}, [](int32_t) { return false; },
+        **engine, greedy(), prompt, {}, [](int32_t) { return false; },
         [](int32_t, const float *) { return true; });
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.status().message().find("context"), std::string::npos) << r.status().message();
@@ -211,11 +211,10 @@ TEST_F(Stories, GenerationStopsWhenTheContextIsFull) {
     ThreadPool pool(1);
     ContextParams cp;
     cp.n_ctx = 16;
-    auto ctx = Context::create(model, cp, pool);
-    ASSERT_TRUE(ctx.ok());
-    Sampler sampler(greedy(), model->hparams().n_vocab);
+    auto engine = LocalEngine::create(model, cp, pool);
+    ASSERT_TRUE(engine.ok());
     auto r = generate(
-        **ctx, sampler, {1, 403, 407}, {}, [](int32_t) { return false; },
+        **engine, greedy(), {1, 403, 407}, {}, [](int32_t) { return false; },
         [](int32_t, const float *) { return true; });
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(r->stop, StopReason::context_full);
@@ -368,12 +367,14 @@ TEST_P(SynthTypes, LoadsGeneratesAndSplits) {
     EXPECT_EQ((*m)->hparams().n_layer, 4);
     EXPECT_EQ((*m)->hparams().n_vocab, 512);
     EXPECT_EQ((*m)->file().find_tensor("blk.0.attn_q.weight")->type, sp.type);
-    auto ctx = Context::create(*m, {}, pool);
-    ASSERT_TRUE(ctx.ok());
-    Sampler sampler(greedy(), 512);
+    auto engine = LocalEngine::create(*m, {}, pool);
+    ASSERT_TRUE(engine.ok());
     int n = 0;
+    GenerateParams gp;
+    gp.n_predict = 16;
+    gp.want_logits = true;
     auto r = generate(
-        **ctx, sampler, {1, 403, 407}, GenerateParams{16, 512, 0}, [](int32_t) { return false; },
+        **engine, greedy(), {1, 403, 407}, gp, [](int32_t) { return false; },
         [&](int32_t t, const float *logits) {
             EXPECT_TRUE(t >= 0 && t < 512);
             for (int k = 0; k < 512; ++k) EXPECT_TRUE(std::isfinite(logits[k]));

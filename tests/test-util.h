@@ -72,13 +72,15 @@ inline std::string read_file(const std::string &path) {
     return ss.str();
 }
 
-// Runs the tandem binary with args, capturing stdout and stderr (through temp files), no stdin.
-inline ProcessResult run_tandem(const std::vector<std::string> &args) {
+// Runs the tandem binary with args, capturing stdout and stderr (through temp files); stdin reads
+// `stdin_path`.
+inline ProcessResult run_tandem_with_stdin_file(const std::vector<std::string> &args,
+                                                const std::string &stdin_path) {
     TempDir dir;
     const std::string out_path = dir.file("out"), err_path = dir.file("err");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 0, stdin_path.c_str(), O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     std::vector<std::string> all = {tandem_bin()};
@@ -105,6 +107,19 @@ inline ProcessResult run_tandem(const std::vector<std::string> &args) {
     r.out = read_file(out_path);
     r.err = read_file(err_path);
     return r;
+}
+
+// Runs the tandem binary with args, no stdin.
+inline ProcessResult run_tandem(const std::vector<std::string> &args) {
+    return run_tandem_with_stdin_file(args, "/dev/null");
+}
+
+// Runs the tandem binary with args and `input` on its stdin (then end of input).
+inline ProcessResult run_tandem_stdin(const std::vector<std::string> &args, const std::string &input) {
+    TempDir dir;
+    const std::string in_path = dir.file("in");
+    std::ofstream(in_path, std::ios::binary) << input;
+    return run_tandem_with_stdin_file(args, in_path);
 }
 
 }  // namespace td::test

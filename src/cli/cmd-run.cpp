@@ -6,10 +6,13 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/chat-repl.h"
+#include "cli/cluster-flags.h"
 #include "cli/common.h"
 #include "core/log.h"
 #include "core/thread-pool.h"
 #include "model/context.h"
+#include "model/engine.h"
 #include "model/detokenizer.h"
 #include "model/generate.h"
 #include "model/model.h"
@@ -32,6 +35,9 @@ struct RunOptions {
     std::string kv_type = "f16";
     SamplerParams sampling;
     int64_t seed = -1;
+    bool chat = false;
+    ChatReplParams chat_params;  // system prompt, template name
+    ClusterFlags cluster;        // --workers etc.: run as a pipeline
 };
 
 int run_main(const RunOptions &opt) {
@@ -69,11 +75,14 @@ int run_main(const RunOptions &opt) {
     } else if (opt.kv_type != "f16") {
         return fail(invalid_input("--kv-type must be f16 or f32, got '{}'", opt.kv_type));
     }
-    ThreadPool pool(opt.n_threads);
-    auto ctx = Context::create(*model, cp, pool);
-    if (!ctx.ok()) return fail(ctx.status());
-
-    Sampler sampler(sp, (*model)->hparams().n_vocab);
+    ThreadPool pool(opt.cluster.workers.empty() ? opt.n_threads : 1);  // a cluster head computes nothing
+    auto engine = make_engine(opt.cluster, *model, cp, pool, opt.n_threads);
+    if (!engine.ok()) return fail(engine.status());
+    if (opt.chat)
+        return chat_repl(**engine, (*model)->file(), **tokenizer, sp,
+                         {opt.chat_params.system_prompt, opt.chat_params.template_name, opt.n_predict,
+                          opt.n_batch},
+                         stdin, stdout);
     // The prompt is not echoed; generated text streams as soon as it is valid UTF-8. It continues the
     // prompt, so the first piece keeps its leading space.
     Detokenizer detok(**tokenizer, Detokenizer::Start::continuation);
@@ -81,7 +90,7 @@ int run_main(const RunOptions &opt) {
     gp.n_predict = opt.n_predict;
     gp.n_batch = opt.n_batch;
     auto stats = generate(
-        **ctx, sampler, tokens, gp, [&](int32_t t) { return vocab->is_eog(t); },
+        **engine, sp, tokens, gp, [&](int32_t t) { return vocab->is_eog(t); },
         [&](int32_t token, const float *) {
             std::string text = detok.push(token);
             if (!text.empty()) {
@@ -98,12 +107,13 @@ int run_main(const RunOptions &opt) {
     const GenerateStats &st = *stats;
     if (st.stop == StopReason::context_full)
         std::fprintf(stderr, "tandem: stopped: the context of %d tokens is full (raise -c)\n",
-                     (*ctx)->n_ctx());
+                     (*engine)->n_ctx());
     std::fprintf(
         stderr,
         "tandem: prompt %d tokens, %.2f tokens/s | generation %d tokens, %.2f tokens/s | %d threads\n",
         st.n_prompt, st.prompt_seconds > 0 ? st.n_prompt / st.prompt_seconds : 0.0, st.n_generated,
         st.gen_seconds > 0 ? st.n_generated / st.gen_seconds : 0.0, pool.n_threads());
+    print_cluster_stats(opt.cluster, **engine);
     return 0;
 }
 
@@ -125,6 +135,11 @@ void register_run(CLI::App &app, Runners &runners) {
         ->default_val(512)
         ->check(CLI::Range(1, 1 << 16));
     cmd->add_flag("--no-bos", opt->no_bos, "Do not add the BOS token");
+    cmd->add_flag("--chat,--cnv,--conversation", opt->chat,
+                  "Interactive chat on stdin (-n: tokens per reply)");
+    cmd->add_option("--system", opt->chat_params.system_prompt, "System prompt for --chat");
+    cmd->add_option("--chat-template", opt->chat_params.template_name,
+                    "Chat template name (default: the model's)");
     cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
     cmd->add_option("--temp", opt->sampling.temperature, "Temperature (0: greedy)")->default_val(0.8f);
     cmd->add_option("--top-k", opt->sampling.top_k, "Top-k (0: off)")->default_val(40);
@@ -139,6 +154,7 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_option("--frequency-penalty", opt->sampling.frequency_penalty, "Frequency penalty")
         ->default_val(0.0f);
     cmd->add_option("-s,--seed", opt->seed, "Random seed (-1: random)")->default_val(-1);
+    add_cluster_flags(cmd, opt->cluster);
     runners.push_back([cmd, opt] { return cmd->parsed() ? run_main(*opt) : -1; });
 }
 

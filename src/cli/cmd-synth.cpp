@@ -17,9 +17,7 @@ struct SynthOptions {
 };
 
 int synth_main(SynthOptions &opt) {
-    auto type = dtype_from_name(opt.type);
-    if (!type.ok()) return fail(type.status());
-    opt.params.type = *type;
+    if (Status s = synth_parse_type(opt.type, opt.params); !s.ok()) return fail(s);
     ThreadPool pool(opt.n_threads);
     if (Status s = synth_model(opt.params, opt.out, pool); !s.ok()) return fail(s);
     std::fprintf(stderr, "tandem: wrote %s\n", opt.out.c_str());
@@ -42,7 +40,9 @@ void register_synth(CLI::App &app, Runners &runners) {
     cmd->add_option("--ctx", p.n_ctx, "Training context length to record")->default_val(2048);
     cmd->add_option("--rope-base", p.rope_freq_base, "RoPE frequency base")->default_val(10000.0f);
     cmd->add_option("--vocab-from", p.vocab_from, "GGUF whose tokenizer is copied")->required();
-    cmd->add_option("--type", opt->type, "Weight type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1")
+    cmd->add_option("--type", opt->type,
+                    "Weight type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, "
+                    "or a llama.cpp mix: q4_k_m, q5_k_m")
         ->default_val("f32");
     cmd->add_flag("--tied", p.tied_output, "Tie the output projection to the token embedding");
     cmd->add_option("--seed", p.seed, "Random seed")->default_val(42);

@@ -14,5 +14,8 @@ void register_run(CLI::App &app, Runners &runners);
 void register_tokenize(CLI::App &app, Runners &runners);
 void register_info(CLI::App &app, Runners &runners);
 void register_synth(CLI::App &app, Runners &runners);
+void register_bench(CLI::App &app, Runners &runners);
+void register_serve(CLI::App &app, Runners &runners);
+void register_worker(CLI::App &app, Runners &runners);
 
 }  // namespace td::cli

@@ -21,6 +21,9 @@ int main(int argc, char **argv) {
     td::cli::register_tokenize(app, runners);
     td::cli::register_info(app, runners);
     td::cli::register_synth(app, runners);
+    td::cli::register_bench(app, runners);
+    td::cli::register_serve(app, runners);
+    td::cli::register_worker(app, runners);
 
     try {
         app.parse(argc, argv);

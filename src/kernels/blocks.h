@@ -71,4 +71,68 @@ static inline float dot_lanes_sum(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
+// ---- K-quants: super-blocks of 256 elements (ggml's block_q2_K .. block_q8_K, ggml-common.h) ----------------
+// Element e of a super-block is e = 0..255. "Chunk" c is a run of 128 (q2_k, q3_k, q6_k) or 64 (q4_k, q5_k)
+// elements that share one stretch of qs. d, dmin are IEEE half except q8_k's d (f32).
+constexpr int kQK_K = 256;
+
+// q2_k: x[e] = d * (sc & 15) * q - dmin * (sc >> 4), sc = scales[e / 16], q in 0..3 at bits 2k..2k+1 of
+// qs[32 c + l] for e = 128 c + 32 k + l.
+struct BlockQ2_K {
+    uint8_t scales[kQK_K / 16];
+    uint8_t qs[kQK_K / 4];
+    uint16_t d;
+    uint16_t dmin;
+};
+
+// q3_k: x[e] = d * (s - 32) * (q - 4), q = low 2 bits as q2_k plus 4 * (bit e / 32 of hmask[e % 32]);
+// s = 6-bit scale of group e / 16: low 4 bits from scales[g] (g < 8) or scales[g - 8] >> 4, high 2 bits at
+// bits 2 (g / 4) of scales[8 + g % 4].
+struct BlockQ3_K {
+    uint8_t hmask[kQK_K / 8];
+    uint8_t qs[kQK_K / 4];
+    uint8_t scales[12];
+    uint16_t d;
+};
+
+// q4_k: x[e] = d * sc[j] * q - dmin * m[j], j = e / 32 (6-bit sc, m packed in scales, get_scale_min_k4);
+// q = low nibble of qs[32 (j / 2) + e % 32] for even j, high nibble for odd j.
+struct BlockQ4_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qs[kQK_K / 2];
+};
+
+// q5_k: as q4_k with q += 16 * (bit j of qh[e % 32]).
+struct BlockQ5_K {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[kQK_K / 8];
+    uint8_t qs[kQK_K / 2];
+};
+
+// q6_k: x[e] = d * scales[e / 16] * (q - 32), e = 128 c + 32 k + l: low 4 bits from ql[64 c + 32 (k & 1) + l]
+// (low nibble for k < 2, high for k >= 2), high 2 bits at bits 2k of qh[32 c + l].
+struct BlockQ6_K {
+    uint8_t ql[kQK_K / 2];
+    uint8_t qh[kQK_K / 4];
+    int8_t scales[kQK_K / 16];
+    uint16_t d;
+};
+
+// q8_k (activations): x[e] = d * qs[e], qs in -127..127; bsums[g] = sum of qs[16 g .. 16 g + 15].
+struct BlockQ8_K {
+    float d;
+    int8_t qs[kQK_K];
+    int16_t bsums[kQK_K / 16];
+};
+
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 &&
+              sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+
+// K-quant dot products use the same lane scheme per super-block: each super-block's integer sums are exact
+// int32, its float value is formed by one fixed expression (kquants-ref.h) and added into lane b % kDotLanes.
+
 }  // namespace td::kernels

@@ -10,10 +10,12 @@
 
 #include "core/log.h"
 #include "kernels/kernels.h"
+#include "kernels/ref/kquants-ref.h"
 #include "kernels/ref/quants-ref.h"
 
 #if TD_KERNELS_X86
 #include "kernels/x86/kernels-x86.h"
+#include "kernels/x86/kquants-x86.h"
 #endif
 
 namespace td::kernels {
@@ -29,6 +31,12 @@ constexpr TypeKernels kRefTable[] = {
     {DType::q5_1, ref::to_float_q5_1, ref::from_float_q5_1, ref::vec_dot_q5_1_q8_1, DType::q8_1},
     {DType::q8_0, ref::to_float_q8_0, ref::from_float_q8_0, ref::vec_dot_q8_0_q8_0, DType::q8_0},
     {DType::q8_1, ref::to_float_q8_1, ref::from_float_q8_1, ref::vec_dot_q8_1_q8_1, DType::q8_1},
+    {DType::q2_k, ref::to_float_q2_k, ref::from_float_q2_k, ref::vec_dot_q2_k_q8_k, DType::q8_k},
+    {DType::q3_k, ref::to_float_q3_k, ref::from_float_q3_k, ref::vec_dot_q3_k_q8_k, DType::q8_k},
+    {DType::q4_k, ref::to_float_q4_k, ref::from_float_q4_k, ref::vec_dot_q4_k_q8_k, DType::q8_k},
+    {DType::q5_k, ref::to_float_q5_k, ref::from_float_q5_k, ref::vec_dot_q5_k_q8_k, DType::q8_k},
+    {DType::q6_k, ref::to_float_q6_k, ref::from_float_q6_k, ref::vec_dot_q6_k_q8_k, DType::q8_k},
+    {DType::q8_k, ref::to_float_q8_k, ref::from_float_q8_k, ref::vec_dot_q8_k_q8_k, DType::q8_k},
 };
 
 #if TD_KERNELS_X86
@@ -42,6 +50,12 @@ constexpr TypeKernels kAvx2Table[] = {
     {DType::q5_1, ref::to_float_q5_1, ref::from_float_q5_1, ref::vec_dot_q5_1_q8_1, DType::q8_1},
     {DType::q8_0, ref::to_float_q8_0, avx2::from_float_q8_0, avx2::vec_dot_q8_0_q8_0, DType::q8_0},
     {DType::q8_1, ref::to_float_q8_1, ref::from_float_q8_1, ref::vec_dot_q8_1_q8_1, DType::q8_1},
+    {DType::q2_k, ref::to_float_q2_k, ref::from_float_q2_k, avx2::vec_dot_q2_k_q8_k, DType::q8_k},
+    {DType::q3_k, ref::to_float_q3_k, ref::from_float_q3_k, avx2::vec_dot_q3_k_q8_k, DType::q8_k},
+    {DType::q4_k, ref::to_float_q4_k, ref::from_float_q4_k, avx2::vec_dot_q4_k_q8_k, DType::q8_k},
+    {DType::q5_k, ref::to_float_q5_k, ref::from_float_q5_k, avx2::vec_dot_q5_k_q8_k, DType::q8_k},
+    {DType::q6_k, ref::to_float_q6_k, ref::from_float_q6_k, avx2::vec_dot_q6_k_q8_k, DType::q8_k},
+    {DType::q8_k, ref::to_float_q8_k, avx2::from_float_q8_k, avx2::vec_dot_q8_k_q8_k, DType::q8_k},
 };
 static_assert(std::size(kAvx2Table) == std::size(kRefTable));
 #endif

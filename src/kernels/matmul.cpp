@@ -9,6 +9,10 @@
 #include "core/check.h"
 #include "kernels/kernels.h"
 
+#if TD_KERNELS_X86
+#include "kernels/x86/kernels-x86.h"
+#endif
+
 namespace td::kernels {
 namespace {
 
@@ -16,9 +20,35 @@ namespace {
 // (16 x 2.3 KB for a 4096-wide q4_0 row) stays in L2 while every token of the batch passes over it.
 constexpr int64_t kRowsPerChunk = 16;
 
+// y[t * y_stride + r] = vec_dot(w row r, x row t) for a block of rows and tokens, bit for bit.
+using GemmFn = void (*)(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+
+// The active ISA's tile kernel for a weight type, or nullptr (then matmul runs vec_dot per element).
+GemmFn gemm_for(DType type) {
+#if TD_KERNELS_X86
+    const Isa isa = isa_active();
+    if (isa != Isa::avx2 && isa != Isa::avx512) return nullptr;
+    static const bool vnni = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512vnni") != 0;
+    }();
+    if (isa == Isa::avx512 && vnni) {
+        if (type == DType::q4_0) return avx512::gemm_q4_0_q8_0;
+        if (type == DType::q8_0) return avx512::gemm_q8_0_q8_0;
+    }
+    if (type == DType::q4_0) return avx2::gemm_q4_0_q8_0;
+    if (type == DType::q8_0) return avx2::gemm_q8_0_q8_0;
+#else
+    (void)type;
+#endif
+    return nullptr;
+}
+
 // Everything the worker lambda needs, captured through one pointer so std::function does not allocate.
 struct MatmulJob {
     const TypeKernels *kernels;
+    GemmFn gemm;       // nullptr: vec_dot per element
     const uint8_t *w;  // [n_out][w_row_bytes]
     size_t w_row_bytes;
     const uint8_t *x;  // [n_tokens][x_row_bytes], in kernels->vec_dot_type
@@ -30,6 +60,11 @@ struct MatmulJob {
 };
 
 void matmul_rows(const MatmulJob &job, int64_t row_begin, int64_t row_end) {
+    if (job.gemm != nullptr) {
+        job.gemm(job.n_in, job.w + static_cast<size_t>(row_begin) * job.w_row_bytes, job.w_row_bytes, job.x,
+                 job.x_row_bytes, job.y + row_begin, job.n_out, row_end - row_begin, job.n_tokens);
+        return;
+    }
     // Token-outer: the chunk's weight rows are reused from cache by every token.
     for (int64_t t = 0; t < job.n_tokens; ++t) {
         const uint8_t *xt = job.x + static_cast<size_t>(t) * job.x_row_bytes;
@@ -61,6 +96,8 @@ void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, Thr
 
     MatmulJob job{};
     job.kernels = k;
+    // One token: vec_dot streams each weight row once, which beats a 4-row tile when nothing is reused.
+    job.gemm = n_tokens > 1 ? gemm_for(w.type) : nullptr;
     job.w = static_cast<const uint8_t *>(w.data);
     job.w_row_bytes = w.row_bytes();
     job.y = y;

@@ -7,56 +7,60 @@ namespace td {
 
 const char *stop_reason_name(StopReason reason) {
     switch (reason) {
-        case StopReason::length:
-            return "length";
-        case StopReason::eog:
-            return "stop";
-        case StopReason::context_full:
-            return "context full";
-        case StopReason::callback:
-            return "stopped";
+        case StopReason::length: return "length";
+        case StopReason::eog: return "stop";
+        case StopReason::context_full: return "context full";
+        case StopReason::callback: return "stopped";
     }
     return "?";
 }
 
-Result<GenerateStats> generate(Context &ctx, Sampler &sampler, const std::vector<int32_t> &prompt,
+Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, const std::vector<int32_t> &prompt,
                                const GenerateParams &params, const std::function<bool(int32_t)> &is_eog,
                                const TokenCallback &on_token) {
     using clock = std::chrono::steady_clock;
     GenerateStats stats;
     const int32_t n_prompt = static_cast<int32_t>(prompt.size());
     if (n_prompt == 0) return invalid_input("the prompt is empty (no tokens)");
-    if (n_prompt >= ctx.n_ctx())
-        return invalid_input("prompt has {} tokens but the context holds {}; raise -c or shorten the prompt",
-                             n_prompt, ctx.n_ctx());
+    if (n_prompt >= engine.n_ctx())
+        return invalid_input("prompt has {} tokens but the context holds {}; raise -c or shorten the prompt", n_prompt,
+                             engine.n_ctx());
     const int32_t n_batch = std::max(1, params.n_batch);
     const int32_t seq = params.seq;
-    ctx.seq_clear(seq);
+    TD_TRY(engine.seq_start(seq, sampling, params.want_logits));
     stats.n_prompt = n_prompt;
 
+    // Prompt chunks go out back to back, up to the engine's depth, so pipeline stages overlap them.
     Batch batch;
+    std::vector<StepOutput> last;
+    int in_flight = 0;
     const auto t0 = clock::now();
     for (int32_t start = 0; start < n_prompt; start += n_batch) {
         batch.clear();
         const int32_t end = std::min(n_prompt, start + n_batch);
         for (int32_t i = start; i < end; ++i) batch.add(prompt[i], i, seq, i == n_prompt - 1);
-        TD_TRY(ctx.decode(batch));
+        if (in_flight == engine.max_in_flight()) {
+            TD_ASSIGN_OR_RETURN(last, engine.wait());
+            --in_flight;
+        }
+        TD_TRY(engine.submit(batch));
+        ++in_flight;
     }
+    while (in_flight > 0) {
+        TD_ASSIGN_OR_RETURN(last, engine.wait());
+        --in_flight;
+    }
+    if (last.size() != 1) return make_error(ErrorKind::failed, "the engine returned {} outputs for the prompt", last.size());
     const auto t1 = clock::now();
     stats.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
 
-    const int32_t n_vocab = ctx.model().hparams().n_vocab;
-    std::vector<float> logits(ctx.logits(), ctx.logits() + n_vocab);  // [n_vocab]
     int32_t pos = n_prompt;
+    if (params.n_predict == 0) return stats;
     for (;;) {
-        if (params.n_predict >= 0 && stats.n_generated >= params.n_predict) {
-            stats.stop = StopReason::length;
-            break;
-        }
-        const int32_t token = sampler.sample(logits.data());
-        sampler.accept(token);
+        const StepOutput &out = last.front();
+        const int32_t token = out.token;
         ++stats.n_generated;
-        const bool keep_going = on_token(token, logits.data());
+        const bool keep_going = on_token(token, out.logits.empty() ? nullptr : out.logits.data());
         if (is_eog(token)) {
             stats.stop = StopReason::eog;
             break;
@@ -69,14 +73,15 @@ Result<GenerateStats> generate(Context &ctx, Sampler &sampler, const std::vector
             stats.stop = StopReason::length;
             break;
         }
-        if (pos >= ctx.n_ctx()) {
+        if (pos >= engine.n_ctx()) {
             stats.stop = StopReason::context_full;
             break;
         }
         batch.clear();
         batch.add(token, pos++, seq, true);
-        TD_TRY(ctx.decode(batch));
-        std::copy(ctx.logits(), ctx.logits() + n_vocab, logits.begin());
+        TD_TRY(engine.submit(batch));
+        TD_ASSIGN_OR_RETURN(last, engine.wait());
+        if (last.size() != 1) return make_error(ErrorKind::failed, "the engine returned {} outputs for one token", last.size());
     }
     stats.gen_seconds = std::chrono::duration<double>(clock::now() - t1).count();
     return stats;

@@ -1,5 +1,6 @@
-// Single-sequence generation on a Context: prefill the prompt in chunks, then sample token by token.
-// Used by `tandem run` and the tests; the server's scheduler batches many sequences instead.
+// Single-sequence generation on an Engine: prefill the prompt in chunks (queued back to back, so a pipeline
+// overlaps them), then sample token by token. Used by `tandem run` and the tests; the server's scheduler
+// batches many sequences instead.
 #pragma once
 
 #include <cstdint>
@@ -8,15 +9,16 @@
 #include <vector>
 
 #include "core/status.h"
-#include "model/context.h"
+#include "model/engine.h"
 #include "model/sampler.h"
 
 namespace td {
 
 struct GenerateParams {
-    int32_t n_predict = -1;  // tokens to generate; -1 = until end of generation or the context is full
-    int32_t n_batch = 512;   // prompt tokens per forward call
-    int32_t seq = 0;         // sequence slot to use (cleared first)
+    int32_t n_predict = -1;    // tokens to generate; -1 = until end of generation or the context is full
+    int32_t n_batch = 512;     // prompt tokens per step
+    int32_t seq = 0;           // sequence slot to use (restarted first)
+    bool want_logits = false;  // pass each step's logits row to the callback
 };
 
 enum class StopReason { length, eog, context_full, callback };
@@ -25,18 +27,19 @@ const char *stop_reason_name(StopReason reason);
 struct GenerateStats {
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
-    double prompt_seconds = 0.0;
-    double gen_seconds = 0.0;  // from the first sampled token to the last
+    double prompt_seconds = 0.0;  // until the first token is sampled
+    double gen_seconds = 0.0;     // from the first sampled token to the last
     StopReason stop = StopReason::length;
 };
 
-// Called for each sampled token with the logits row it was drawn from ([n_vocab]); return false to stop.
-// End-of-generation tokens are reported too (is_eog tells the caller), then generation stops.
+// Called for each sampled token; `logits` is the row it was drawn from ([n_vocab]) when
+// params.want_logits, else null. Return false to stop. End-of-generation tokens are reported too, then
+// generation stops.
 using TokenCallback = std::function<bool(int32_t token, const float *logits)>;
 
 // Errors: empty prompt; prompt not shorter than the context ("prompt has 600 tokens but the context holds
-// 512; raise -c or shorten the prompt"); any decode error. `is_eog` says which tokens end generation.
-Result<GenerateStats> generate(Context &ctx, Sampler &sampler, const std::vector<int32_t> &prompt,
+// 512; raise -c or shorten the prompt"); any engine error. `is_eog` says which tokens end generation.
+Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, const std::vector<int32_t> &prompt,
                                const GenerateParams &params, const std::function<bool(int32_t)> &is_eog,
                                const TokenCallback &on_token);
 

@@ -99,10 +99,13 @@ Status Model::bind(const ModelLoadOptions &options) {
         return invalid_input("{}: layer range [{}, {}) is outside the model's {} layers", f.path(),
                              layer_first_, layer_last_, hp_.n_layer);
 
-    // The embedding defines n_vocab when no key did.
+    // The embedding defines n_vocab when no key did. A pipeline stage's file may lack the embedding; its
+    // vocabulary size then comes from the keys (vocab_size or the token list).
     const gguf::TensorInfo *embd = f.find_tensor("token_embd.weight");
-    if (embd == nullptr) return invalid_input("{}: missing tensor 'token_embd.weight'", f.path());
-    if (hp_.n_vocab <= 0) hp_.n_vocab = static_cast<int32_t>(embd->ne[1]);
+    if (hp_.n_vocab <= 0) {
+        if (embd == nullptr) return invalid_input("{}: missing tensor 'token_embd.weight'", f.path());
+        hp_.n_vocab = static_cast<int32_t>(embd->ne[1]);
+    }
     const int64_t n_vocab = hp_.n_vocab;
 
     if (layer_first_ == 0) {

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -69,7 +70,41 @@ struct TensorMaker {
     }
 };
 
+// llama.cpp's use_more_bits(i_layer, n_layers) from llama_tensor_get_type.
+bool use_more_bits(int32_t il, int32_t n_layer) {
+    return il < n_layer / 8 || il >= 7 * n_layer / 8 || (il - n_layer / 8) % 3 == 2;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+    return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
 }  // namespace
+
+Status synth_parse_type(std::string_view name, SynthParams &params) {
+    std::string lower(name);
+    for (auto &c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower == "q4_k_m" || lower == "q5_k_m") {
+        params.mix = lower == "q4_k_m" ? SynthMix::q4_k_m : SynthMix::q5_k_m;
+        return {};
+    }
+    auto type = dtype_from_name(name);
+    if (!type.ok()) return invalid_input("{}; or a llama.cpp mix: q4_k_m, q5_k_m", type.status().message());
+    params.type = *type;
+    params.mix = SynthMix::none;
+    return {};
+}
+
+DType synth_tensor_type(const SynthParams &p, std::string_view tensor, int32_t layer) {
+    if (p.mix == SynthMix::none) return p.type;
+    const DType base = p.mix == SynthMix::q4_k_m ? DType::q4_k : DType::q5_k;
+    if (tensor == "output.weight") return DType::q6_k;
+    if (tensor == "token_embd.weight") return p.tied_output ? DType::q6_k : base;
+    if ((ends_with(tensor, ".attn_v.weight") || ends_with(tensor, ".ffn_down.weight")) &&
+        use_more_bits(layer, p.n_layer))
+        return DType::q6_k;
+    return base;
+}
 
 Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &pool) {
     if (p.n_embd <= 0 || p.n_layer <= 0 || p.n_head <= 0 || p.n_head_kv <= 0 || p.n_ff <= 0 || p.n_ctx <= 0)
@@ -80,6 +115,11 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
         return invalid_input("synth: --heads {} is not a multiple of --kv-heads {}", p.n_head, p.n_head_kv);
     if ((p.n_embd / p.n_head) % 2 != 0)
         return invalid_input("synth: head size {} must be even", p.n_embd / p.n_head);
+    const bool k_quant = p.mix != SynthMix::none || dtype_traits(p.type).block_size == 256;
+    if (k_quant && (p.n_embd % 256 != 0 || p.n_ff % 256 != 0))
+        return invalid_input(
+            "synth: K-quant types need --dim and --ffn to be multiples of 256 (got {} and {})", p.n_embd,
+            p.n_ff);
     if (p.vocab_from.empty()) return invalid_input("synth: --vocab-from MODEL.gguf is required");
     TD_ASSIGN_OR_RETURN(gguf::File vocab_file, gguf::File::open(p.vocab_from));
     const gguf::Value *tokens = vocab_file.find("tokenizer.ggml.tokens");
@@ -107,20 +147,24 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
 
     const int64_t n_embd = p.n_embd, n_q = p.n_embd, n_kv = static_cast<int64_t>(p.n_head_kv) * head_dim;
     TensorMaker make{w, pool, p.seed};
-    TD_TRY(make.add("token_embd.weight", n_embd, n_vocab, p.type));
+    // A matrix named `name` of layer `il` (-1: outside the blocks), in the type the plan gives it.
+    auto matrix = [&](const std::string &name, int64_t n_in, int64_t rows, int32_t il) {
+        return make.add(name, n_in, rows, synth_tensor_type(p, name, il));
+    };
+    TD_TRY(matrix("token_embd.weight", n_embd, n_vocab, -1));
     TD_TRY(make.add("output_norm.weight", n_embd, 0, DType::f32));
-    if (!p.tied_output) TD_TRY(make.add("output.weight", n_embd, n_vocab, p.type));
+    if (!p.tied_output) TD_TRY(matrix("output.weight", n_embd, n_vocab, -1));
     for (int32_t il = 0; il < p.n_layer; ++il) {
         auto name = [il](const char *what) { return fmt::format("blk.{}.{}", il, what); };
         TD_TRY(make.add(name("attn_norm.weight"), n_embd, 0, DType::f32));
-        TD_TRY(make.add(name("attn_q.weight"), n_embd, n_q, p.type));
-        TD_TRY(make.add(name("attn_k.weight"), n_embd, n_kv, p.type));
-        TD_TRY(make.add(name("attn_v.weight"), n_embd, n_kv, p.type));
-        TD_TRY(make.add(name("attn_output.weight"), n_q, n_embd, p.type));
+        TD_TRY(matrix(name("attn_q.weight"), n_embd, n_q, il));
+        TD_TRY(matrix(name("attn_k.weight"), n_embd, n_kv, il));
+        TD_TRY(matrix(name("attn_v.weight"), n_embd, n_kv, il));
+        TD_TRY(matrix(name("attn_output.weight"), n_q, n_embd, il));
         TD_TRY(make.add(name("ffn_norm.weight"), n_embd, 0, DType::f32));
-        TD_TRY(make.add(name("ffn_gate.weight"), n_embd, p.n_ff, p.type));
-        TD_TRY(make.add(name("ffn_up.weight"), n_embd, p.n_ff, p.type));
-        TD_TRY(make.add(name("ffn_down.weight"), p.n_ff, n_embd, p.type));
+        TD_TRY(matrix(name("ffn_gate.weight"), n_embd, p.n_ff, il));
+        TD_TRY(matrix(name("ffn_up.weight"), n_embd, p.n_ff, il));
+        TD_TRY(matrix(name("ffn_down.weight"), p.n_ff, n_embd, il));
     }
     return w.write(path);
 }

@@ -4,12 +4,19 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "core/status.h"
 #include "core/thread-pool.h"
 #include "tensor/dtype.h"
 
 namespace td {
+
+// llama.cpp's per-tensor mixes (llama-quantize Q4_K_M / Q5_K_M for the llama architecture): the base K type
+// (q4_k / q5_k) for most matrices; q6_k for output.weight (or token_embd.weight when the output is tied) and
+// for attn_v / ffn_down in the layers llama.cpp's use_more_bits picks (the first and last eighth, and every
+// third layer in between).
+enum class SynthMix { none, q4_k_m, q5_k_m };
 
 struct SynthParams {
     int32_t n_embd = 256;
@@ -19,16 +26,25 @@ struct SynthParams {
     int32_t n_ff = 768;
     int32_t n_ctx = 2048;
     float rope_freq_base = 10000.0f;
-    DType type = DType::f32;   // every matrix; norms stay f32
-    bool tied_output = false;  // no output.weight: logits use the token embedding
+    DType type = DType::f32;        // every matrix; norms stay f32
+    SynthMix mix = SynthMix::none;  // when set, overrides `type` per tensor (synth_tensor_type)
+    bool tied_output = false;       // no output.weight: logits use the token embedding
     uint64_t seed = 42;
     std::string vocab_from;  // a GGUF whose tokenizer.* keys are copied (its token count sets n_vocab)
     std::string name = "tandem-synth";
 };
 
+// Parses a --type value: a dtype name ("q8_0", "q6_k", case-insensitive) sets `type` and clears `mix`; a mix
+// name ("q4_k_m", "q5_k_m") sets `mix`. Error: any other name, listing the accepted ones.
+Status synth_parse_type(std::string_view name, SynthParams &params);
+// The type synth writes matrix `tensor` (a GGUF name such as "blk.3.attn_v.weight") with; `layer` is its
+// block index (ignored for tensors outside the blocks).
+DType synth_tensor_type(const SynthParams &params, std::string_view tensor, int32_t layer);
+
 // Writes the model to `path`. Weights are uniform with the variance of N(0, 0.02^2) (deterministic for a
 // seed), quantized to `type` with the reference quantizer. Errors: shape problems (n_embd not a multiple
-// of n_head or of the type's block size, n_head not a multiple of n_head_kv), unreadable vocab file, i/o.
+// of n_head or of the type's block size (256 for the K-quants), n_head not a multiple of n_head_kv),
+// unreadable vocab file, i/o.
 Status synth_model(const SynthParams &params, const std::string &path, ThreadPool &pool);
 
 }  // namespace td

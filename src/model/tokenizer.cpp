@@ -2,6 +2,7 @@
 #include "model/tokenizer.h"
 
 #include "core/check.h"
+#include "model/tokenizer-bpe.h"
 #include "model/tokenizer-spm.h"
 
 namespace td {
@@ -82,10 +83,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::create(std::shared_ptr<const Vocab
         case VocabKind::spm:
             tok = std::make_unique<SpmTokenizer>(std::move(vocab));
             break;
-        case VocabKind::bpe:
-            return make_error(ErrorKind::unimplemented,
-                              "tokenizer model '{}' (BPE, pre-tokenizer '{}') is not implemented yet",
-                              vocab->model_name(), vocab->pre());
+        case VocabKind::bpe: {
+            TD_ASSIGN_OR_RETURN(tok, BpeTokenizer::create(std::move(vocab)));
+            break;
+        }
     }
     TD_ASSERT(tok != nullptr);
     tok->build_pieces();

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "gguf/gguf.h"
+#include "model/pre-tokenizer.h"
 
 namespace td {
 
@@ -344,8 +345,10 @@ Result<Vocab> Vocab::from_spec(VocabSpec spec, std::string_view source) {
         vocab.add_eos_ = false;
         vocab.add_space_prefix_ = true;
     } else {
-        bos = 11, eos = 11;
-        vocab.add_bos_ = false;
+        // llama.cpp: some pre-tokenizers (llama3 family) add BOS by default, glm4 has no default BOS.
+        const BpePreDefaults pre = bpe_pre_defaults(vocab.pre_);
+        bos = pre.no_bos ? -1 : 11, eos = 11;
+        vocab.add_bos_ = pre.add_bos;
         vocab.add_eos_ = false;
         vocab.add_space_prefix_ = false;
     }

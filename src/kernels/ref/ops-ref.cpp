@@ -1,11 +1,13 @@
+// Scalar reference row ops (kernels/ops.h has the contracts; kernels/ops.cpp dispatches to ISA variants).
+#include "kernels/ref/ops-ref.h"
+
 #include <cmath>
 #include <cstring>
 
 #include "core/check.h"
-#include "kernels/ops.h"
 #include "tensor/fp16.h"
 
-namespace td::kernels {
+namespace td::kernels::ref {
 
 void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
     // Squares summed in double, as ggml does, so a 4096-wide row loses nothing to rounding.
@@ -126,4 +128,4 @@ void store_row(const float *src, void *dst, bool to_f16, int64_t n) {
     }
 }
 
-}  // namespace td::kernels
+}  // namespace td::kernels::ref

@@ -3,6 +3,7 @@
 // CPU has the ISA. Contracts are those of the reference functions of the same name (ref/quants-ref.h).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace td::kernels::avx2 {
@@ -15,4 +16,25 @@ void vec_dot_f16_f16(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *x, const void *y);
 
+// y[t * y_stride + r] = vec_dot(n, w row r, x row t) for r < n_rows, t < n_tokens, bit for bit, computed in
+// tiles of 4 rows x 4 tokens (gemm-avx2.cpp). w rows are w_stride bytes apart, x (q8_0) rows x_stride.
+void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+
+// kernels/ops.h attention_head, bit-identical to the reference (ops-avx2.cpp).
+void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
+                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out);
+
 }  // namespace td::kernels::avx2
+
+namespace td::kernels::avx512 {
+
+// As avx2::gemm_*, with AVX-512 VNNI (gemm-avx512vnni.cpp); only for CPUs with avx512vnni.
+void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+
+}  // namespace td::kernels::avx512

@@ -1,0 +1,55 @@
+#include "cli/cluster-flags.h"
+
+#include <cstdio>
+
+#include "cluster/cluster-engine.h"
+#include "net/protocol.h"
+
+namespace td::cli {
+
+void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
+    cmd->add_option("--workers", flags.workers,
+                    "Run as a pipeline on these workers: HOST:PORT,HOST:PORT,...");
+    cmd->add_option("--layers", flags.layers,
+                    "Layers per worker, e.g. 0-7,8-15 (default: by measured speed)");
+    cmd->add_option("--split", flags.split, "Relative layer shares per worker, e.g. 1,1");
+    cmd->add_option("--wire", flags.wire, "Activation encoding between stages: f32, f16 or q8_0")
+        ->default_val("f16");
+    cmd->add_flag("--stats", flags.stats, "Print per-node and per-link counters at the end (cluster)");
+}
+
+Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shared_ptr<const Model> model,
+                                            const ContextParams &params, ThreadPool &pool,
+                                            int32_t n_threads) {
+    if (flags.workers.empty()) {
+        if (!flags.layers.empty() || !flags.split.empty())
+            return invalid_input("--layers and --split need --workers");
+        TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
+        return std::unique_ptr<Engine>(std::move(e));
+    }
+    if (!flags.layers.empty() && !flags.split.empty())
+        return invalid_input("give either --layers or --split, not both");
+    cluster::ClusterOptions co;
+    co.workers = flags.workers;
+    co.layers = flags.layers;
+    co.split = flags.split;
+    if (!net::wire_type_from_name(flags.wire, &co.wire))
+        return invalid_input("--wire must be f32, f16 or q8_0, got '{}'", flags.wire);
+    co.context = params;
+    co.n_threads = n_threads;
+    TD_ASSIGN_OR_RETURN(auto e, cluster::ClusterEngine::create(std::move(model), co));
+    return std::unique_ptr<Engine>(std::move(e));
+}
+
+void print_cluster_stats(const ClusterFlags &flags, Engine &engine) {
+    auto *c = dynamic_cast<cluster::ClusterEngine *>(&engine);
+    if (!flags.stats || c == nullptr) return;
+    auto st = c->stats();
+    if (!st.ok()) {
+        std::fprintf(stderr, "tandem: stats unavailable: %s\n", st.status().message().c_str());
+        return;
+    }
+    std::fputs(c->format_stats(*st).c_str(), stderr);
+}
+
+}  // namespace td::cli

@@ -1,0 +1,220 @@
+// tandem bench: prompt-processing and generation throughput, measured and reported the way llama.cpp's
+// llama-bench does (same tests, same JSON/CSV fields), so the two are compared with one script.
+//
+// Every list option takes comma-separated values and the run covers their cross product, in llama-bench's
+// order: model, kv type, threads, then the pp tests and the tg tests. A cluster run (--workers ...) is meant
+// to slot in as another BenchTarget factory and another dimension of this product, reported through the
+// same BenchRecord (backends, devices and its own extra fields).
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/log.h"
+#include "core/thread-pool.h"
+#include "model/bench-report.h"
+#include "model/bench.h"
+#include "model/context.h"
+#include "model/model.h"
+#include "model/vocab.h"
+
+namespace td::cli {
+namespace {
+
+struct BenchOptions {
+    std::vector<std::string> models;
+    std::string n_prompt = "512";
+    std::string n_gen = "128";
+    std::string threads;  // empty: all hardware threads
+    std::string kv_type = "f16";
+    int32_t n_batch = 512;
+    int32_t reps = 5;
+    std::string output = "md";
+    bool no_warmup = false;
+    uint64_t seed = 1234;
+};
+
+// "512,1024" -> {512, 1024}; every item a whole number in [min, max].
+Result<std::vector<int32_t>> parse_int_list(const std::string &flag, const std::string &text, int32_t min,
+                                            int32_t max) {
+    std::vector<int32_t> out;
+    size_t start = 0;
+    for (;;) {
+        const size_t comma = text.find(',', start);
+        const std::string item =
+            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        int32_t v = 0;
+        auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < min || v > max)
+            return invalid_input("{} takes a comma-separated list of whole numbers from {} to {}, got '{}'",
+                                 flag, min, max, text);
+        out.push_back(v);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
+Result<std::vector<KvType>> parse_kv_types(const std::string &text) {
+    std::vector<KvType> out;
+    size_t start = 0;
+    for (;;) {
+        const size_t comma = text.find(',', start);
+        const std::string item =
+            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        if (item == "f16") {
+            out.push_back(KvType::f16);
+        } else if (item == "f32") {
+            out.push_back(KvType::f32);
+        } else {
+            return invalid_input("--kv-type takes f16 and/or f32 (comma-separated), got '{}'", text);
+        }
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
+const char *kv_type_name(KvType t) {
+    return t == KvType::f32 ? "f32" : "f16";
+}
+
+struct Plan {
+    std::vector<int32_t> n_prompt, n_gen, threads;
+    std::vector<KvType> kv_types;
+    std::vector<BenchTest> tests;  // the pp tests, then the tg tests (0 entries skipped, as in llama-bench)
+};
+
+Result<Plan> make_plan(const BenchOptions &opt) {
+    Plan plan;
+    TD_ASSIGN_OR_RETURN(plan.n_prompt, parse_int_list("-p/--n-prompt", opt.n_prompt, 0, 1 << 20));
+    TD_ASSIGN_OR_RETURN(plan.n_gen, parse_int_list("-n/--n-gen", opt.n_gen, 0, 1 << 20));
+    const int32_t n_hw = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+    if (opt.threads.empty()) {
+        plan.threads = {n_hw};
+    } else {
+        TD_ASSIGN_OR_RETURN(plan.threads, parse_int_list("-t/--threads", opt.threads, 1, 4096));
+    }
+    TD_ASSIGN_OR_RETURN(plan.kv_types, parse_kv_types(opt.kv_type));
+    for (int32_t p : plan.n_prompt)
+        if (p > 0) plan.tests.push_back({p, 0});
+    for (int32_t n : plan.n_gen)
+        if (n > 0) plan.tests.push_back({0, n});
+    if (plan.tests.empty()) return invalid_input("nothing to run: every -p and -n value is 0");
+    if (opt.output != "md" && opt.output != "json" && opt.output != "jsonl" && opt.output != "csv")
+        return invalid_input("-o/--output takes md, json, jsonl or csv, got '{}'", opt.output);
+    return plan;
+}
+
+// Runs every test of the plan on one model file, appending one record per test.
+Status bench_model(const std::string &path, const BenchOptions &opt, const Plan &plan,
+                   std::vector<BenchRecord> &records) {
+    TD_ASSIGN_OR_RETURN(auto model, Model::load(path));
+    TD_ASSIGN_OR_RETURN(Vocab vocab, Vocab::from_gguf(model->file()));
+    const int32_t bos = vocab.add_bos() ? vocab.bos() : -1;
+    const BenchModelInfo info = bench_model_info(model->file(), model->hparams().arch);
+
+    BenchRecord base;
+    base.build_commit = TD_GIT_ID;
+    base.cpu_info = bench_cpu_info();
+    base.model_filename = path;
+    base.model_type = info.type;
+    base.model_size = info.size_bytes;
+    base.model_n_params = info.n_params;
+    base.n_batch = opt.n_batch;
+    base.n_ubatch = opt.n_batch;
+
+    BenchRunParams rp;
+    rp.n_batch = opt.n_batch;
+    rp.reps = opt.reps;
+    rp.warmup = !opt.no_warmup;
+    rp.seed = opt.seed;
+
+    for (KvType kv_type : plan.kv_types) {
+        for (int32_t n_threads : plan.threads) {
+            ThreadPool pool(n_threads);
+            for (const BenchTest &test : plan.tests) {
+                // A context per test sized to it, as llama-bench makes one of n_prompt + n_gen positions.
+                ContextParams cp;
+                cp.n_ctx = test.n_tokens();
+                cp.kv_type = kv_type;
+                TD_ASSIGN_OR_RETURN(auto ctx, Context::create(model, cp, pool));
+                BenchRecord rec = base;
+                rec.n_threads = pool.n_threads();
+                rec.type_k = rec.type_v = kv_type_name(kv_type);
+                rec.n_prompt = test.n_prompt;
+                rec.n_gen = test.n_gen;
+                rec.test_time = bench_time_now();
+                TD_ASSIGN_OR_RETURN(rec.samples_ns, bench_run(bench_target(*ctx, bos), test, rp));
+                rec.peak_rss_bytes = peak_rss_bytes();
+                std::fprintf(stderr, "tandem: bench %s %s threads=%d kv=%s: %.2f ± %.2f t/s\n", path.c_str(),
+                             test.name().c_str(), rec.n_threads, rec.type_k.c_str(), rec.avg_ts(),
+                             rec.stddev_ts());
+                records.push_back(std::move(rec));
+            }
+        }
+    }
+    return {};
+}
+
+int bench_main(const BenchOptions &opt) {
+    auto plan = make_plan(opt);
+    if (!plan.ok()) return fail(plan.status());
+    std::vector<std::string> models = opt.models;
+    if (models.empty()) {
+        auto path = resolve_model("");
+        if (!path.ok()) return fail(path.status());
+        models.push_back(*path);
+    }
+    std::vector<BenchRecord> records;
+    for (const std::string &path : models)
+        if (Status s = bench_model(path, opt, *plan, records); !s.ok()) return fail(s);
+
+    std::string out;
+    if (opt.output == "json") {
+        out = bench_format_json(records);
+    } else if (opt.output == "jsonl") {
+        out = bench_format_jsonl(records);
+    } else if (opt.output == "csv") {
+        out = bench_format_csv(records);
+    } else {
+        out = bench_format_markdown(records);
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    return 0;
+}
+
+}  // namespace
+
+void register_bench(CLI::App &app, Runners &runners) {
+    auto opt = std::make_shared<BenchOptions>();
+    CLI::App *cmd = app.add_subcommand(
+        "bench", "Measure prompt (pp) and generation (tg) speed like llama-bench (table, JSON or CSV)");
+    cmd->add_option("-m,--model", opt->models,
+                    "GGUF model; repeat for several (default: stories260K, downloaded once if needed)");
+    cmd->add_option("-p,--n-prompt", opt->n_prompt, "Prompt lengths, comma-separated (0: no pp test)")
+        ->default_val("512");
+    cmd->add_option("-n,--n-gen", opt->n_gen, "Generation lengths, comma-separated (0: no tg test)")
+        ->default_val("128");
+    cmd->add_option("-t,--threads", opt->threads, "Thread counts, comma-separated (default: all cores)");
+    cmd->add_option("-b,--batch-size", opt->n_batch, "Prompt tokens per forward pass")
+        ->default_val(512)
+        ->check(CLI::Range(1, 1 << 16));
+    cmd->add_option("-r,--repetitions", opt->reps, "Timed repetitions per test")
+        ->default_val(5)
+        ->check(CLI::Range(1, 1000));
+    cmd->add_option("-o,--output", opt->output, "Output format: md, json, jsonl or csv")->default_val("md");
+    cmd->add_option("--kv-type", opt->kv_type, "KV cache types, comma-separated: f16, f32")
+        ->default_val("f16");
+    cmd->add_flag("--no-warmup", opt->no_warmup, "Skip the untimed warm-up run of each test");
+    cmd->add_option("--seed", opt->seed, "Seed of the random prompt tokens")->default_val(1234);
+    runners.push_back([cmd, opt] { return cmd->parsed() ? bench_main(*opt) : -1; });
+}
+
+}  // namespace td::cli

@@ -1,0 +1,153 @@
+// tandem serve: an OpenAI-compatible HTTP server with continuous batching (see src/server/).
+//
+// The socket is bound first and "tandem serve listening on http://HOST:PORT" goes to stderr; /health
+// answers 503 {"status":"loading"} until the model is loaded, then 200. SIGINT/SIGTERM stop the server.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "server/http.h"
+#include "server/served-model.h"
+
+namespace td::cli {
+namespace {
+
+struct ServeOptions {
+    std::string model;
+    std::string host = "127.0.0.1";
+    int port = 8080;
+    int32_t n_parallel = 4;
+    int32_t n_ctx = 0;
+    int32_t n_threads = 0;
+    int32_t n_batch = 512;
+    int32_t max_queue = -1;
+    int http_threads = 0;
+    std::string api_key;
+    std::string alias;
+    std::string kv_type = "f16";
+    std::string chat_template;
+    std::string workers;
+    int timeout_s = 600;
+};
+
+int serve_main(const ServeOptions &opt) {
+    if (!opt.workers.empty())
+        // TODO(cluster): build a ClusterEngine over these workers (ServeParams) once cluster/ lands.
+        return fail(
+            make_error(ErrorKind::unimplemented, "--workers is not implemented yet; serve on one machine"));
+    auto path = resolve_model(opt.model);
+    if (!path.ok()) return fail(path.status());
+
+    server::ServeParams sp;
+    sp.model_path = *path;
+    sp.n_parallel = opt.n_parallel;
+    sp.n_ctx = opt.n_ctx;
+    sp.n_threads = opt.n_threads;
+    sp.n_batch = opt.n_batch;
+    sp.max_queue = opt.max_queue;
+    sp.chat_template = opt.chat_template;
+    if (opt.kv_type == "f32") {
+        sp.kv_type = KvType::f32;
+    } else if (opt.kv_type != "f16") {
+        return fail(invalid_input("--kv-type must be f16 or f32, got '{}'", opt.kv_type));
+    }
+    const int32_t max_queue = opt.max_queue >= 0 ? opt.max_queue : 4 * opt.n_parallel;
+
+    server::HttpParams hp;
+    hp.host = opt.host;
+    hp.port = opt.port;
+    hp.api_key = opt.api_key;
+    hp.model_id = opt.alias.empty() ? std::filesystem::path(*path).stem().string() : opt.alias;
+    hp.read_timeout_s = 30;
+    hp.write_timeout_s = opt.timeout_s;
+    // One HTTP thread per running or waiting request, plus some for /health, /metrics and refusals.
+    hp.n_threads = opt.http_threads > 0 ? opt.http_threads : opt.n_parallel + max_queue + 8;
+
+    // SIGINT/SIGTERM go to one thread that stops the server; every other thread blocks them.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+    server::HttpServer http(hp);
+    auto port = http.bind();
+    if (!port.ok()) return fail(port.status());
+    std::fprintf(stderr, "tandem serve listening on http://%s:%d\n", opt.host.c_str(), *port);
+    std::fflush(stderr);
+
+    Status served;
+    std::thread listener([&] { served = http.listen(); });
+    std::thread signals([&] {
+        int sig = 0;
+        sigwait(&sigs, &sig);
+        if (sig == SIGINT || sig == SIGTERM) http.stop();
+    });
+
+    auto model = server::ServedModel::load(sp);
+    if (!model.ok()) {
+        http.stop();
+        listener.join();
+        pthread_kill(signals.native_handle(), SIGTERM);
+        signals.join();
+        return fail(model.status());
+    }
+    http.set_backend((*model)->backend());
+    std::fprintf(stderr,
+                 "tandem serve: model '%s' ready: %d slots of %d positions, %d threads, chat template %s%s\n",
+                 hp.model_id.c_str(), opt.n_parallel, (*model)->n_ctx_slot(), (*model)->n_threads(),
+                 std::string(chat_template_name((*model)->chat_template().kind)).c_str(),
+                 (*model)->chat_template().fallback ? " (fallback)" : "");
+    std::fflush(stderr);
+
+    listener.join();
+    (*model)->scheduler().stop();
+    pthread_kill(signals.native_handle(), SIGTERM);
+    signals.join();
+    if (!served.ok()) return fail(served);
+    std::fprintf(stderr, "tandem serve: stopped\n");
+    return 0;
+}
+
+}  // namespace
+
+void register_serve(CLI::App &app, Runners &runners) {
+    auto opt = std::make_shared<ServeOptions>();
+    CLI::App *cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
+    cmd->add_option("-m,--model", opt->model, "GGUF model (default: stories260K, downloaded once if needed)");
+    cmd->add_option("--host", opt->host, "Address to listen on")->default_val("127.0.0.1");
+    cmd->add_option("--port", opt->port, "Port (0: any free port, printed on stderr)")
+        ->default_val(8080)
+        ->check(CLI::Range(0, 65535));
+    cmd->add_option("--parallel", opt->n_parallel, "Requests computed together (sequence slots)")
+        ->default_val(4)
+        ->check(CLI::Range(1, 256));
+    cmd->add_option(
+           "-c,--ctx-size", opt->n_ctx,
+           "Context positions shared by all slots, each gets ctx-size/parallel (0: the model's per slot)")
+        ->default_val(0);
+    cmd->add_option("-t,--threads", opt->n_threads, "Compute threads (0: all cores)")->default_val(0);
+    cmd->add_option("-b,--batch-size", opt->n_batch, "Rows per engine step (decode rows + prompt chunk)")
+        ->default_val(512)
+        ->check(CLI::Range(1, 1 << 16));
+    cmd->add_option("--queue", opt->max_queue,
+                    "Requests that may wait for a slot; more get 503 (-1: 4*parallel)")
+        ->default_val(-1);
+    cmd->add_option("--http-threads", opt->http_threads, "HTTP worker threads (0: parallel + queue + 8)")
+        ->default_val(0);
+    cmd->add_option("--timeout", opt->timeout_s, "Seconds a write to a client may block")->default_val(600);
+    cmd->add_option("--api-key", opt->api_key, "Require 'Authorization: Bearer KEY' (except /health)");
+    cmd->add_option("--alias", opt->alias, "Model id in the API (default: the file name without .gguf)");
+    cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
+    cmd->add_option("--chat-template", opt->chat_template, "Chat template name (default: the model's)");
+    cmd->add_option("--workers", opt->workers, "Worker addresses for a cluster (not implemented yet)");
+    runners.push_back([cmd, opt] { return cmd->parsed() ? serve_main(*opt) : -1; });
+}
+
+}  // namespace td::cli

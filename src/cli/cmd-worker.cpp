@@ -1,0 +1,61 @@
+// tandem worker: serve pipeline stages to a head (`tandem run --workers ...`).
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cluster/worker.h"
+#include "net/transport.h"
+
+namespace td::cli {
+namespace {
+
+struct WorkerCliOptions {
+    std::string listen = "127.0.0.1:0";
+    int32_t n_threads = 0;
+    std::string model;
+    std::string cache_dir;
+};
+
+std::string default_cache_dir() {
+    if (const char *x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
+        return std::string(x) + "/tandem/stages";
+    if (const char *h = std::getenv("HOME"); h != nullptr && *h != '\0')
+        return std::string(h) + "/.cache/tandem/stages";
+    return "/tmp/tandem-stages";
+}
+
+int worker_main(const WorkerCliOptions &opt) {
+    cluster::WorkerOptions wo;
+    if (Status s = net::parse_host_port(opt.listen, &wo.host, &wo.port); !s.ok())
+        return fail(s.with_context("--listen"));
+    wo.n_threads = opt.n_threads;
+    wo.model_path = opt.model;
+    wo.cache_dir = opt.cache_dir.empty() ? default_cache_dir() : opt.cache_dir;
+    auto worker = cluster::Worker::create(wo);
+    if (!worker.ok()) return fail(worker.status());
+    std::fprintf(stderr, "tandem worker listening on %s\n", (*worker)->address().c_str());
+    std::fflush(stderr);
+    (*worker)->serve();
+    return 0;
+}
+
+}  // namespace
+
+void register_worker(CLI::App &app, Runners &runners) {
+    auto opt = std::make_shared<WorkerCliOptions>();
+    CLI::App *cmd =
+        app.add_subcommand("worker", "Serve pipeline stages of a model to a head (tandem run --workers)");
+    cmd->add_option("--listen", opt->listen, "HOST:PORT to listen on (port 0: any free port)")
+        ->default_val("127.0.0.1:0");
+    cmd->add_option("-t,--threads", opt->n_threads, "Threads (0: all cores)")->default_val(0);
+    cmd->add_option("-m,--model", opt->model,
+                    "Local copy of the model (used when its weights match the head's)");
+    cmd->add_option("--cache-dir", opt->cache_dir,
+                    "Where streamed stage files are kept (default: ~/.cache/tandem/stages)");
+    runners.push_back([cmd, opt] { return cmd->parsed() ? worker_main(*opt) : -1; });
+}
+
+}  // namespace td::cli

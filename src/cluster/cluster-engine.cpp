@@ -1,0 +1,298 @@
+// ClusterEngine: the Engine operations and the background threads (control links, heartbeats, results).
+#include "cluster/cluster-engine.h"
+
+#include <fmt/format.h>
+
+#include "cluster/wire.h"
+#include "core/log.h"
+#include "net/codec.h"
+
+namespace td::cluster {
+
+using Clock = std::chrono::steady_clock;
+
+Status ClusterEngine::broken() const {
+    std::lock_guard lock(mu_);
+    return broken_;
+}
+
+void ClusterEngine::fail(const Status &status) {
+    {
+        std::lock_guard lock(mu_);
+        if (stopping_ || !broken_.ok()) return;
+        broken_ = status;
+        cv_.notify_all();
+    }
+    log_warn("{}", status.message());
+    // Wake everything that waits on the pipeline; the objects stay alive until disconnect() joins.
+    for (auto &c : control_)
+        if (c) c->close();
+    if (data_out_) data_out_->close();
+    if (result_in_) result_in_->close();
+    if (results_) results_->close();
+}
+
+Status ClusterEngine::ensure_connected() {
+    if (connected_ && broken().ok()) return {};
+    if (connected_) disconnect();
+    return connect();
+}
+
+Status ClusterEngine::enqueue_data(net::MsgType type, uint64_t request_id, std::span<const uint8_t> payload) {
+    Status s = sender_->enqueue(type, request_id, 0, payload);
+    if (!s.ok()) {
+        fail(Status(ErrorKind::disconnected,
+                    fmt::format("worker {} disconnected ({})", addresses_[0], s.message())));
+        return broken();
+    }
+    return {};
+}
+
+Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits) {
+    if (seq < 0 || seq >= n_seq())
+        return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
+    TD_TRY(sampler_params_validate(params));
+    TD_TRY(pending_.empty() ? ensure_connected() : broken());
+    net::SeqStart m;
+    m.seq = seq;
+    m.want_logits = want_logits ? 1 : 0;
+    m.temperature = params.temperature;
+    m.top_k = params.top_k;
+    m.top_p = params.top_p;
+    m.min_p = params.min_p;
+    m.repeat_penalty = params.repeat_penalty;
+    m.repeat_last_n = params.repeat_last_n;
+    m.presence_penalty = params.presence_penalty;
+    m.frequency_penalty = params.frequency_penalty;
+    m.seed = params.seed;
+    buf_.clear();
+    net::encode(m, buf_);
+    TD_TRY(enqueue_data(net::MsgType::seq_start, 0, buf_));
+    started_[seq] = true;
+    want_logits_[seq] = want_logits;
+    return {};
+}
+
+Status ClusterEngine::seq_clear(int32_t seq) {
+    if (seq < 0 || seq >= n_seq())
+        return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
+    TD_TRY(pending_.empty() ? ensure_connected() : broken());
+    net::SeqClear m;
+    m.seq = seq;
+    buf_.clear();
+    net::encode(m, buf_);
+    TD_TRY(enqueue_data(net::MsgType::seq_clear, 0, buf_));
+    started_[seq] = false;
+    return {};
+}
+
+Status ClusterEngine::submit(const Batch &batch) {
+    const int32_t n = batch.size();
+    if (n == 0) return invalid_input("empty batch");
+    if (static_cast<size_t>(n) > net::kMaxBatchRows)
+        return invalid_input("a batch of {} rows exceeds the cluster limit of {}; use a smaller -b", n,
+                             net::kMaxBatchRows);
+    if (batch.token.size() != batch.pos.size() || batch.seq.size() != batch.pos.size() ||
+        batch.want_logits.size() != batch.pos.size())
+        return invalid_input("batch arrays have different lengths");
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t s = batch.seq[i];
+        if (s < 0 || s >= n_seq())
+            return invalid_input("sequence {} is out of range (0..{})", s, n_seq() - 1);
+        if (batch.token[i] < 0 || batch.token[i] >= n_vocab())
+            return invalid_input("token id {} is out of range (vocabulary has {} tokens)", batch.token[i],
+                                 n_vocab());
+        if (batch.pos[i] < 0 || batch.pos[i] >= n_ctx_)
+            return invalid_input("position {} is beyond the context size {}", batch.pos[i], n_ctx_);
+        if (batch.want_logits[i] && !started_[s])
+            return invalid_input("sequence {} wants logits but was not started (seq_start)", s);
+    }
+    if (static_cast<int>(pending_.size()) >= options_.max_in_flight)
+        return make_error(ErrorKind::failed, "{} steps are already queued; call wait() first",
+                          pending_.size());
+    TD_TRY(pending_.empty() ? ensure_connected() : broken());
+    const uint64_t id = next_step_++;
+    net::encode_forward(batch.pos, batch.seq, batch.want_logits, batch.token, nullptr,
+                        static_cast<uint32_t>(model_->hparams().n_embd), options_.wire, buf_);
+    TD_TRY(enqueue_data(net::MsgType::forward, id, buf_));
+    pending_.push_back(id);
+    return {};
+}
+
+Result<std::vector<StepOutput>> ClusterEngine::wait() {
+    if (pending_.empty()) return make_error(ErrorKind::failed, "no step is queued");
+    if (Status b = broken(); !b.ok() || !connected_) {
+        pending_.clear();
+        return b.ok() ? make_error(ErrorKind::disconnected, "the cluster is not connected") : b;
+    }
+    bool timed_out = false;
+    Frame *f = results_->pop_for(options_.step_timeout_ms, &timed_out);
+    if (f == nullptr) {
+        if (timed_out)
+            fail(make_error(ErrorKind::failed,
+                            "no result from the last stage ({}) for {:.0f} s; the pipeline is stalled",
+                            addresses_.back(), options_.step_timeout_ms / 1000.0));
+        pending_.clear();
+        return broken();
+    }
+    const uint64_t id = pending_.front();
+    pending_.pop_front();
+    std::vector<StepOutput> out;
+    Status s;
+    const auto type = static_cast<net::MsgType>(f->header.type);
+    if (type == net::MsgType::error) {  // a stage failed this step; the pipeline goes on
+        auto e = net::decode_error(f->payload);
+        s = e.ok()
+                ? Status(e->kind >= 1 && e->kind <= 7 ? static_cast<ErrorKind>(e->kind) : ErrorKind::failed,
+                         e->message)
+                : e.status();
+    } else if (type != net::MsgType::result || f->header.request_id != id) {
+        s = make_error(ErrorKind::failed, "worker {} sent {} for step {} while step {} was expected",
+                       addresses_.back(), net::msg_type_name(type), f->header.request_id, id);
+    } else {
+        auto r = net::decode_result(f->payload, static_cast<uint32_t>(n_vocab()));
+        if (!r.ok()) {
+            s = r.status().with_context(fmt::format("worker {}", addresses_.back()));
+        } else {
+            const bool has_logits = (r->flags & net::kResultLogits) != 0;
+            out.resize(r->n_outputs);
+            for (uint32_t i = 0; i < r->n_outputs; ++i) {
+                const net::ResultRow row = r->row(i);
+                if (row.seq < 0 || row.seq >= n_seq()) {
+                    s = invalid_input("worker {}: result for sequence {} out of range", addresses_.back(),
+                                      row.seq);
+                    break;
+                }
+                out[i].seq = row.seq;
+                out[i].token = row.token;
+                out[i].logprob = row.logprob;
+                if (has_logits && want_logits_[row.seq]) {
+                    const float *p = reinterpret_cast<const float *>(r->logits.data()) +
+                                     static_cast<size_t>(i) * n_vocab();
+                    out[i].logits.assign(p, p + n_vocab());
+                }
+            }
+        }
+    }
+    results_->release(f);
+    if (!s.ok()) {
+        if (type != net::MsgType::error) fail(s);  // a confused pipeline: reconnect on the next request
+        return s;
+    }
+    return out;
+}
+
+Result<ClusterStats> ClusterEngine::stats() {
+    if (!connected_) return make_error(ErrorKind::disconnected, "the cluster is not connected");
+    TD_TRY(broken());
+    const uint64_t id = next_stats_id_++;
+    for (size_t i = 0; i < control_.size(); ++i) {
+        Status s = send_empty(*control_[i], net::MsgType::stats_request, id);
+        if (!s.ok()) {
+            fail(Status(ErrorKind::disconnected, fmt::format("worker {} disconnected", addresses_[i])));
+            return broken();
+        }
+    }
+    ClusterStats st;
+    {
+        std::unique_lock lock(mu_);
+        const bool done = cv_.wait_for(lock, std::chrono::milliseconds(options_.dead_after_ms + 1000), [&] {
+            if (!broken_.ok() || stopping_) return true;
+            for (uint64_t seen : stats_seen_)
+                if (seen != id) return false;
+            return true;
+        });
+        if (!broken_.ok()) return broken_;
+        if (!done) return make_error(ErrorKind::failed, "workers did not answer the stats request in time");
+        st.nodes = stats_replies_;
+    }
+    const net::ConnStats &out = data_out_->stats();
+    const net::ConnStats &in = result_in_->stats();
+    st.head_msgs_sent = out.msgs_sent;
+    st.head_bytes_sent = out.bytes_sent;
+    st.head_send_seconds = static_cast<double>(out.send_ns) * 1e-9;
+    st.head_msgs_recv = in.msgs_recv;
+    st.head_bytes_recv = in.bytes_recv;
+    return st;
+}
+
+void ClusterEngine::control_loop(size_t i) {
+    net::FrameHeader h;
+    std::vector<uint8_t> payload;
+    net::Connection &c = *control_[i];
+    for (;;) {
+        Status s = c.recv(h, payload, -1);
+        if (!s.ok()) {
+            fail(Status(ErrorKind::disconnected, fmt::format("worker {} disconnected", addresses_[i])));
+            return;
+        }
+        const auto type = static_cast<net::MsgType>(h.type);
+        if (type == net::MsgType::pong) {
+            std::lock_guard lock(mu_);
+            last_pong_[i] = Clock::now();
+        } else if (type == net::MsgType::stats_reply) {
+            auto r = net::decode_stats_reply(payload);
+            if (!r.ok()) {
+                fail(r.status().with_context(fmt::format("worker {}", addresses_[i])));
+                return;
+            }
+            std::lock_guard lock(mu_);
+            stats_replies_[i] = *r;
+            stats_seen_[i] = h.request_id;
+            last_pong_[i] = Clock::now();
+            cv_.notify_all();
+        } else if (type == net::MsgType::error) {
+            auto e = net::decode_error(payload);
+            fail(make_error(ErrorKind::failed, "worker {}: {}", addresses_[i],
+                            e.ok() ? e->message : "malformed error"));
+            return;
+        } else {
+            log_warn("worker {}: ignoring unexpected {} on the control link", addresses_[i],
+                     net::msg_type_name(type));
+        }
+    }
+}
+
+void ClusterEngine::heartbeat_loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+        cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_ms));
+        if (stopping_ || !broken_.ok()) return;
+        const auto now = Clock::now();
+        for (size_t i = 0; i < last_pong_.size(); ++i) {
+            const double silent = std::chrono::duration<double>(now - last_pong_[i]).count();
+            if (silent * 1000.0 > options_.dead_after_ms) {
+                lock.unlock();
+                fail(make_error(ErrorKind::disconnected,
+                                "worker {} stopped responding (no heartbeat for {:.1f} s)", addresses_[i],
+                                silent));
+                return;
+            }
+        }
+        lock.unlock();
+        for (size_t i = 0; i < control_.size(); ++i) {
+            if (!send_empty(*control_[i], net::MsgType::ping, 0, options_.heartbeat_ms).ok()) {
+                fail(Status(ErrorKind::disconnected, fmt::format("worker {} disconnected", addresses_[i])));
+                return;
+            }
+        }
+        lock.lock();
+    }
+}
+
+void ClusterEngine::result_loop() {
+    for (;;) {
+        Frame *f = results_->acquire();
+        if (f == nullptr) return;
+        Status s = result_in_->recv(f->header, f->payload, -1);
+        if (!s.ok()) {
+            results_->release(f);
+            fail(Status(ErrorKind::disconnected, fmt::format("worker {} disconnected (result link: {})",
+                                                             addresses_.back(), s.message())));
+            return;
+        }
+        results_->push(f);
+    }
+}
+
+}  // namespace td::cluster

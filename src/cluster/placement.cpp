@@ -1,0 +1,115 @@
+#include "cluster/placement.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numeric>
+
+#include "net/transport.h"
+
+namespace td::cluster {
+namespace {
+
+std::vector<std::string> split_commas(const std::string &s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    for (;;) {
+        const size_t comma = s.find(',', start);
+        out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
+bool parse_int(const std::string &s, int32_t *out) {
+    const char *end = s.data() + s.size();
+    auto [p, ec] = std::from_chars(s.data(), end, *out);
+    return ec == std::errc() && p == end && !s.empty();
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> parse_worker_list(const std::string &workers) {
+    std::vector<std::string> out;
+    for (const std::string &w : split_commas(workers)) {
+        std::string host;
+        uint16_t port = 0;
+        TD_TRY(net::parse_host_port(w, &host, &port).with_context("--workers"));
+        if (port == 0) return invalid_input("--workers: '{}' needs a port other than 0", w);
+        out.push_back(w);
+    }
+    return out;
+}
+
+Result<std::vector<LayerRange>> parse_layer_ranges(const std::string &layers, size_t n_workers,
+                                                   int32_t n_layer) {
+    const std::vector<std::string> parts = split_commas(layers);
+    if (parts.size() != n_workers)
+        return invalid_input("--layers '{}' has {} ranges for {} workers", layers, parts.size(), n_workers);
+    std::vector<LayerRange> out;
+    int32_t next = 0;
+    for (const std::string &p : parts) {
+        const size_t dash = p.find('-');
+        int32_t a = 0, b = 0;
+        if (dash == std::string::npos || !parse_int(p.substr(0, dash), &a) ||
+            !parse_int(p.substr(dash + 1), &b))
+            return invalid_input("--layers: '{}' is not a range like 0-7", p);
+        if (a != next || b < a)
+            return invalid_input("--layers: range '{}' should start at layer {} and not end before it", p,
+                                 next);
+        out.emplace_back(a, b + 1);
+        next = b + 1;
+    }
+    if (next != n_layer)
+        return invalid_input("--layers '{}' covers layers 0-{}, the model has layers 0-{}", layers, next - 1,
+                             n_layer - 1);
+    return out;
+}
+
+Result<std::vector<double>> parse_split(const std::string &split, size_t n_workers) {
+    const std::vector<std::string> parts = split_commas(split);
+    if (parts.size() != n_workers)
+        return invalid_input("--split '{}' has {} shares for {} workers", split, parts.size(), n_workers);
+    std::vector<double> out;
+    for (const std::string &p : parts) {
+        char *end = nullptr;
+        const double v = std::strtod(p.c_str(), &end);
+        if (p.empty() || end != p.c_str() + p.size() || !(v > 0.0) || !std::isfinite(v))
+            return invalid_input("--split: '{}' is not a positive number", p);
+        out.push_back(v);
+    }
+    return out;
+}
+
+Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights, int32_t n_layer) {
+    const int32_t n = static_cast<int32_t>(weights.size());
+    if (n == 0) return invalid_input("no workers to place layers on");
+    if (n_layer < n) return invalid_input("the model has {} layers, fewer than the {} workers", n_layer, n);
+    const double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
+    // Everyone gets one layer; the rest go by largest remainder of the proportional share.
+    std::vector<int32_t> count(n, 1);
+    const int32_t rest = n_layer - n;
+    std::vector<double> frac(n);
+    int32_t given = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        const double share = rest * (sum > 0 ? weights[i] / sum : 1.0 / n);
+        const int32_t whole = static_cast<int32_t>(std::floor(share));
+        count[i] += whole;
+        given += whole;
+        frac[i] = share - whole;
+    }
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return frac[a] > frac[b]; });
+    for (int32_t k = 0; given < rest; ++k, ++given) count[order[k % n]] += 1;
+    std::vector<LayerRange> out;
+    int32_t first = 0;
+    for (int32_t c : count) {
+        out.emplace_back(first, first + c);
+        first += c;
+    }
+    return out;
+}
+
+}  // namespace td::cluster

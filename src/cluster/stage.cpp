@@ -1,0 +1,248 @@
+#include "cluster/stage.h"
+
+#include <chrono>
+
+#include "cluster/node-info.h"
+#include "cluster/wire.h"
+#include "core/log.h"
+#include "net/codec.h"
+
+namespace td::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t ns_since(Clock::time_point t0) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model, const net::LoadStage &load,
+                                             ThreadPool &pool, const std::string &node_name) {
+    std::unique_ptr<Stage> st(new Stage());
+    st->model_ = model;
+    st->load_ = load;
+    st->node_name_ = node_name;
+    st->is_first_ = load.layer_first == 0;
+    st->is_last_ = load.is_last;
+    st->wire_ = static_cast<net::WireType>(load.wire);
+    if (load.kv_type > static_cast<uint32_t>(KvType::f32))
+        return invalid_input("load_stage: unknown kv type {}", load.kv_type);
+    ContextParams cp;
+    cp.n_ctx = load.n_ctx;
+    cp.n_seq = load.n_seq;
+    cp.kv_type = static_cast<KvType>(load.kv_type);
+    if (cp.n_seq < 1 || cp.n_seq > 4096)
+        return invalid_input("load_stage: n_seq {} must be in 1..4096", cp.n_seq);
+    TD_ASSIGN_OR_RETURN(st->ctx_, Context::create(model, cp, pool));
+    const int32_t n_seq = st->ctx_->n_seq();
+    st->samplers_.resize(n_seq);
+    st->sampler_ptrs_.assign(n_seq, nullptr);
+    st->want_logits_.assign(n_seq, false);
+
+    // Our output link: the next stage, or the head's data port for the last stage.
+    const std::string next = fmt::format("{}:{}", load.next_host, load.next_port);
+    TD_ASSIGN_OR_RETURN(st->out_, net::tcp_connect(load.next_host, load.next_port, kControlTimeoutMs));
+    net::Hello hello;
+    hello.role = net::ConnRole::data;
+    hello.build_id = build_id();
+    hello.node_name = node_name;
+    TD_TRY(send_control(*st->out_, net::MsgType::hello, hello));
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(*st->out_, net::MsgType::hello_reply, payload, kControlTimeoutMs, next));
+    TD_ASSIGN_OR_RETURN(net::HelloReply reply, net::decode_hello_reply(payload));
+    if (reply.protocol_version != net::kProtocolVersion)
+        return invalid_input("next hop {} speaks protocol {}, this worker speaks {}", next,
+                             reply.protocol_version, net::kProtocolVersion);
+    st->sender_ = std::make_unique<net::AsyncSender>(*st->out_);
+    return st;
+}
+
+Stage::~Stage() {
+    stop();
+}
+
+Status Stage::attach_input(std::unique_ptr<net::Connection> &conn) {
+    if (in_ != nullptr) return make_error(ErrorKind::failed, "stage already has an input connection");
+    in_ = std::move(conn);
+    recv_thread_ = std::thread([this] { recv_loop(); });
+    compute_thread_ = std::thread([this] { compute_loop(); });
+    return {};
+}
+
+void Stage::stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    stopping_ = true;
+    queue_.close();
+    if (in_) in_->close();
+    if (out_) out_->close();
+    if (recv_thread_.joinable()) recv_thread_.join();
+    if (compute_thread_.joinable()) compute_thread_.join();
+    sender_.reset();  // before the connection it writes to
+}
+
+net::StatsReply Stage::stats() const {
+    net::StatsReply r;
+    r.msgs_in = msgs_in_;
+    r.msgs_out = msgs_out_;
+    r.bytes_in = bytes_in_;
+    r.bytes_out = bytes_out_;
+    r.forward_steps = forward_steps_;
+    r.compute_seconds = static_cast<double>(compute_ns_) * 1e-9;
+    r.wait_seconds = static_cast<double>(wait_ns_) * 1e-9;
+    r.send_seconds = static_cast<double>(send_ns_) * 1e-9;
+    return r;
+}
+
+void Stage::recv_loop() {
+    for (;;) {
+        Frame *f = queue_.acquire();
+        if (f == nullptr) return;
+        Status s = in_->recv(f->header, f->payload, -1);
+        if (!s.ok()) {
+            if (!stopping_)
+                log_warn("{}: input link from {} closed: {}", node_name_, in_->peer(), s.message());
+            in_->close();
+            queue_.release(f);
+            return;
+        }
+        msgs_in_ += 1;
+        bytes_in_ += net::kHeaderBytes + f->payload.size();
+        queue_.push(f);
+    }
+}
+
+void Stage::compute_loop() {
+    for (;;) {
+        const auto t0 = Clock::now();
+        Frame *f = queue_.pop();
+        wait_ns_ += ns_since(t0);
+        if (f == nullptr) return;
+        Status s = handle(*f);
+        const uint64_t id = f->header.request_id;
+        queue_.release(f);
+        if (!s.ok()) {
+            if (stopping_) return;
+            if (s.kind() == ErrorKind::disconnected || !out_->is_open()) {
+                log_warn("{}: output link failed: {}", node_name_, s.message());
+                return;
+            }
+            // A bad step: report it downstream for that step; the stage keeps serving.
+            log_warn("{}: step {}: {}", node_name_, id, s.message());
+            net::ErrorMsg e;
+            e.kind = static_cast<uint32_t>(s.kind());
+            e.message = fmt::format("{}: {}", node_name_, s.message()).substr(0, net::kMaxString);
+            std::vector<uint8_t> payload;
+            net::encode(e, payload);
+            if (!send_down(net::MsgType::error, id, payload).ok()) return;
+        }
+    }
+}
+
+Status Stage::send_down(net::MsgType type, uint64_t request_id, std::span<const uint8_t> payload) {
+    msgs_out_ += 1;
+    bytes_out_ += net::kHeaderBytes + payload.size();
+    const auto t0 = Clock::now();
+    Status s = sender_->enqueue(type, request_id, 0, payload);
+    send_ns_ += ns_since(t0);
+    return s;
+}
+
+Status Stage::handle(Frame &f) {
+    const auto type = static_cast<net::MsgType>(f.header.type);
+    switch (type) {
+        case net::MsgType::forward:
+            return handle_forward(f);
+        case net::MsgType::seq_start:
+            return handle_seq_start(f);
+        case net::MsgType::seq_clear: {
+            TD_ASSIGN_OR_RETURN(net::SeqClear m, net::decode_seq_clear(f.payload));
+            if (m.seq < 0 || m.seq >= ctx_->n_seq())
+                return invalid_input("seq_clear: sequence {} is out of range (0..{})", m.seq,
+                                     ctx_->n_seq() - 1);
+            ctx_->seq_clear(m.seq);
+            if (is_last_) return {};
+            return send_down(type, f.header.request_id, f.payload);
+        }
+        case net::MsgType::error:  // an upstream stage failed a step: pass it on to the head
+            return send_down(type, f.header.request_id, f.payload);
+        default:
+            return invalid_input("unexpected {} message on the data link", net::msg_type_name(type));
+    }
+}
+
+Status Stage::handle_seq_start(Frame &f) {
+    TD_ASSIGN_OR_RETURN(net::SeqStart m, net::decode_seq_start(f.payload));
+    if (m.seq < 0 || m.seq >= ctx_->n_seq())
+        return invalid_input("seq_start: sequence {} is out of range (0..{})", m.seq, ctx_->n_seq() - 1);
+    ctx_->seq_clear(m.seq);
+    if (!is_last_) return send_down(net::MsgType::seq_start, f.header.request_id, f.payload);
+    SamplerParams sp;
+    sp.temperature = m.temperature;
+    sp.top_k = m.top_k;
+    sp.top_p = m.top_p;
+    sp.min_p = m.min_p;
+    sp.repeat_penalty = m.repeat_penalty;
+    sp.repeat_last_n = m.repeat_last_n;
+    sp.presence_penalty = m.presence_penalty;
+    sp.frequency_penalty = m.frequency_penalty;
+    sp.seed = m.seed;
+    TD_TRY(sampler_params_validate(sp));
+    samplers_[m.seq] = std::make_unique<Sampler>(sp, model_->hparams().n_vocab);
+    sampler_ptrs_[m.seq] = samplers_[m.seq].get();
+    want_logits_[m.seq] = m.want_logits != 0;
+    return {};
+}
+
+Status Stage::handle_forward(Frame &f) {
+    TD_ASSIGN_OR_RETURN(net::ForwardView v, net::decode_forward(f.payload));
+    const HParams &hp = model_->hparams();
+    const uint32_t n = v.header.n_rows;
+    const bool tokens = (v.header.flags & net::kForwardTokens) != 0;
+    batch_.pos.assign(v.pos.begin(), v.pos.end());
+    batch_.seq.assign(v.seq.begin(), v.seq.end());
+    batch_.want_logits.assign(v.want.begin(), v.want.end());
+    const float *hidden = nullptr;
+    if (is_first_) {
+        if (!tokens) return invalid_input("forward: the first stage needs token ids, got hidden rows");
+        batch_.token.assign(v.token.begin(), v.token.end());
+    } else {
+        if (tokens)
+            return invalid_input("forward: stage at layer {} needs hidden rows, got token ids",
+                                 load_.layer_first);
+        if (v.header.n_embd != static_cast<uint32_t>(hp.n_embd))
+            return invalid_input("forward: rows of {} values, the model's hidden size is {}", v.header.n_embd,
+                                 hp.n_embd);
+        batch_.token.assign(n, 0);
+        hidden_in_.resize(static_cast<size_t>(n) * hp.n_embd);
+        net::wire_to_f32(v, hidden_in_.data());
+        hidden = hidden_in_.data();
+    }
+    const auto t0 = Clock::now();
+    Status s = ctx_->decode(batch_, hidden);
+    compute_ns_ += ns_since(t0);
+    TD_TRY(s);
+    forward_steps_ += 1;
+    if (!is_last_) {
+        net::encode_forward(batch_.pos, batch_.seq, batch_.want_logits, {}, ctx_->hidden(),
+                            static_cast<uint32_t>(hp.n_embd), wire_, out_buf_);
+        return send_down(net::MsgType::forward, f.header.request_id, out_buf_);
+    }
+    sample_outputs(batch_, ctx_->logits(), hp.n_vocab, sampler_ptrs_, want_logits_, outputs_);
+    rows_.resize(outputs_.size());
+    bool any_logits = false;
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+        rows_[i] = {outputs_[i].seq, outputs_[i].token, outputs_[i].logprob};
+        any_logits = any_logits || !outputs_[i].logits.empty();
+    }
+    // With logits, every output row's logits go (ctx's [n_outputs, n_vocab] as is); the head keeps the rows
+    // of the sequences that asked.
+    net::encode_result(rows_, any_logits ? ctx_->logits() : nullptr, static_cast<uint32_t>(hp.n_vocab),
+                       out_buf_);
+    return send_down(net::MsgType::result, f.header.request_id, out_buf_);
+}
+
+}  // namespace td::cluster

@@ -1,0 +1,45 @@
+// Small helpers over net/ used by both the head and the worker: typed control sends, receiving with peer
+// errors turned into Status, and the WeightsChunk header (the one message whose payload is mostly raw bytes).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "net/codec.h"
+#include "net/transport.h"
+
+namespace td::cluster {
+
+inline constexpr int kControlTimeoutMs = 5000;     // a control reply that takes longer means a stuck peer
+inline constexpr size_t kWeightsChunkHeader = 16;  // u64 offset, u64 total
+inline constexpr uint64_t kMaxStageFileBytes = uint64_t(1) << 40;  // 1 TiB: bound before creating a file
+
+template <typename Msg>
+Status send_control(net::Connection &conn, net::MsgType type, const Msg &msg, uint64_t request_id = 0,
+                    int timeout_ms = kControlTimeoutMs) {
+    std::vector<uint8_t> payload;
+    net::encode(msg, payload);
+    return conn.send_msg(type, request_id, payload, timeout_ms);
+}
+Status send_empty(net::Connection &conn, net::MsgType type, uint64_t request_id = 0,
+                  int timeout_ms = kControlTimeoutMs);
+// Sends ErrorMsg (best effort: a failure to send is ignored, the connection is closing anyway).
+void send_error(net::Connection &conn, const Status &status);
+
+// Receives one frame. An Error frame from the peer becomes its Status, prefixed with `peer_name`.
+Status recv_frame(net::Connection &conn, net::FrameHeader &header, std::vector<uint8_t> &payload,
+                  int timeout_ms, const std::string &peer_name);
+// Receives one frame and checks it is `want` (anything else is invalid_input naming both types).
+Status recv_expect(net::Connection &conn, net::MsgType want, std::vector<uint8_t> &payload, int timeout_ms,
+                   const std::string &peer_name);
+
+void encode_weights_chunk_header(uint64_t offset, uint64_t total, uint8_t out[kWeightsChunkHeader]);
+// Parses the chunk header; `bytes` gets the raw bytes after it. Errors on a short payload or a chunk that
+// does not fit in `total` or a total above kMaxStageFileBytes.
+Result<net::WeightsChunk> decode_weights_chunk(std::span<const uint8_t> payload,
+                                               std::span<const uint8_t> *bytes);
+
+}  // namespace td::cluster

@@ -1,0 +1,352 @@
+#include "cluster/worker.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "cluster/fingerprint.h"
+#include "cluster/node-info.h"
+#include "cluster/stage.h"
+#include "cluster/wire.h"
+#include "core/log.h"
+#include "model/model.h"
+#include "net/codec.h"
+
+namespace td::cluster {
+namespace {
+
+constexpr int kHelloTimeoutMs = 5000;
+constexpr int kChunkTimeoutMs = 30000;
+
+}  // namespace
+
+Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions &options) {
+    std::unique_ptr<Worker> w(new Worker());
+    w->opt_ = options;
+    if (!options.model_path.empty()) {
+        TD_ASSIGN_OR_RETURN(gguf::File f, gguf::File::open(options.model_path));
+        w->local_model_ = std::make_unique<gguf::File>(std::move(f));
+    }
+    if (!options.cache_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(options.cache_dir, ec);
+        if (ec)
+            return make_error(ErrorKind::io, "{}: cannot create the cache dir: {}", options.cache_dir,
+                              ec.message());
+    }
+    w->pool_ = std::make_unique<ThreadPool>(options.n_threads);
+    w->gflops_ = measure_gflops(*w->pool_);
+    w->cpu_ = cpu_description();
+    TD_ASSIGN_OR_RETURN(w->listener_, net::tcp_listen(options.host, options.port));
+    return w;
+}
+
+Worker::~Worker() {
+    stop();
+}
+
+void Worker::stop() {
+    if (stopping_.exchange(true)) return;
+    listener_->close();
+    {
+        std::lock_guard lock(control_mu_);
+        if (control_ != nullptr) control_->close();
+    }
+    drop_stage();
+    std::lock_guard lock(threads_mu_);
+    for (Handler &h : handlers_)
+        if (h.thread.joinable()) h.thread.join();
+    handlers_.clear();
+}
+
+void Worker::serve() {
+    while (!stopping_) {
+        auto conn = listener_->accept(500);
+        {
+            std::lock_guard lock(threads_mu_);  // reap finished handlers
+            for (auto it = handlers_.begin(); it != handlers_.end();) {
+                if (*it->done) {
+                    it->thread.join();
+                    it = handlers_.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        }
+        if (!conn.ok()) {
+            if (conn.status().kind() == ErrorKind::disconnected || stopping_) break;
+            continue;  // timeout
+        }
+        auto done = std::make_shared<std::atomic<bool>>(false);
+        std::lock_guard lock(threads_mu_);
+        if (stopping_) break;
+        handlers_.push_back({std::thread([this, c = std::move(conn).value(), done]() mutable {
+                                 handle_connection(std::move(c));
+                                 *done = true;
+                             }),
+                             done});
+    }
+}
+
+net::HelloReply Worker::hello_reply() const {
+    net::HelloReply r;
+    // Test hook: pretend to speak another protocol version (the head must refuse with both numbers).
+    if (const char *v = std::getenv("TANDEM_PROTOCOL_VERSION_OVERRIDE")) r.protocol_version = std::atoi(v);
+    r.build_id = build_id();
+    r.node_name = listener_->address();
+    r.n_threads = static_cast<uint32_t>(pool_->n_threads());
+    const MemInfo mem = read_meminfo();
+    r.mem_total = mem.total;
+    r.mem_available = mem.available;
+    r.gflops = gflops_;
+    r.cpu = cpu_;
+    return r;
+}
+
+void Worker::handle_connection(std::unique_ptr<net::Connection> conn) {
+    const std::string peer = conn->peer();
+    std::vector<uint8_t> payload;
+    Status s = recv_expect(*conn, net::MsgType::hello, payload, kHelloTimeoutMs, peer);
+    auto hello = s.ok() ? net::decode_hello(payload) : Result<net::Hello>(s);
+    if (!hello.ok()) {
+        log_warn("connection from {} closed: {}", peer, hello.status().message());
+        send_error(*conn, hello.status());
+        conn->close();
+        return;
+    }
+    if (Status rs = send_control(*conn, net::MsgType::hello_reply, hello_reply()); !rs.ok()) {
+        log_warn("connection from {} closed: {}", peer, rs.message());
+        return;
+    }
+    if (hello->protocol_version != net::kProtocolVersion) {
+        log_warn("{} speaks protocol {}, this worker speaks {}; closing", peer, hello->protocol_version,
+                 net::kProtocolVersion);
+        conn->close();
+        return;
+    }
+    if (hello->build_id != build_id())
+        log_warn("{} runs build {}, this worker runs {}", peer, hello->build_id, build_id());
+    if (hello->role == net::ConnRole::control) {
+        serve_control(std::move(conn));
+        return;
+    }
+    std::lock_guard lock(stage_mu_);
+    Status a = stage_ == nullptr
+                   ? make_error(ErrorKind::failed, "{}: no stage is loaded", listener_->address())
+                   : Status();
+    if (a.ok()) a = stage_->attach_input(conn);
+    if (!a.ok()) {
+        log_warn("data connection from {} refused: {}", peer, a.message());
+        send_error(*conn, a);
+        conn->close();
+        return;
+    }
+    log_info("stage input connected from {}", peer);
+}
+
+void Worker::drop_stage() {
+    std::unique_ptr<Stage> old;
+    {
+        std::lock_guard lock(stage_mu_);
+        old = std::move(stage_);
+    }
+    if (old) {
+        old->stop();
+        log_info("stage dropped");
+    }
+}
+
+void Worker::serve_control(std::unique_ptr<net::Connection> conn) {
+    {
+        std::lock_guard lock(control_mu_);
+        if (control_ != nullptr) {
+            log_info("a new head connected from {}; dropping the previous one", conn->peer());
+            control_->close();
+        }
+        control_ = conn.get();
+    }
+    const std::string peer = conn->peer();
+    net::FrameHeader h;
+    std::vector<uint8_t> payload;
+    for (;;) {
+        Status s = conn->recv(h, payload, -1);
+        if (!s.ok()) {
+            if (s.kind() != ErrorKind::disconnected)
+                log_warn("control connection from {}: {}", peer, s.message());
+            break;
+        }
+        const auto type = static_cast<net::MsgType>(h.type);
+        Status rs;
+        if (type == net::MsgType::load_stage) {
+            auto ls = net::decode_load_stage(payload);
+            rs = ls.ok() ? load_stage(*conn, *ls) : ls.status();
+            if (!rs.ok()) {
+                log_warn("loading the stage failed: {}", rs.message());
+                send_error(*conn, rs);
+                rs = {};  // the head decides; keep the connection
+            }
+        } else if (type == net::MsgType::ping) {
+            rs = send_empty(*conn, net::MsgType::pong, h.request_id);
+        } else if (type == net::MsgType::stats_request) {
+            net::StatsReply r;
+            {
+                std::lock_guard lock(stage_mu_);
+                if (stage_) r = stage_->stats();
+            }
+            rs = send_control(*conn, net::MsgType::stats_reply, r, h.request_id);
+        } else if (type == net::MsgType::shutdown) {
+            drop_stage();
+        } else if (type == net::MsgType::error) {
+            auto e = net::decode_error(payload);
+            log_warn("head {} reported: {}", peer, e.ok() ? e->message : "(malformed error)");
+            break;
+        } else {
+            rs = invalid_input("unexpected {} message on the control connection", net::msg_type_name(type));
+            log_warn("control connection from {}: {}", peer, rs.message());
+            send_error(*conn, rs);
+            break;
+        }
+        if (!rs.ok()) {
+            log_warn("control connection from {}: {}", peer, rs.message());
+            break;
+        }
+    }
+    conn->close();
+    bool current = false;
+    {
+        std::lock_guard lock(control_mu_);
+        current = control_ == conn.get();
+        if (current) control_ = nullptr;
+    }
+    if (current) drop_stage();  // the head is gone: free the memory, keep listening
+}
+
+Status Worker::load_stage(net::Connection &conn, const net::LoadStage &ls) {
+    drop_stage();
+    if (ls.n_layer < 1 || ls.n_layer > 100000 || ls.layer_first < 0 || ls.layer_first >= ls.layer_last ||
+        ls.layer_last > ls.n_layer)
+        return invalid_input("load_stage: layer range {}-{} of {} layers is invalid", ls.layer_first,
+                             ls.layer_last - 1, ls.n_layer);
+    if (ls.wire != static_cast<uint32_t>(net::WireType::f32) &&
+        ls.wire != static_cast<uint32_t>(net::WireType::f16) &&
+        ls.wire != static_cast<uint32_t>(net::WireType::q8_0))
+        return invalid_input("load_stage: unknown wire type {}", ls.wire);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string source;
+    TD_ASSIGN_OR_RETURN(std::shared_ptr<Model> model, obtain_weights(conn, ls, &source));
+    if (model->hparams().n_layer != ls.n_layer)
+        return invalid_input("{}: the model has {} layers, the head's has {}", source,
+                             model->hparams().n_layer, ls.n_layer);
+    if (ls.n_threads > 0 && static_cast<int>(ls.n_threads) != pool_->n_threads())
+        pool_ = std::make_unique<ThreadPool>(static_cast<int>(ls.n_threads));
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<Stage> st, Stage::create(model, ls, *pool_, listener_->address()));
+    net::StageReady ready;
+    ready.weight_bytes = stage_weight_bytes(model->file(), ls.layer_first, ls.layer_last, ls.n_layer);
+    ready.kv_bytes = st->kv_bytes();
+    ready.load_seconds = std::chrono::duration<float>(std::chrono::steady_clock::now() - t0).count();
+    {
+        std::lock_guard lock(stage_mu_);
+        stage_ = std::move(st);
+    }
+    log_info("stage layers {}-{} of {} ready ({})", ls.layer_first, ls.layer_last - 1, ls.model_name, source);
+    return send_control(conn, net::MsgType::stage_ready, ready);
+}
+
+Result<std::shared_ptr<Model>> Worker::obtain_weights(net::Connection &conn, const net::LoadStage &ls,
+                                                      std::string *source) {
+    const ModelLoadOptions range{ls.layer_first, ls.layer_last};
+    const std::string me = listener_->address();
+    net::LoadReply reply;
+    if (local_model_) {  // our own copy must hold exactly the head's weights
+        const uint64_t fp = stage_fingerprint(*local_model_, ls.layer_first, ls.layer_last, ls.n_layer);
+        if (fp != ls.fingerprint)
+            return invalid_input(
+                "worker {}: model {} has fingerprint {} for layers {}-{}, the head's {} has {}; point "
+                "--model at the "
+                "same file as the head or drop --model to have the weights streamed",
+                me, local_model_->path(), fingerprint_hex(fp), ls.layer_first, ls.layer_last - 1,
+                ls.model_name, fingerprint_hex(ls.fingerprint));
+        reply.source = "local file " + local_model_->path();
+        *source = reply.source;
+        TD_TRY(send_control(conn, net::MsgType::load_reply, reply));
+        return Model::load(*local_model_, range);
+    }
+    if (opt_.cache_dir.empty())
+        return invalid_input("worker {} has neither --model nor --cache-dir; it cannot hold weights", me);
+    const std::string path = opt_.cache_dir + "/" + fingerprint_hex(ls.fingerprint) + ".gguf";
+    bool cached = false;
+    if (std::filesystem::exists(path)) {
+        auto f = gguf::File::open(path);
+        if (f.ok() && stage_fingerprint(*f, ls.layer_first, ls.layer_last, ls.n_layer) == ls.fingerprint) {
+            cached = true;
+        } else {
+            log_warn("{}: cached stage file is damaged; fetching it again", path);
+            std::error_code ec;
+            std::filesystem::remove(path, ec);
+        }
+    }
+    if (cached) {
+        reply.source = "cache " + path;
+    } else {
+        reply.need_weights = 1;
+        reply.source = "streamed from the head to " + path;
+    }
+    *source = reply.source;
+    TD_TRY(send_control(conn, net::MsgType::load_reply, reply));
+    if (!cached) TD_TRY(receive_stage_file(conn, ls, path));
+    return Model::load(path, range);
+}
+
+Status Worker::receive_stage_file(net::Connection &conn, const net::LoadStage &ls, const std::string &path) {
+    const std::string part = path + ".part";
+    std::FILE *out = std::fopen(part.c_str(), "wb");
+    if (out == nullptr) return make_error(ErrorKind::io, "{}: cannot create", part);
+    std::vector<uint8_t> payload;
+    uint64_t received = 0, total = 0;
+    Status s;
+    do {
+        s = recv_expect(conn, net::MsgType::weights_chunk, payload, kChunkTimeoutMs, "head");
+        if (!s.ok()) break;
+        std::span<const uint8_t> bytes;
+        auto c = decode_weights_chunk(payload, &bytes);
+        if (!c.ok()) {
+            s = c.status();
+            break;
+        }
+        if (received == 0) total = c->total;
+        if (c->total != total || c->offset != received || total == 0) {
+            s = invalid_input("weights_chunk: got offset {} of {}, expected offset {} of {}", c->offset,
+                              c->total, received, total);
+            break;
+        }
+        if (std::fwrite(bytes.data(), 1, bytes.size(), out) != bytes.size()) {
+            s = make_error(ErrorKind::io, "{}: write failed (disk full?)", part);
+            break;
+        }
+        received += bytes.size();
+    } while (received < total);
+    if (std::fclose(out) != 0 && s.ok()) s = make_error(ErrorKind::io, "{}: write failed", part);
+    if (s.ok()) {
+        auto f = gguf::File::open(part);
+        if (!f.ok()) {
+            s = f.status();
+        } else {
+            const uint64_t fp = stage_fingerprint(*f, ls.layer_first, ls.layer_last, ls.n_layer);
+            if (fp != ls.fingerprint)
+                s = invalid_input("streamed stage file has fingerprint {}, expected {}", fingerprint_hex(fp),
+                                  fingerprint_hex(ls.fingerprint));
+        }
+    }
+    std::error_code ec;
+    if (!s.ok()) {
+        std::filesystem::remove(part, ec);
+        return s;
+    }
+    std::filesystem::rename(part, path, ec);
+    if (ec) return make_error(ErrorKind::io, "{}: cannot rename to {}: {}", part, path, ec.message());
+    log_info("received stage file {} ({} bytes)", path, total);
+    return {};
+}
+
+}  // namespace td::cluster

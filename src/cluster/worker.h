@@ -1,0 +1,89 @@
+// `tandem worker`: serves pipeline stages to a head.
+//
+// One listening port takes both kinds of connection; the first message (Hello) says which:
+//   control (from the head): HelloReply, then LoadStage -> LoadReply [-> WeightsChunk...] -> StageReady,
+//                            then Ping/Pong, StatsRequest/StatsReply, Shutdown. When it closes, the stage is
+//                            dropped and the worker keeps listening. A new control connection replaces the
+//                            old one (the head reconnecting after a failure).
+//   data (from the previous hop): HelloReply, then handed to the loaded stage as its input.
+// Weights come from --model when its stage fingerprint matches the head's, else from the cache dir
+// (<fingerprint>.gguf), else the head streams the stage file, which is verified and then cached.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/status.h"
+#include "core/thread-pool.h"
+#include "gguf/gguf.h"
+#include "net/protocol.h"
+#include "net/transport.h"
+
+namespace td {
+class Model;
+}
+
+namespace td::cluster {
+
+class Stage;
+
+struct WorkerOptions {
+    std::string host = "127.0.0.1";
+    uint16_t port = 0;       // 0: a free port (see address())
+    int32_t n_threads = 0;   // 0: all cores
+    std::string model_path;  // optional local copy of the model
+    std::string cache_dir;   // where streamed stage files are kept (created when missing)
+};
+
+class Worker {
+public:
+    // Binds the port, measures the speed reported in HelloReply. Errors: bad address, port in use, a
+    // --model that does not open, a cache dir that cannot be created.
+    static Result<std::unique_ptr<Worker>> create(const WorkerOptions &options);
+    ~Worker();
+
+    std::string address() const { return listener_->address(); }
+    // Accepts connections until stop(); each connection is served on its own thread.
+    void serve();
+    // Makes serve() return (closes the listener and every connection). Thread-safe.
+    void stop();
+
+private:
+    Worker() = default;
+    void handle_connection(std::unique_ptr<net::Connection> conn);
+    void serve_control(std::unique_ptr<net::Connection> conn);
+    Status load_stage(net::Connection &conn, const net::LoadStage &ls);
+    Result<std::shared_ptr<Model>> obtain_weights(net::Connection &conn, const net::LoadStage &ls,
+                                                  std::string *source);
+    Status receive_stage_file(net::Connection &conn, const net::LoadStage &ls, const std::string &path);
+    net::HelloReply hello_reply() const;
+    void drop_stage();
+
+    WorkerOptions opt_;
+    std::unique_ptr<net::Listener> listener_;
+    std::unique_ptr<ThreadPool> pool_;
+    float gflops_ = 0.0f;
+    std::string cpu_;
+    std::unique_ptr<gguf::File> local_model_;  // --model, opened once
+
+    std::atomic<bool> stopping_{false};
+    std::mutex threads_mu_;
+    struct Handler {
+        std::thread thread;
+        std::shared_ptr<std::atomic<bool>> done;
+    };
+    std::list<Handler> handlers_;
+
+    std::mutex control_mu_;               // one control connection at a time
+    net::Connection *control_ = nullptr;  // the active one (owned by its handler thread)
+    std::mutex stage_mu_;
+    std::unique_ptr<Stage> stage_;
+    std::atomic<uint64_t> control_epoch_{0};
+};
+
+}  // namespace td::cluster

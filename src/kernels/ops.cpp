@@ -1,0 +1,61 @@
+// The row ops of kernels/ops.h: each calls the active ISA's variant where one exists, else the reference.
+#include "kernels/ops.h"
+
+#include "core/check.h"
+#include "kernels/kernels.h"
+#include "kernels/ref/ops-ref.h"
+
+#if TD_KERNELS_X86
+#include "kernels/x86/kernels-x86.h"
+#endif
+
+namespace td::kernels {
+namespace {
+
+bool use_avx2() {
+#if TD_KERNELS_X86
+    const Isa isa = isa_active();
+    return isa == Isa::avx2 || isa == Isa::avx512;
+#else
+    return false;
+#endif
+}
+
+}  // namespace
+
+void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
+    ref::rmsnorm(x, w, y, n, eps);
+}
+
+void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p) {
+    ref::rope(x, n_head, head_dim, pos, p);
+}
+
+void softmax(float *x, int64_t n) {
+    ref::softmax(x, n);
+}
+
+void swiglu(const float *gate, const float *up, float *out, int64_t n) {
+    ref::swiglu(gate, up, out, n);
+}
+
+void add_inplace(float *y, const float *x, int64_t n) {
+    ref::add_inplace(y, x, n);
+}
+
+void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
+                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out) {
+    TD_ASSERT(head_dim > 0 && head_dim <= 1024 && n_kv >= 0, "attention_head: head_dim {} n_kv {}", head_dim,
+              n_kv);
+#if TD_KERNELS_X86
+    if (use_avx2())
+        return avx2::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, scores, out);
+#endif
+    ref::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, scores, out);
+}
+
+void store_row(const float *src, void *dst, bool to_f16, int64_t n) {
+    ref::store_row(src, dst, to_f16, n);
+}
+
+}  // namespace td::kernels

@@ -1,0 +1,186 @@
+#include "model/bench.h"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <random>
+
+namespace td {
+
+std::string BenchTest::name() const {
+    if (n_gen == 0) return fmt::format("pp{}", n_prompt);
+    if (n_prompt == 0) return fmt::format("tg{}", n_gen);
+    return fmt::format("pp{}+tg{}", n_prompt, n_gen);
+}
+
+BenchTarget bench_target(Context &ctx, int32_t bos) {
+    BenchTarget t;
+    t.decode = [&ctx](const Batch &batch) { return ctx.decode(batch); };
+    t.clear = [&ctx] { ctx.kv().clear(); };
+    t.n_vocab = ctx.model().hparams().n_vocab;
+    t.bos = bos;
+    return t;
+}
+
+namespace {
+
+class Runner {
+public:
+    Runner(const BenchTarget &target, const BenchRunParams &params)
+        : target_(target), params_(params), rng_(params.seed), pick_(0, target.n_vocab - 1) {}
+
+    // A prompt of n tokens from position 0, in batches of n_batch; logits only for each batch's last row.
+    Status prompt(int32_t n) {
+        for (int32_t start = 0; start < n; start += params_.n_batch) {
+            const int32_t end = std::min(n, start + params_.n_batch);
+            batch_.clear();
+            for (int32_t i = start; i < end; ++i) batch_.add(token(i == 0), i, 0, i == end - 1);
+            TD_TRY(target_.decode(batch_));
+        }
+        return {};
+    }
+
+    // n single-token steps from position 0.
+    Status gen(int32_t n) {
+        for (int32_t i = 0; i < n; ++i) {
+            batch_.clear();
+            batch_.add(token(i == 0), i, 0, true);
+            TD_TRY(target_.decode(batch_));
+        }
+        return {};
+    }
+
+private:
+    int32_t token(bool first) {
+        if (first && target_.bos >= 0) return target_.bos;
+        return pick_(rng_);
+    }
+
+    const BenchTarget &target_;
+    const BenchRunParams &params_;
+    std::mt19937_64 rng_;
+    std::uniform_int_distribution<int32_t> pick_;
+    Batch batch_;
+};
+
+}  // namespace
+
+Result<std::vector<uint64_t>> bench_run(const BenchTarget &target, const BenchTest &test,
+                                        const BenchRunParams &params) {
+    if (test.n_prompt < 0 || test.n_gen < 0 || (test.n_prompt > 0) == (test.n_gen > 0))
+        return invalid_input("a benchmark test is either a prompt (pp) or a generation (tg), got pp={} tg={}",
+                             test.n_prompt, test.n_gen);
+    if (params.n_batch < 1) return invalid_input("the batch size must be at least 1, got {}", params.n_batch);
+    if (params.reps < 1) return invalid_input("repetitions must be at least 1, got {}", params.reps);
+    if (target.n_vocab < 1 || !target.decode || !target.clear)
+        return invalid_input("the benchmark target has no vocabulary or no decode function");
+    if (target.bos >= target.n_vocab)
+        return invalid_input("BOS token {} is outside the vocabulary of {}", target.bos, target.n_vocab);
+
+    using clock = std::chrono::steady_clock;
+    Runner run(target, params);
+    auto once = [&](bool warmup) -> Status {
+        if (test.n_prompt > 0) return run.prompt(test.n_prompt);
+        return run.gen(warmup ? 1 : test.n_gen);
+    };
+    if (params.warmup) {
+        target.clear();
+        TD_TRY(once(true));
+    }
+    std::vector<uint64_t> samples_ns;
+    samples_ns.reserve(params.reps);
+    for (int32_t r = 0; r < params.reps; ++r) {
+        target.clear();
+        const auto t0 = clock::now();
+        TD_TRY(once(false));
+        const auto t1 = clock::now();
+        samples_ns.push_back(
+            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
+    }
+    target.clear();
+    return samples_ns;
+}
+
+double bench_mean(const std::vector<double> &values) {
+    if (values.empty()) return 0.0;
+    double sum = 0.0;
+    for (double v : values) sum += v;
+    return sum / static_cast<double>(values.size());
+}
+
+double bench_stddev(const std::vector<double> &values) {
+    if (values.size() < 2) return 0.0;
+    const double mean = bench_mean(values);
+    double sq = 0.0;
+    for (double v : values) sq += (v - mean) * (v - mean);
+    return std::sqrt(sq / static_cast<double>(values.size() - 1));
+}
+
+std::vector<double> bench_samples_ts(const std::vector<uint64_t> &samples_ns, int32_t n_tokens) {
+    std::vector<double> ts;
+    ts.reserve(samples_ns.size());
+    for (uint64_t ns : samples_ns) ts.push_back(ns == 0 ? 0.0 : 1e9 * n_tokens / static_cast<double>(ns));
+    return ts;
+}
+
+size_t peak_rss_bytes() {
+    if (FILE *f = std::fopen("/proc/self/status", "r")) {
+        char line[256];
+        size_t kib = 0;
+        bool found = false;
+        while (std::fgets(line, sizeof(line), f)) {
+            if (std::strncmp(line, "VmHWM:", 6) == 0) {
+                found = std::sscanf(line + 6, "%zu", &kib) == 1;
+                break;
+            }
+        }
+        std::fclose(f);
+        if (found) return kib * 1024;
+    }
+    struct rusage ru {};
+    if (getrusage(RUSAGE_SELF, &ru) == 0) return static_cast<size_t>(ru.ru_maxrss) * 1024;  // KiB on Linux
+    return 0;
+}
+
+std::string bench_params_label(uint64_t n_params) {
+    const double n = static_cast<double>(n_params);
+    auto fmt_scaled = [](double v, const char *unit) {
+        return v >= 100 ? fmt::format("{:.0f}{}", v, unit) : fmt::format("{:.3g}{}", v, unit);
+    };
+    if (n >= 1e9) return fmt_scaled(n / 1e9, "B");
+    if (n >= 1e6) return fmt_scaled(n / 1e6, "M");
+    if (n >= 1e3) return fmt_scaled(n / 1e3, "K");
+    return fmt::format("{}", n_params);
+}
+
+BenchModelInfo bench_model_info(const gguf::File &file, const std::string &arch) {
+    BenchModelInfo info;
+    std::map<DType, uint64_t> bytes_by_type;
+    for (const gguf::TensorInfo &t : file.tensors()) {
+        uint64_t n = 1;
+        for (int d = 0; d < t.n_dims; ++d) n *= static_cast<uint64_t>(t.ne[d]);
+        info.n_params += n;
+        info.size_bytes += t.n_bytes;
+        if (t.n_dims >= 2) bytes_by_type[t.type] += t.n_bytes;
+    }
+    std::string type = "?";
+    uint64_t best = 0;
+    for (const auto &[dtype, bytes] : bytes_by_type) {
+        if (bytes > best) {
+            best = bytes;
+            type = dtype_name(dtype);
+        }
+    }
+    std::transform(type.begin(), type.end(), type.begin(), [](unsigned char c) { return std::toupper(c); });
+    info.type = fmt::format("{} {} {}", arch, bench_params_label(info.n_params), type);
+    return info;
+}
+
+}  // namespace td

@@ -1,0 +1,77 @@
+#include "model/engine.h"
+
+#include <cmath>
+
+namespace td {
+
+void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab, const std::vector<Sampler *> &samplers,
+                    const std::vector<bool> &want_logits, std::vector<StepOutput> &out) {
+    out.clear();
+    int32_t o = 0;
+    for (int32_t i = 0; i < batch.size(); ++i) {
+        if (!batch.want_logits[i]) continue;
+        const float *row = logits + static_cast<size_t>(o++) * n_vocab;  // [n_vocab]
+        const int32_t s = batch.seq[i];
+        Sampler *sampler = samplers[s];
+        StepOutput so;
+        so.seq = s;
+        if (sampler != nullptr) {
+            so.token = sampler->sample(row);
+            sampler->accept(so.token);
+        }
+        if (want_logits[s]) {  // the log-softmax costs a pass over the vocabulary: only when asked
+            if (sampler != nullptr) so.logprob = sampler->token_logprob(row, so.token);
+            so.logits.assign(row, row + n_vocab);
+        }
+        out.push_back(std::move(so));
+    }
+}
+
+Result<std::unique_ptr<LocalEngine>> LocalEngine::create(std::shared_ptr<const Model> model,
+                                                         const ContextParams &params, ThreadPool &pool) {
+    TD_ASSIGN_OR_RETURN(auto ctx, Context::create(std::move(model), params, pool));
+    std::unique_ptr<LocalEngine> e(new LocalEngine());
+    e->ctx_ = std::move(ctx);
+    e->slots_.resize(e->ctx_->n_seq());
+    return e;
+}
+
+Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits) {
+    if (seq < 0 || seq >= n_seq()) return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
+    TD_TRY(sampler_params_validate(params));
+    slots_[seq].sampler = std::make_unique<Sampler>(params, n_vocab());
+    slots_[seq].want_logits = want_logits;
+    ctx_->seq_clear(seq);
+    return {};
+}
+
+Status LocalEngine::seq_clear(int32_t seq) {
+    if (seq < 0 || seq >= n_seq()) return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
+    ctx_->seq_clear(seq);
+    return {};
+}
+
+Status LocalEngine::submit(const Batch &batch) {
+    if (has_pending_) return make_error(ErrorKind::failed, "a step is already queued; call wait() first");
+    for (int32_t i = 0; i < batch.size(); ++i)
+        if (batch.want_logits[i] && batch.seq[i] >= 0 && batch.seq[i] < n_seq() && !slots_[batch.seq[i]].sampler)
+            return invalid_input("sequence {} wants logits but was not started (seq_start)", batch.seq[i]);
+    TD_TRY(ctx_->decode(batch));
+    std::vector<Sampler *> samplers(n_seq());
+    std::vector<bool> want(n_seq());
+    for (int32_t s = 0; s < n_seq(); ++s) {
+        samplers[s] = slots_[s].sampler.get();
+        want[s] = slots_[s].want_logits;
+    }
+    sample_outputs(batch, ctx_->logits(), n_vocab(), samplers, want, pending_);
+    has_pending_ = true;
+    return {};
+}
+
+Result<std::vector<StepOutput>> LocalEngine::wait() {
+    if (!has_pending_) return make_error(ErrorKind::failed, "no step is queued");
+    has_pending_ = false;
+    return std::move(pending_);
+}
+
+}  // namespace td

@@ -1,0 +1,82 @@
+// Engine: what generation, the benchmark and the server drive, whether the model runs here (LocalEngine) or
+// as a pipeline across machines (cluster/ClusterEngine). Sampling happens inside the engine, so a cluster's
+// last stage returns token ids, never full-vocabulary logits.
+//
+// Steps are queued with submit() and their outputs collected in submission order with wait(); up to
+// max_in_flight() steps may be queued, which is how prompt chunks and independent sequences overlap in a
+// pipeline (stage 2 computes step k while stage 1 computes step k+1). A LocalEngine computes at submit().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "model/batch.h"
+#include "model/context.h"
+#include "model/sampler.h"
+
+namespace td {
+
+struct StepOutput {
+    int32_t seq = 0;
+    int32_t token = 0;      // sampled with the sequence's sampler (already accepted into its history)
+    float logprob = 0.0f;   // log-probability of `token` under the raw distribution (with want_logits)
+    std::vector<float> logits;  // [n_vocab], only when the sequence was started with want_logits
+};
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+
+    virtual int32_t n_ctx() const = 0;
+    virtual int32_t n_seq() const = 0;
+    virtual int32_t n_vocab() const = 0;
+    virtual int max_in_flight() const = 0;
+
+    // Starts (or restarts) a sequence slot with its sampling parameters; clears its cache.
+    // want_logits: StepOutput carries the full logits row (tests, logprobs); costly across a cluster.
+    virtual Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false) = 0;
+    virtual Status seq_clear(int32_t seq) = 0;
+
+    // Queues one step. Rows with want_logits produce one StepOutput each, in row order.
+    // Errors: bad batch (invalid_input), node failure (disconnected/failed, naming the node).
+    virtual Status submit(const Batch &batch) = 0;
+    // Outputs of the oldest queued step. Error if nothing is queued.
+    virtual Result<std::vector<StepOutput>> wait() = 0;
+};
+
+// Runs the whole model in this process on one Context.
+class LocalEngine : public Engine {
+public:
+    static Result<std::unique_ptr<LocalEngine>> create(std::shared_ptr<const Model> model, const ContextParams &params,
+                                                       ThreadPool &pool);
+    int32_t n_ctx() const override { return ctx_->n_ctx(); }
+    int32_t n_seq() const override { return ctx_->n_seq(); }
+    int32_t n_vocab() const override { return ctx_->model().hparams().n_vocab; }
+    int max_in_flight() const override { return 1; }
+    Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false) override;
+    Status seq_clear(int32_t seq) override;
+    Status submit(const Batch &batch) override;
+    Result<std::vector<StepOutput>> wait() override;
+
+    Context &context() { return *ctx_; }
+
+private:
+    struct Slot {
+        std::unique_ptr<Sampler> sampler;
+        bool want_logits = false;
+    };
+    std::unique_ptr<Context> ctx_;
+    std::vector<Slot> slots_;  // [n_seq]
+    bool has_pending_ = false;
+    std::vector<StepOutput> pending_;
+};
+
+// Samples the rows of `logits` ([n_outputs, n_vocab], in batch row order) for the batch rows that want
+// logits, with each row's sequence sampler; used by LocalEngine and by a cluster's last stage.
+void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab,
+                    const std::vector<Sampler *> &samplers /*[n_seq]*/, const std::vector<bool> &want_logits,
+                    std::vector<StepOutput> &out);
+
+}  // namespace td

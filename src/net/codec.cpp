@@ -1,0 +1,625 @@
+// Bytes <-> message structs. Every integer is little-endian on the wire; tandem builds only for little-endian
+// hosts (static_assert below), so a field is one memcpy. A big-endian port would byte-swap in put/get only.
+//
+// Decoding reads through a Reader that knows the message name and the bytes left, so every length is checked
+// against what is present and against its named maximum before anything is allocated or copied.
+#include "net/codec.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "kernels/kernels.h"
+
+namespace td::net {
+
+static_assert(std::endian::native == std::endian::little,
+              "the wire is little-endian; add byte swaps to port");
+
+namespace {
+
+// ---- writing ---------------------------------------------------------------------------------------------
+
+template <typename T>
+void put(std::vector<uint8_t> &out, T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const size_t at = out.size();
+    out.resize(at + sizeof(T));
+    std::memcpy(out.data() + at, &v, sizeof(T));
+}
+
+template <typename T>
+void put_at(uint8_t *p, T v) {
+    std::memcpy(p, &v, sizeof(T));
+}
+
+void put_string(std::vector<uint8_t> &out, const std::string &s) {
+    // A longer string is a bug in the sender (names and messages are bounded where they are made); cut it so
+    // the peer still gets a well-formed frame rather than one it must reject.
+    const size_t n = std::min(s.size(), kMaxString);
+    put<uint32_t>(out, static_cast<uint32_t>(n));
+    out.insert(out.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+// ---- reading ---------------------------------------------------------------------------------------------
+
+class Reader {
+public:
+    Reader(const char *what, std::span<const uint8_t> payload) : what_(what), p_(payload) {}
+
+    template <typename T>
+    Status get(T &v, const char *field) {
+        static_assert(std::is_trivially_copyable_v<T>);
+        if (p_.size() - off_ < sizeof(T)) {
+            return invalid_input("{}: payload ends at byte {} reading {} ({} bytes needed, {} left)", what_,
+                                 p_.size(), field, sizeof(T), p_.size() - off_);
+        }
+        std::memcpy(&v, p_.data() + off_, sizeof(T));
+        off_ += sizeof(T);
+        return {};
+    }
+
+    Status get_string(std::string &s, const char *field) {
+        uint32_t n = 0;
+        TD_TRY(get(n, field));
+        if (n > kMaxString) return invalid_input("{}: {} is {} bytes, limit {}", what_, field, n, kMaxString);
+        if (p_.size() - off_ < n) {
+            return invalid_input("{}: {} needs {} bytes, payload has {} left", what_, field, n,
+                                 p_.size() - off_);
+        }
+        s.assign(reinterpret_cast<const char *>(p_.data() + off_), n);
+        off_ += n;
+        return {};
+    }
+
+    Status get_finite(float &v, const char *field) {
+        TD_TRY(get(v, field));
+        if (!std::isfinite(v)) return invalid_input("{}: {} is not finite ({})", what_, field, v);
+        return {};
+    }
+
+    Status get_bool(bool &v, const char *field) {
+        uint8_t b = 0;
+        TD_TRY(get(b, field));
+        if (b > 1) return invalid_input("{}: {} must be 0 or 1, got {}", what_, field, b);
+        v = b != 0;
+        return {};
+    }
+
+    // Exact size: a payload longer than its fields is corrupt (or from a version that should have bumped).
+    Status finish() const {
+        if (off_ != p_.size()) {
+            return invalid_input(
+                "{}: {} trailing bytes after the last field (payload is {} bytes, fields end at {})", what_,
+                p_.size() - off_, p_.size(), off_);
+        }
+        return {};
+    }
+
+    size_t offset() const { return off_; }
+    size_t left() const { return p_.size() - off_; }
+    void skip_rest() { off_ = p_.size(); }
+
+private:
+    const char *what_;
+    std::span<const uint8_t> p_;
+    size_t off_ = 0;
+};
+
+size_t pad4(size_t n) {
+    return (n + 3) & ~size_t{3};
+}
+
+// Forward payload layout (offsets from the payload start).
+struct ForwardLayout {
+    size_t pos = 0, seq = 0, want = 0, body = 0, total = 0;
+};
+ForwardLayout forward_layout(uint64_t n_rows, uint64_t body_bytes) {
+    ForwardLayout l;
+    l.pos = sizeof(ForwardHeader);
+    l.seq = l.pos + 4 * n_rows;
+    l.want = l.seq + 4 * n_rows;
+    l.body = l.want + pad4(n_rows);
+    l.total = l.body + body_bytes;
+    return l;
+}
+
+const kernels::TypeKernels *wire_kernels(WireType wire) {
+    const kernels::TypeKernels *k = nullptr;
+    switch (wire) {
+        case WireType::f32:
+            return nullptr;
+        case WireType::f16:
+            k = kernels::type_kernels(DType::f16);
+            break;
+        case WireType::q8_0:
+            k = kernels::type_kernels(DType::q8_0);
+            break;
+    }
+    TD_ASSERT(k != nullptr && k->from_float != nullptr && k->to_float != nullptr,
+              "no kernels for wire type {}", wire_type_name(wire));
+    return k;
+}
+
+}  // namespace
+
+// ---- header ----------------------------------------------------------------------------------------------
+
+void encode_header(const FrameHeader &h, uint8_t out[kHeaderBytes]) {
+    put_at(out + 0, h.magic);
+    put_at(out + 4, h.version);
+    put_at(out + 6, h.type);
+    put_at(out + 8, h.flags);
+    put_at(out + 12, h.reserved);
+    put_at(out + 16, h.payload_bytes);
+    put_at(out + 24, h.request_id);
+}
+
+Result<FrameHeader> decode_header(const uint8_t in[kHeaderBytes]) {
+    FrameHeader h;
+    std::memcpy(&h.magic, in + 0, 4);
+    std::memcpy(&h.version, in + 4, 2);
+    std::memcpy(&h.type, in + 6, 2);
+    std::memcpy(&h.flags, in + 8, 4);
+    std::memcpy(&h.reserved, in + 12, 4);
+    std::memcpy(&h.payload_bytes, in + 16, 8);
+    std::memcpy(&h.request_id, in + 24, 8);
+    if (h.magic != kMagic) {
+        return invalid_input(
+            "bad frame magic 0x{:08x} (expected 0x{:08x} \"TDM1\"): the peer is not a tandem node "
+            "or the stream is corrupt",
+            h.magic, kMagic);
+    }
+    if (!msg_type_known(h.type)) {
+        return invalid_input("unknown message type {} (protocol version {}, we speak {})", h.type, h.version,
+                             kProtocolVersion);
+    }
+    const MsgType type = static_cast<MsgType>(h.type);
+    if (h.payload_bytes > max_payload(type)) {
+        return invalid_input("{}: payload of {} bytes exceeds the limit of {} bytes", msg_type_name(type),
+                             h.payload_bytes, max_payload(type));
+    }
+    return h;
+}
+
+// ---- control messages ------------------------------------------------------------------------------------
+
+void encode(const Hello &m, std::vector<uint8_t> &out) {
+    put<uint32_t>(out, m.protocol_version);
+    put<uint32_t>(out, static_cast<uint32_t>(m.role));
+    put_string(out, m.build_id);
+    put_string(out, m.node_name);
+}
+
+Result<Hello> decode_hello(std::span<const uint8_t> payload) {
+    Reader r("hello", payload);
+    Hello m;
+    uint32_t role = 0;
+    TD_TRY(r.get(m.protocol_version, "protocol_version"));
+    if (m.protocol_version != kProtocolVersion) {
+        // Another version: only protocol_version is frozen. Take what parses so the handshake can name the
+        // peer, and let it report the mismatch with both versions.
+        if (r.get(role, "role").ok()) m.role = static_cast<ConnRole>(role);
+        if (r.get_string(m.build_id, "build_id").ok()) (void)r.get_string(m.node_name, "node_name");
+        return m;
+    }
+    TD_TRY(r.get(role, "role"));
+    if (role != static_cast<uint32_t>(ConnRole::control) && role != static_cast<uint32_t>(ConnRole::data)) {
+        return invalid_input("hello: unknown connection role {} (1 control, 2 data)", role);
+    }
+    m.role = static_cast<ConnRole>(role);
+    TD_TRY(r.get_string(m.build_id, "build_id"));
+    TD_TRY(r.get_string(m.node_name, "node_name"));
+    TD_TRY(r.finish());
+    return m;
+}
+
+void encode(const HelloReply &m, std::vector<uint8_t> &out) {
+    put<uint32_t>(out, m.protocol_version);
+    put_string(out, m.build_id);
+    put_string(out, m.node_name);
+    put<uint32_t>(out, m.n_threads);
+    put<uint64_t>(out, m.mem_total);
+    put<uint64_t>(out, m.mem_available);
+    put<float>(out, m.gflops);
+    put_string(out, m.cpu);
+}
+
+Result<HelloReply> decode_hello_reply(std::span<const uint8_t> payload) {
+    Reader r("hello_reply", payload);
+    HelloReply m;
+    TD_TRY(r.get(m.protocol_version, "protocol_version"));
+    if (m.protocol_version != kProtocolVersion) {
+        if (r.get_string(m.build_id, "build_id").ok()) (void)r.get_string(m.node_name, "node_name");
+        return m;
+    }
+    TD_TRY(r.get_string(m.build_id, "build_id"));
+    TD_TRY(r.get_string(m.node_name, "node_name"));
+    TD_TRY(r.get(m.n_threads, "n_threads"));
+    TD_TRY(r.get(m.mem_total, "mem_total"));
+    TD_TRY(r.get(m.mem_available, "mem_available"));
+    TD_TRY(r.get_finite(m.gflops, "gflops"));
+    TD_TRY(r.get_string(m.cpu, "cpu"));
+    TD_TRY(r.finish());
+    return m;
+}
+
+void encode(const ErrorMsg &m, std::vector<uint8_t> &out) {
+    put<uint32_t>(out, m.kind);
+    put_string(out, m.message);
+}
+
+Result<ErrorMsg> decode_error(std::span<const uint8_t> payload) {
+    Reader r("error", payload);
+    ErrorMsg m;
+    TD_TRY(r.get(m.kind, "kind"));
+    if (m.kind == static_cast<uint32_t>(ErrorKind::ok) ||
+        m.kind > static_cast<uint32_t>(ErrorKind::unimplemented)) {
+        return invalid_input("error: unknown error kind {}", m.kind);
+    }
+    TD_TRY(r.get_string(m.message, "message"));
+    TD_TRY(r.finish());
+    return m;
+}
+
+void encode(const LoadStage &m, std::vector<uint8_t> &out) {
+    put<uint64_t>(out, m.fingerprint);
+    put<uint64_t>(out, m.stage_file_bytes);
+    put<int32_t>(out, m.layer_first);
+    put<int32_t>(out, m.layer_last);
+    put<int32_t>(out, m.n_layer);
+    put<int32_t>(out, m.n_ctx);
+    put<int32_t>(out, m.n_seq);
+    put<uint32_t>(out, m.kv_type);
+    put<uint32_t>(out, m.wire);
+    put<uint32_t>(out, m.n_threads);
+    put<uint16_t>(out, m.next_port);
+    put<uint8_t>(out, m.is_last ? 1 : 0);
+    put<uint8_t>(out, 0);  // padding
+    put_string(out, m.model_name);
+    put_string(out, m.next_host);
+}
+
+Result<LoadStage> decode_load_stage(std::span<const uint8_t> payload) {
+    Reader r("load_stage", payload);
+    LoadStage m;
+    uint8_t pad = 0;
+    TD_TRY(r.get(m.fingerprint, "fingerprint"));
+    TD_TRY(r.get(m.stage_file_bytes, "stage_file_bytes"));
+    TD_TRY(r.get(m.layer_first, "layer_first"));
+    TD_TRY(r.get(m.layer_last, "layer_last"));
+    TD_TRY(r.get(m.n_layer, "n_layer"));
+    TD_TRY(r.get(m.n_ctx, "n_ctx"));
+    TD_TRY(r.get(m.n_seq, "n_seq"));
+    TD_TRY(r.get(m.kv_type, "kv_type"));
+    TD_TRY(r.get(m.wire, "wire"));
+    TD_TRY(r.get(m.n_threads, "n_threads"));
+    TD_TRY(r.get(m.next_port, "next_port"));
+    TD_TRY(r.get_bool(m.is_last, "is_last"));
+    TD_TRY(r.get(pad, "padding"));
+    TD_TRY(r.get_string(m.model_name, "model_name"));
+    TD_TRY(r.get_string(m.next_host, "next_host"));
+    TD_TRY(r.finish());
+    if (pad != 0) return invalid_input("load_stage: padding byte at offset 51 is {}, must be 0", pad);
+    if (m.layer_first < 0 || m.layer_first >= m.layer_last || m.layer_last > m.n_layer) {
+        return invalid_input("load_stage: layer range [{}, {}) is not a non-empty part of 0..{}",
+                             m.layer_first, m.layer_last, m.n_layer);
+    }
+    if (m.n_ctx < 0 || m.n_seq < 0) {
+        return invalid_input("load_stage: n_ctx {} and n_seq {} must not be negative", m.n_ctx, m.n_seq);
+    }
+    if (!wire_type_known(m.wire)) return invalid_input("load_stage: unknown wire type {}", m.wire);
+    return m;
+}
+
+void encode(const LoadReply &m, std::vector<uint8_t> &out) {
+    put<uint32_t>(out, m.need_weights);
+    put_string(out, m.source);
+}
+
+Result<LoadReply> decode_load_reply(std::span<const uint8_t> payload) {
+    Reader r("load_reply", payload);
+    LoadReply m;
+    TD_TRY(r.get(m.need_weights, "need_weights"));
+    if (m.need_weights > 1)
+        return invalid_input("load_reply: need_weights must be 0 or 1, got {}", m.need_weights);
+    TD_TRY(r.get_string(m.source, "source"));
+    TD_TRY(r.finish());
+    return m;
+}
+
+void encode(const WeightsChunk &m, std::vector<uint8_t> &out) {
+    put<uint64_t>(out, m.offset);
+    put<uint64_t>(out, m.total);
+}
+
+Result<WeightsChunkView> decode_weights_chunk(std::span<const uint8_t> payload) {
+    Reader r("weights_chunk", payload);
+    WeightsChunkView v;
+    TD_TRY(r.get(v.header.offset, "offset"));
+    TD_TRY(r.get(v.header.total, "total"));
+    v.bytes = payload.subspan(r.offset());
+    if (v.bytes.size() > kMaxWeightsChunk) {
+        return invalid_input("weights_chunk: {} bytes, limit {}", v.bytes.size(), kMaxWeightsChunk);
+    }
+    if (v.header.offset > v.header.total || v.bytes.size() > v.header.total - v.header.offset) {
+        return invalid_input("weights_chunk: {} bytes at offset {} run past the total of {} bytes",
+                             v.bytes.size(), v.header.offset, v.header.total);
+    }
+    return v;
+}
+
+void encode(const StageReady &m, std::vector<uint8_t> &out) {
+    put<uint64_t>(out, m.weight_bytes);
+    put<uint64_t>(out, m.kv_bytes);
+    put<float>(out, m.load_seconds);
+}
+
+Result<StageReady> decode_stage_ready(std::span<const uint8_t> payload) {
+    Reader r("stage_ready", payload);
+    StageReady m;
+    TD_TRY(r.get(m.weight_bytes, "weight_bytes"));
+    TD_TRY(r.get(m.kv_bytes, "kv_bytes"));
+    TD_TRY(r.get_finite(m.load_seconds, "load_seconds"));
+    TD_TRY(r.finish());
+    return m;
+}
+
+void encode(const SeqStart &m, std::vector<uint8_t> &out) {
+    put<int32_t>(out, m.seq);
+    put<uint32_t>(out, m.want_logits);
+    put<float>(out, m.temperature);
+    put<int32_t>(out, m.top_k);
+    put<float>(out, m.top_p);
+    put<float>(out, m.min_p);
+    put<float>(out, m.repeat_penalty);
+    put<int32_t>(out, m.repeat_last_n);
+    put<float>(out, m.presence_penalty);
+    put<float>(out, m.frequency_penalty);
+    put<uint64_t>(out, m.seed);
+}
+
+Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
+    Reader r("seq_start", payload);
+    SeqStart m;
+    TD_TRY(r.get(m.seq, "seq"));
+    TD_TRY(r.get(m.want_logits, "want_logits"));
+    TD_TRY(r.get_finite(m.temperature, "temperature"));
+    TD_TRY(r.get(m.top_k, "top_k"));
+    TD_TRY(r.get_finite(m.top_p, "top_p"));
+    TD_TRY(r.get_finite(m.min_p, "min_p"));
+    TD_TRY(r.get_finite(m.repeat_penalty, "repeat_penalty"));
+    TD_TRY(r.get(m.repeat_last_n, "repeat_last_n"));
+    TD_TRY(r.get_finite(m.presence_penalty, "presence_penalty"));
+    TD_TRY(r.get_finite(m.frequency_penalty, "frequency_penalty"));
+    TD_TRY(r.get(m.seed, "seed"));
+    TD_TRY(r.finish());
+    if (m.seq < 0) return invalid_input("seq_start: seq {} is negative", m.seq);
+    if (m.want_logits > 1)
+        return invalid_input("seq_start: want_logits must be 0 or 1, got {}", m.want_logits);
+    return m;
+}
+
+void encode(const SeqClear &m, std::vector<uint8_t> &out) {
+    put<int32_t>(out, m.seq);
+}
+
+Result<SeqClear> decode_seq_clear(std::span<const uint8_t> payload) {
+    Reader r("seq_clear", payload);
+    SeqClear m;
+    TD_TRY(r.get(m.seq, "seq"));
+    TD_TRY(r.finish());
+    if (m.seq < 0) return invalid_input("seq_clear: seq {} is negative", m.seq);
+    return m;
+}
+
+void encode(const StatsReply &m, std::vector<uint8_t> &out) {
+    put<uint64_t>(out, m.msgs_in);
+    put<uint64_t>(out, m.msgs_out);
+    put<uint64_t>(out, m.bytes_in);
+    put<uint64_t>(out, m.bytes_out);
+    put<uint64_t>(out, m.forward_steps);
+    put<double>(out, m.compute_seconds);
+    put<double>(out, m.wait_seconds);
+    put<double>(out, m.send_seconds);
+}
+
+Result<StatsReply> decode_stats_reply(std::span<const uint8_t> payload) {
+    Reader r("stats_reply", payload);
+    StatsReply m;
+    TD_TRY(r.get(m.msgs_in, "msgs_in"));
+    TD_TRY(r.get(m.msgs_out, "msgs_out"));
+    TD_TRY(r.get(m.bytes_in, "bytes_in"));
+    TD_TRY(r.get(m.bytes_out, "bytes_out"));
+    TD_TRY(r.get(m.forward_steps, "forward_steps"));
+    TD_TRY(r.get(m.compute_seconds, "compute_seconds"));
+    TD_TRY(r.get(m.wait_seconds, "wait_seconds"));
+    TD_TRY(r.get(m.send_seconds, "send_seconds"));
+    TD_TRY(r.finish());
+    return m;
+}
+
+Status decode_empty(MsgType type, std::span<const uint8_t> payload) {
+    if (!payload.empty()) {
+        return invalid_input("{}: payload must be empty, has {} bytes", msg_type_name(type), payload.size());
+    }
+    return {};
+}
+
+// ---- forward ---------------------------------------------------------------------------------------------
+
+Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
+    // The int32 views below point into the payload: it must be 4-byte aligned (a std::vector's data is).
+    TD_ASSERT(reinterpret_cast<uintptr_t>(payload.data()) % 4 == 0,
+              "forward payload buffer is not 4-byte aligned");
+    Reader r("forward", payload);
+    ForwardView v;
+    ForwardHeader &h = v.header;
+    TD_TRY(r.get(h.n_rows, "n_rows"));
+    TD_TRY(r.get(h.n_embd, "n_embd"));
+    TD_TRY(r.get(h.wire, "wire"));
+    TD_TRY(r.get(h.flags, "flags"));
+    if (h.flags & ~kForwardTokens)
+        return invalid_input("forward: unknown flags 0x{:x}", h.flags & ~kForwardTokens);
+    if (h.n_rows == 0 || h.n_rows > kMaxBatchRows) {
+        return invalid_input("forward: n_rows {} is outside 1..{}", h.n_rows, kMaxBatchRows);
+    }
+    if (h.n_embd > kMaxEmbd)
+        return invalid_input("forward: n_embd {} exceeds the limit of {}", h.n_embd, kMaxEmbd);
+    if (!wire_type_known(h.wire)) return invalid_input("forward: unknown wire type {}", h.wire);
+    const bool tokens = (h.flags & kForwardTokens) != 0;
+    const WireType wire = static_cast<WireType>(h.wire);
+    if (!tokens) {
+        if (h.n_embd == 0) return invalid_input("forward: hidden rows with n_embd 0");
+        if (wire == WireType::q8_0 && h.n_embd % kWireQ8Block != 0) {
+            return invalid_input("forward: q8_0 rows need n_embd divisible by 32, got {}", h.n_embd);
+        }
+    }
+    const uint64_t body =
+        tokens ? uint64_t{4} * h.n_rows : uint64_t{h.n_rows} * wire_row_bytes(wire, h.n_embd);
+    const ForwardLayout l = forward_layout(h.n_rows, body);
+    if (l.total != payload.size()) {
+        return invalid_input("forward: {} {} rows need {} bytes, payload has {}", h.n_rows,
+                             tokens ? "token" : wire_type_name(wire), l.total, payload.size());
+    }
+    const uint8_t *p = payload.data();
+    v.pos = {reinterpret_cast<const int32_t *>(p + l.pos), h.n_rows};
+    v.seq = {reinterpret_cast<const int32_t *>(p + l.seq), h.n_rows};
+    v.want = {p + l.want, h.n_rows};
+    for (uint32_t i = 0; i < h.n_rows; ++i) {
+        if (v.pos[i] < 0 || v.seq[i] < 0) {
+            return invalid_input("forward: row {} has pos {} seq {} (must not be negative)", i, v.pos[i],
+                                 v.seq[i]);
+        }
+        if (v.want[i] > 1) return invalid_input("forward: row {} want must be 0 or 1, got {}", i, v.want[i]);
+    }
+    for (size_t i = l.want + h.n_rows; i < l.body; ++i) {
+        if (p[i] != 0) return invalid_input("forward: padding byte at offset {} is {}, must be 0", i, p[i]);
+    }
+    if (tokens) {
+        v.token = {reinterpret_cast<const int32_t *>(p + l.body), h.n_rows};
+        for (uint32_t i = 0; i < h.n_rows; ++i) {
+            if (v.token[i] < 0) return invalid_input("forward: row {} has negative token {}", i, v.token[i]);
+        }
+    } else {
+        v.hidden = payload.subspan(l.body);
+    }
+    return v;
+}
+
+void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, std::span<const uint8_t> want,
+                    std::span<const int32_t> tokens, const float *hidden, uint32_t n_embd, WireType wire,
+                    std::vector<uint8_t> &out) {
+    const size_t n_rows = pos.size();
+    const bool with_tokens = !tokens.empty();
+    TD_ASSERT(seq.size() == n_rows && want.size() == n_rows, "forward: pos/seq/want sizes {}/{}/{} differ",
+              n_rows, seq.size(), want.size());
+    TD_ASSERT(n_rows > 0 && n_rows <= kMaxBatchRows, "forward: n_rows {} outside 1..{}", n_rows,
+              kMaxBatchRows);
+    TD_ASSERT(n_embd <= kMaxEmbd, "forward: n_embd {} over the limit", n_embd);
+    if (with_tokens) {
+        TD_ASSERT(tokens.size() == n_rows && hidden == nullptr,
+                  "forward: tokens need one per row and no hidden");
+    } else {
+        TD_ASSERT(hidden != nullptr && n_embd > 0, "forward: hidden rows need data and n_embd > 0");
+        TD_ASSERT(wire != WireType::q8_0 || n_embd % kWireQ8Block == 0,
+                  "forward: q8_0 needs n_embd % 32 == 0");
+    }
+    const size_t row_bytes = wire_row_bytes(wire, n_embd);
+    const ForwardLayout l = forward_layout(n_rows, with_tokens ? 4 * n_rows : n_rows * row_bytes);
+    out.resize(l.total);  // capacity is kept across calls: no allocation once the largest step has been seen
+    uint8_t *p = out.data();
+    ForwardHeader h;
+    h.n_rows = static_cast<uint32_t>(n_rows);
+    h.n_embd = n_embd;
+    h.wire = static_cast<uint32_t>(wire);
+    h.flags = with_tokens ? kForwardTokens : 0;
+    put_at(p + 0, h.n_rows);
+    put_at(p + 4, h.n_embd);
+    put_at(p + 8, h.wire);
+    put_at(p + 12, h.flags);
+    std::memcpy(p + l.pos, pos.data(), 4 * n_rows);
+    std::memcpy(p + l.seq, seq.data(), 4 * n_rows);
+    std::memcpy(p + l.want, want.data(), n_rows);
+    std::memset(p + l.want + n_rows, 0, l.body - l.want - n_rows);
+    if (with_tokens) {
+        std::memcpy(p + l.body, tokens.data(), 4 * n_rows);
+    } else if (wire == WireType::f32) {
+        std::memcpy(p + l.body, hidden, n_rows * row_bytes);
+    } else {
+        // Rows are contiguous and n_embd is a whole number of blocks, so all rows convert in one call.
+        wire_kernels(wire)->from_float(hidden, p + l.body, static_cast<int64_t>(n_rows) * n_embd);
+    }
+}
+
+void wire_to_f32(const ForwardView &v, float *out) {
+    const WireType wire = static_cast<WireType>(v.header.wire);
+    const size_t n = size_t{v.header.n_rows} * v.header.n_embd;
+    TD_ASSERT(v.hidden.size() == v.header.n_rows * wire_row_bytes(wire, v.header.n_embd),
+              "wire_to_f32 on a view without hidden rows");
+    if (wire == WireType::f32) {
+        std::memcpy(out, v.hidden.data(), n * 4);
+    } else {
+        wire_kernels(wire)->to_float(v.hidden.data(), out, static_cast<int64_t>(n));
+    }
+}
+
+// ---- result ----------------------------------------------------------------------------------------------
+
+ResultRow ResultView::row(uint32_t i) const {
+    TD_ASSERT(i < n_outputs, "result row {} of {}", i, n_outputs);
+    ResultRow r;
+    const uint8_t *p = rows.data() + size_t{i} * kResultRowBytes;
+    std::memcpy(&r.seq, p + 0, 4);
+    std::memcpy(&r.token, p + 4, 4);
+    std::memcpy(&r.logprob, p + 8, 4);
+    return r;
+}
+
+Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vocab) {
+    Reader r("result", payload);
+    ResultView v;
+    TD_TRY(r.get(v.n_outputs, "n_outputs"));
+    TD_TRY(r.get(v.flags, "flags"));
+    if (v.flags & ~kResultLogits)
+        return invalid_input("result: unknown flags 0x{:x}", v.flags & ~kResultLogits);
+    if (v.n_outputs > kMaxBatchRows) {
+        return invalid_input("result: n_outputs {} exceeds the limit of {}", v.n_outputs, kMaxBatchRows);
+    }
+    const bool logits = (v.flags & kResultLogits) != 0;
+    if (logits && n_vocab == 0)
+        return invalid_input("result: logits sent but the receiver expects none (n_vocab 0)");
+    const uint64_t rows_bytes = uint64_t{v.n_outputs} * kResultRowBytes;
+    const uint64_t logits_bytes = logits ? uint64_t{v.n_outputs} * n_vocab * 4 : 0;
+    const uint64_t total = 8 + rows_bytes + logits_bytes;
+    if (total != payload.size()) {
+        return invalid_input("result: {} outputs{} need {} bytes, payload has {}", v.n_outputs,
+                             logits ? fmt::format(" with {} logits each", n_vocab) : std::string(), total,
+                             payload.size());
+    }
+    v.rows = payload.subspan(8, rows_bytes);
+    v.logits = payload.subspan(8 + rows_bytes);
+    return v;
+}
+
+void encode_result(std::span<const ResultRow> rows, const float *logits, uint32_t n_vocab,
+                   std::vector<uint8_t> &out) {
+    const size_t n = rows.size();
+    TD_ASSERT(n <= kMaxBatchRows, "result: {} outputs over the limit", n);
+    TD_ASSERT(logits == nullptr || n_vocab > 0, "result: logits need n_vocab > 0");
+    const size_t logits_bytes = logits ? n * n_vocab * 4 : 0;
+    out.resize(8 + n * kResultRowBytes + logits_bytes);
+    uint8_t *p = out.data();
+    put_at(p + 0, static_cast<uint32_t>(n));
+    put_at(p + 4, logits ? kResultLogits : 0u);
+    for (size_t i = 0; i < n; ++i) {
+        uint8_t *q = p + 8 + i * kResultRowBytes;
+        put_at(q + 0, rows[i].seq);
+        put_at(q + 4, rows[i].token);
+        put_at(q + 8, rows[i].logprob);
+    }
+    if (logits) std::memcpy(p + 8 + n * kResultRowBytes, logits, logits_bytes);
+}
+
+}  // namespace td::net

@@ -1,0 +1,112 @@
+// Names and limits of the wire messages (protocol.h).
+#include "net/protocol.h"
+
+namespace td::net {
+
+const char *msg_type_name(MsgType type) {
+    switch (type) {
+        case MsgType::hello:
+            return "hello";
+        case MsgType::hello_reply:
+            return "hello_reply";
+        case MsgType::error:
+            return "error";
+        case MsgType::load_stage:
+            return "load_stage";
+        case MsgType::load_reply:
+            return "load_reply";
+        case MsgType::weights_chunk:
+            return "weights_chunk";
+        case MsgType::stage_ready:
+            return "stage_ready";
+        case MsgType::forward:
+            return "forward";
+        case MsgType::result:
+            return "result";
+        case MsgType::seq_start:
+            return "seq_start";
+        case MsgType::seq_clear:
+            return "seq_clear";
+        case MsgType::ping:
+            return "ping";
+        case MsgType::pong:
+            return "pong";
+        case MsgType::stats_request:
+            return "stats_request";
+        case MsgType::stats_reply:
+            return "stats_reply";
+        case MsgType::shutdown:
+            return "shutdown";
+    }
+    return "unknown";
+}
+
+size_t max_payload(MsgType type) {
+    switch (type) {
+        case MsgType::hello:
+        case MsgType::hello_reply:
+        case MsgType::error:
+        case MsgType::load_stage:
+        case MsgType::load_reply:
+        case MsgType::stage_ready:
+        case MsgType::seq_start:
+        case MsgType::seq_clear:
+        case MsgType::stats_reply:
+        case MsgType::ping:  // ping's payload is opaque; pong echoes it
+        case MsgType::pong:
+        case MsgType::stats_request:  // empty in version 1
+        case MsgType::shutdown:       // empty in version 1
+            return kMaxControlPayload;
+        case MsgType::weights_chunk:
+            return kWeightsChunkFixedBytes + kMaxWeightsChunk;
+        case MsgType::forward:
+        case MsgType::result:
+            return kMaxDataPayload;
+    }
+    return 0;
+}
+
+bool msg_type_known(uint16_t type) {
+    return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::shutdown);
+}
+
+const char *wire_type_name(WireType type) {
+    switch (type) {
+        case WireType::f32:
+            return "f32";
+        case WireType::f16:
+            return "f16";
+        case WireType::q8_0:
+            return "q8_0";
+    }
+    return "unknown";
+}
+
+bool wire_type_from_name(const std::string &name, WireType *out) {
+    for (WireType t : {WireType::f32, WireType::f16, WireType::q8_0}) {
+        if (name == wire_type_name(t)) {
+            *out = t;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool wire_type_known(uint32_t type) {
+    return type == static_cast<uint32_t>(WireType::f32) || type == static_cast<uint32_t>(WireType::f16) ||
+           type == static_cast<uint32_t>(WireType::q8_0);
+}
+
+size_t wire_row_bytes(WireType type, size_t n_embd) {
+    switch (type) {
+        case WireType::f32:
+            return n_embd * 4;
+        case WireType::f16:
+            return n_embd * 2;
+        case WireType::q8_0:
+            return n_embd / kWireQ8Block * kWireQ8BlockBytes;  // n_embd % 32 == 0 (checked by the codec)
+    }
+    return 0;
+}
+
+}  // namespace td::net

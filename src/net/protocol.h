@@ -1,0 +1,205 @@
+// tandem wire protocol: every message that crosses between nodes, in one place.
+// docs/protocol.md is the prose spec; a change to anything here bumps kProtocolVersion.
+//
+// Framing (all integers little-endian):
+//
+//   0        4        6        8           12          16                  24                  32
+//   +--------+--------+--------+-----------+-----------+-------------------+-------------------+
+//   | magic  |version | type   |  flags    | reserved  |  payload_bytes    |  request_id       |
+//   | "TDM1" |  u16   |  u16   |   u32     |  u32 (0)  |       u64         |      u64          |
+//   +--------+--------+--------+-----------+-----------+-------------------+-------------------+
+//   | payload: payload_bytes bytes (<= kMaxPayload[type]); fixed struct fields first, then
+//   | variable parts in the order each message documents (strings: u32 length + bytes; arrays: as stated)
+//   +--------------------------------------------------------------------------------------------
+//
+// Nothing on the wire is a pointer, a function id or an unbounded length: each message type has a payload
+// limit checked before anything is allocated, every string and array length is bounded by a named maximum.
+// Tensor payloads are raw bytes after the fixed fields (no serialization framework on the data path).
+//
+// Topology: the head opens a control connection to every worker. Activations flow along a ring of data
+// connections: head -> stage 1 -> ... -> last stage -> head; each sender opens the connection to its next
+// hop.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace td::net {
+
+inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 32;
+
+inline constexpr size_t kMaxString = 4096;             // names, messages, build ids, addresses
+inline constexpr size_t kMaxControlPayload = 1 << 20;  // control messages other than weights
+inline constexpr size_t kMaxWeightsChunk = 16u << 20;  // one WeightsChunk
+inline constexpr size_t kMaxBatchRows = 8192;          // rows in one Forward
+inline constexpr size_t kMaxEmbd = 65536;              // hidden size
+inline constexpr size_t kMaxDataPayload = 1u << 30;    // one Forward or Result (1 GiB)
+
+// Message types. Pinned: never renumber, only append.
+enum class MsgType : uint16_t {
+    hello = 1,          // client -> server, first message on every connection
+    hello_reply = 2,    // server -> client
+    error = 3,          // either way; the connection closes after it
+    load_stage = 4,     // head -> worker (control): what to run
+    load_reply = 5,     // worker -> head (control)
+    weights_chunk = 6,  // head -> worker (control): a piece of the stage file
+    stage_ready = 7,    // worker -> head (control): loaded, connected to the next hop
+    forward = 8,        // data ring: one step of rows (tokens or hidden state)
+    result = 9,         // last stage -> head (data): sampled tokens or logits rows
+    seq_start = 10,     // data ring: (re)start a sequence, with its sampling parameters
+    seq_clear = 11,     // data ring: forget a sequence
+    ping = 12,          // control, either way
+    pong = 13,
+    stats_request = 14,  // head -> worker (control)
+    stats_reply = 15,
+    shutdown = 16,  // head -> worker (control): drop the stage, keep listening
+};
+
+const char *msg_type_name(MsgType type);  // "forward", ...; "unknown" for others
+bool msg_type_known(uint16_t type);       // hello..shutdown in this version
+
+struct FrameHeader {
+    uint32_t magic = kMagic;
+    uint16_t version = kProtocolVersion;
+    uint16_t type = 0;
+    uint32_t flags = 0;
+    uint32_t reserved = 0;
+    uint64_t payload_bytes = 0;
+    uint64_t request_id = 0;  // step id on the data ring; echo of the request on control replies
+};
+static_assert(sizeof(FrameHeader) == kHeaderBytes, "the header is 32 bytes on the wire");
+
+// Largest payload accepted for a message type (0 for unknown types).
+size_t max_payload(MsgType type);
+
+enum class ConnRole : uint32_t { control = 1, data = 2 };
+
+// Activation encoding on the wire.
+enum class WireType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8 };
+const char *wire_type_name(WireType type);
+bool wire_type_from_name(const std::string &name, WireType *out);
+bool wire_type_known(uint32_t type);
+// q8_0 on the wire is ggml's block: f16 scale d, then 32 int8 q; x = d * q.
+inline constexpr size_t kWireQ8Block = 32;
+inline constexpr size_t kWireQ8BlockBytes = 34;
+// Bytes of n rows of width n_embd (n_embd must be a multiple of 32 for q8_0).
+size_t wire_row_bytes(WireType type, size_t n_embd);
+
+// ---- messages (payload layouts) -------------------------------------------------------------------
+
+struct Hello {  // u32 protocol_version, u32 role, string build_id, string node_name
+    uint32_t protocol_version = kProtocolVersion;
+    ConnRole role = ConnRole::control;
+    std::string build_id;   // TD_VERSION + git id
+    std::string node_name;  // sender's host:port or "head"
+};
+
+struct HelloReply {  // u32 protocol_version, string build_id, string node_name, then NodeInfo fields
+    uint32_t protocol_version = kProtocolVersion;
+    std::string build_id;
+    std::string node_name;
+    uint32_t n_threads = 0;
+    uint64_t mem_total = 0;      // bytes
+    uint64_t mem_available = 0;  // bytes
+    float gflops = 0.0f;         // measured at startup (matmul), for placement
+    std::string cpu;             // model name, ISA in use
+};
+
+struct ErrorMsg {  // u32 kind (td::ErrorKind), string message
+    uint32_t kind = 0;
+    std::string message;
+};
+
+struct LoadStage {
+    // Which model and which part of it. The fingerprint is a 64-bit content hash (xxh3) of the stage's
+    // tensors in file order; a worker with its own copy (--model) hashes the same tensors and must agree.
+    uint64_t fingerprint = 0;
+    uint64_t stage_file_bytes = 0;  // size of the stage GGUF the head would stream
+    int32_t layer_first = 0;
+    int32_t layer_last = 0;
+    int32_t n_layer = 0;
+    int32_t n_ctx = 0;
+    int32_t n_seq = 0;
+    uint32_t kv_type = 0;    // KvType
+    uint32_t wire = 0;       // WireType of activations this stage receives and sends
+    uint32_t n_threads = 0;  // 0: the worker's default
+    std::string model_name;  // for messages
+    std::string next_host;   // where this stage sends its output (next stage or the head's data port)
+    uint16_t next_port = 0;
+    bool is_last = false;  // last stage: samples and sends Result to the head
+};
+
+struct LoadReply {
+    uint32_t need_weights = 0;  // 1: stream the stage file (no local copy, nothing cached)
+    std::string source;         // "local file /models/x.gguf", "cache <hash>", ...
+};
+
+inline constexpr size_t kWeightsChunkFixedBytes = 16;
+struct WeightsChunk {  // u64 offset, u64 total, then raw bytes (<= kMaxWeightsChunk)
+    uint64_t offset = 0;
+    uint64_t total = 0;
+    // bytes follow
+};
+
+struct StageReady {
+    uint64_t weight_bytes = 0;
+    uint64_t kv_bytes = 0;
+    float load_seconds = 0.0f;
+};
+
+// One pipeline step. Fixed part: u32 n_rows, u32 n_embd, u32 wire, u32 flags.
+// Then: i32 pos[n_rows], i32 seq[n_rows], u8 want[n_rows] padded to 4 bytes,
+// then either i32 token[n_rows] (flag kForwardTokens: first stage input) or hidden rows
+// (n_rows * wire_row_bytes(wire, n_embd) bytes).
+inline constexpr uint32_t kForwardTokens = 1u << 0;
+struct ForwardHeader {
+    uint32_t n_rows = 0;
+    uint32_t n_embd = 0;
+    uint32_t wire = 0;
+    uint32_t flags = 0;
+};
+
+// Sampled tokens for the rows that wanted logits. Fixed part: u32 n_outputs, u32 flags.
+// Then per output: i32 seq, i32 token, f32 logprob. With kResultLogits: followed by
+// n_outputs * n_vocab f32 logits (only when a seq asked for them in SeqStart).
+inline constexpr uint32_t kResultLogits = 1u << 0;
+inline constexpr size_t kResultRowBytes = 12;
+struct ResultRow {
+    int32_t seq = 0;
+    int32_t token = 0;
+    float logprob = 0.0f;
+};
+
+struct SeqStart {  // sampling parameters, applied on the last stage; clears the sequence everywhere
+    int32_t seq = 0;
+    uint32_t want_logits = 0;
+    float temperature = 0.0f;
+    int32_t top_k = 0;
+    float top_p = 1.0f;
+    float min_p = 0.0f;
+    float repeat_penalty = 1.0f;
+    int32_t repeat_last_n = 64;
+    float presence_penalty = 0.0f;
+    float frequency_penalty = 0.0f;
+    uint64_t seed = 0;
+};
+
+struct SeqClear {
+    int32_t seq = 0;
+};
+
+// Per-node counters (all since the stage was loaded).
+struct StatsReply {
+    uint64_t msgs_in = 0, msgs_out = 0;
+    uint64_t bytes_in = 0, bytes_out = 0;
+    uint64_t forward_steps = 0;
+    double compute_seconds = 0.0;  // inside Context::decode
+    double wait_seconds = 0.0;     // idle, waiting for input
+    double send_seconds = 0.0;     // blocked writing to the next hop
+};
+
+}  // namespace td::net

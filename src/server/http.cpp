@@ -1,0 +1,438 @@
+#include "server/http.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "core/log.h"
+#include "model/detokenizer.h"
+#include "server/openai.h"
+
+namespace td::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr auto stream_poll = std::chrono::milliseconds(200);  // how often a quiet stream checks its client
+
+void reply_json(httplib::Response &res, int status, const json &body) {
+    res.status = status;
+    res.set_content(json_dump(body), "application/json");
+}
+
+void reply_error(httplib::Response &res, int status, std::string_view message) {
+    reply_json(res, status, error_json(status, message));
+}
+
+void reply_status(httplib::Response &res, const Status &status) {
+    const int code = http_status_for(status);
+    if (code == 503) res.set_header("Retry-After", "1");
+    reply_error(res, code, status.message());
+}
+
+}  // namespace
+
+struct HttpServer::Impl {
+    HttpParams params;
+    httplib::Server svr;
+    std::atomic<bool> stopping{false};
+    std::atomic<bool> listen_entered{false};
+    std::atomic<bool> listen_returned{false};
+
+    std::mutex mu;  // guards backend, has_backend, request_counts
+    ServerBackend backend;
+    bool has_backend = false;
+    std::map<std::pair<std::string, int>, int64_t> request_counts;  // (path, status) -> count
+
+    explicit Impl(HttpParams p) : params(std::move(p)) {}
+
+    bool get_backend(ServerBackend &out) {
+        std::lock_guard lock(mu);
+        if (!has_backend) return false;
+        out = backend;
+        return true;
+    }
+
+    void count(const std::string &path, int status) {
+        std::lock_guard lock(mu);
+        request_counts[{path, status}]++;
+    }
+
+    // Wraps a handler so every answer is counted for /metrics.
+    httplib::Server::Handler route(const std::string &path,
+                                   std::function<void(const httplib::Request &, httplib::Response &)> fn) {
+        return [this, path, fn = std::move(fn)](const httplib::Request &req, httplib::Response &res) {
+            fn(req, res);
+            count(path, res.status);
+        };
+    }
+
+    void setup();
+    void handle_health(httplib::Response &res);
+    void handle_models(httplib::Response &res);
+    void handle_metrics(httplib::Response &res);
+    void handle_tokenize(const httplib::Request &req, httplib::Response &res);
+    void handle_detokenize(const httplib::Request &req, httplib::Response &res);
+    void handle_generate(const httplib::Request &req, httplib::Response &res, ApiKind kind);
+};
+
+// ---- streaming ----------------------------------------------------------------------------------------
+
+namespace {
+
+// One SSE response: owns the request's stream and cancels it if the response ends early for any reason
+// (write failure, timeout, shutdown): the destructor runs when cpp-httplib drops the content provider.
+struct SseState {
+    std::shared_ptr<RequestStream> stream;
+    ResponseMeta meta;
+    bool include_usage = false;
+    int32_t n_logprobs = -1;
+    bool started = false;
+    bool finished = false;
+    const std::atomic<bool> *stopping = nullptr;
+
+    ~SseState() {
+        if (!finished) stream->cancel();
+    }
+};
+
+bool sink_write(httplib::DataSink &sink, const std::string &s) {
+    return sink.write(s.data(), s.size());
+}
+
+// Writes the whole stream; returns false (and cancels the request) when the client is gone.
+bool pump_stream(SseState &st, httplib::DataSink &sink) {
+    const auto give_up = [&] {
+        st.stream->cancel();
+        return false;
+    };
+    if (!st.started) {
+        st.started = true;
+        if (st.meta.kind == ApiKind::chat &&
+            !sink_write(sink, sse_event(chunk_json(st.meta, "", /*role_first=*/true, nullptr, -1, {}))))
+            return give_up();
+    }
+    StreamEvent ev;
+    for (;;) {
+        if (st.stopping->load()) return give_up();
+        if (!st.stream->next(ev, stream_poll)) {
+            if (!sink.is_writable()) return give_up();
+            continue;
+        }
+        if (ev.kind == StreamEvent::Kind::error) {
+            st.finished = true;
+            sink_write(sink, sse_event(error_json(500, ev.error.message())));
+            sink_write(sink, sse_done());
+            sink.done();
+            return true;
+        }
+        if (!ev.text.empty() || !ev.logprobs.empty()) {
+            if (!sink_write(sink, sse_event(chunk_json(st.meta, ev.text, false, nullptr, st.n_logprobs,
+                                                       ev.logprobs))))
+                return give_up();
+        }
+        if (ev.kind == StreamEvent::Kind::done) {
+            st.finished = true;
+            const char *finish = ev.finish == FinishReason::length ? "length" : "stop";
+            std::string tail = sse_event(chunk_json(st.meta, "", false, finish, -1, {}));
+            if (st.include_usage) tail += sse_event(usage_chunk_json(st.meta, {ev.n_prompt, ev.n_generated}));
+            tail += sse_done();
+            const bool ok = sink_write(sink, tail);
+            sink.done();
+            return ok;
+        }
+    }
+}
+
+}  // namespace
+
+// ---- generation -----------------------------------------------------------------------------------
+
+void HttpServer::Impl::handle_generate(const httplib::Request &req, httplib::Response &res, ApiKind kind) {
+    ServerBackend be;
+    if (!get_backend(be)) {
+        res.set_header("Retry-After", "5");
+        return reply_error(res, 503, "the model is still loading");
+    }
+    auto parsed = kind == ApiKind::chat ? parse_chat_request(req.body) : parse_completion_request(req.body);
+    if (!parsed.ok()) return reply_status(res, parsed.status());
+    ApiRequest &r = *parsed;
+    if (!r.model.empty() && r.model != params.model_id)
+        return reply_error(
+            res, 404, fmt::format("model '{}' not found; this server serves '{}'", r.model, params.model_id));
+
+    const Tokenizer &tok = *be.tokenizer;
+    GenerationJob job;
+    if (kind == ApiKind::chat) {
+        // BOS once at the start, the template's text with its markers parsed as control tokens
+        // (chat-template.h's BOS contract).
+        const std::string text = chat_apply(be.chat_template, r.messages, /*add_assistant_prompt=*/true);
+        if (tok.vocab().add_bos() && tok.vocab().bos() >= 0) job.prompt.push_back(tok.vocab().bos());
+        std::vector<int32_t> ids = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+        job.prompt.insert(job.prompt.end(), ids.begin(), ids.end());
+        for (std::string_view s : chat_template_stop_strings(be.chat_template)) job.stop.emplace_back(s);
+    } else if (r.prompt_is_tokens) {
+        job.prompt = std::move(r.prompt_tokens);
+    } else {
+        job.prompt = tok.encode(r.prompt, /*add_special=*/true, /*parse_special=*/true);
+    }
+    job.sampling = r.sampling;
+    job.max_tokens = r.max_tokens;
+    job.n_logprobs = r.n_logprobs;
+    job.stop.insert(job.stop.end(), r.stop.begin(), r.stop.end());
+
+    auto submitted = be.scheduler->submit(std::move(job));
+    if (!submitted.ok()) return reply_status(res, submitted.status());
+    std::shared_ptr<RequestStream> stream = std::move(submitted).value();
+    ResponseMeta meta = make_response_meta(kind, params.model_id);
+
+    if (!r.stream) {
+        // TODO: a client that disconnects during a non-streaming request is not noticed (cpp-httplib 0.11
+        // cannot tell); the request runs to its end (bounded by max_tokens and the context).
+        std::string text;
+        std::vector<TokenLogprob> logprobs;
+        StreamEvent ev;
+        for (;;) {
+            if (stopping.load()) {
+                stream->cancel();
+                return reply_error(res, 503, "the server is shutting down");
+            }
+            if (!stream->next(ev, stream_poll)) continue;
+            text += ev.text;
+            for (TokenLogprob &lp : ev.logprobs) logprobs.push_back(std::move(lp));
+            if (ev.kind == StreamEvent::Kind::error) return reply_error(res, 500, ev.error.message());
+            if (ev.kind == StreamEvent::Kind::done)
+                return reply_json(res, 200,
+                                  completion_json(meta, text, ev.finish, {ev.n_prompt, ev.n_generated},
+                                                  r.n_logprobs, logprobs));
+        }
+    }
+
+    auto st = std::make_shared<SseState>();
+    st->stream = std::move(stream);
+    st->meta = std::move(meta);
+    st->include_usage = r.include_usage;
+    st->n_logprobs = r.n_logprobs;
+    st->stopping = &stopping;
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream", [st](size_t, httplib::DataSink &sink) { return pump_stream(*st, sink); },
+        [st](bool success) {
+            if (!success) st->stream->cancel();
+        });
+}
+
+// ---- the other endpoints ----------------------------------------------------------------------------
+
+void HttpServer::Impl::handle_health(httplib::Response &res) {
+    ServerBackend be;
+    if (!get_backend(be)) return reply_json(res, 503, {{"status", "loading"}});
+    reply_json(res, 200, {{"status", "ok"}});
+}
+
+void HttpServer::Impl::handle_models(httplib::Response &res) {
+    ServerBackend be;
+    json model = {{"id", params.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}};
+    if (get_backend(be)) {
+        model["meta"] = {{"n_ctx_slot", be.scheduler->n_ctx()},
+                         {"n_slots", be.scheduler->stats().n_slots},
+                         {"n_vocab", be.tokenizer->vocab().n_tokens()},
+                         {"chat_template", std::string(chat_template_name(be.chat_template))}};
+    }
+    reply_json(res, 200, {{"object", "list"}, {"data", json::array({std::move(model)})}});
+}
+
+void HttpServer::Impl::handle_metrics(httplib::Response &res) {
+    std::string out;
+    out += "# HELP tandem_requests_total HTTP requests answered, by path and status.\n";
+    out += "# TYPE tandem_requests_total counter\n";
+    {
+        std::lock_guard lock(mu);
+        for (const auto &[key, n] : request_counts)
+            out += fmt::format("tandem_requests_total{{path=\"{}\",status=\"{}\"}} {}\n", key.first,
+                               key.second, n);
+    }
+    ServerBackend be;
+    if (get_backend(be)) {
+        const SchedulerStats s = be.scheduler->stats();
+        const auto metric = [&](const char *name, const char *type, const char *help, auto value) {
+            out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+        };
+        metric("tandem_prompt_tokens_total", "counter", "Prompt tokens computed.", s.n_prompt_tokens);
+        metric("tandem_generated_tokens_total", "counter", "Tokens generated.", s.n_generated_tokens);
+        metric("tandem_tokens_per_second", "gauge", "Generated tokens per second over the last 5 s.",
+               s.tokens_per_second);
+        metric("tandem_queue_depth", "gauge", "Requests waiting for a slot.", s.n_queued);
+        metric("tandem_slots_active", "gauge", "Slots holding a request.", s.n_active);
+        metric("tandem_slots_total", "gauge", "Sequence slots (--parallel).", s.n_slots);
+        metric("tandem_steps_total", "counter", "Batched engine steps.", s.n_steps);
+        metric("tandem_step_seconds_total", "counter", "Time in engine steps.", s.step_seconds);
+        out += "# HELP tandem_requests_finished_total Generation requests ended, by reason.\n";
+        out += "# TYPE tandem_requests_finished_total counter\n";
+        for (FinishReason f :
+             {FinishReason::stop, FinishReason::length, FinishReason::cancelled, FinishReason::error})
+            out += fmt::format("tandem_requests_finished_total{{reason=\"{}\"}} {}\n", finish_reason_name(f),
+                               s.n_finished[static_cast<int>(f)]);
+        out += "# HELP tandem_time_to_first_token_seconds From request to first token.\n";
+        out += "# TYPE tandem_time_to_first_token_seconds summary\n";
+        out += fmt::format("tandem_time_to_first_token_seconds_sum {}\n", s.ttft_seconds_sum);
+        out += fmt::format("tandem_time_to_first_token_seconds_count {}\n", s.ttft_count);
+        if (be.engine_metrics) out += be.engine_metrics();
+    }
+    res.status = 200;
+    res.set_content(out, "text/plain; version=0.0.4");
+}
+
+void HttpServer::Impl::handle_tokenize(const httplib::Request &req, httplib::Response &res) {
+    ServerBackend be;
+    if (!get_backend(be)) return reply_error(res, 503, "the model is still loading");
+    json j = json::parse(req.body, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+        return reply_error(res, 400, "the request body must be a JSON object");
+    auto content = j.find("content");
+    if (content == j.end() || !content->is_string())
+        return reply_error(res, 400, "'content' must be a string");
+    bool add_special = false;
+    if (auto it = j.find("add_special"); it != j.end() && !it->is_null()) {
+        if (!it->is_boolean()) return reply_error(res, 400, "'add_special' must be a boolean");
+        add_special = it->get<bool>();
+    }
+    std::vector<int32_t> ids =
+        be.tokenizer->encode(content->get<std::string>(), add_special, /*parse_special=*/true);
+    reply_json(res, 200, {{"tokens", ids}});
+}
+
+void HttpServer::Impl::handle_detokenize(const httplib::Request &req, httplib::Response &res) {
+    ServerBackend be;
+    if (!get_backend(be)) return reply_error(res, 503, "the model is still loading");
+    json j = json::parse(req.body, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+        return reply_error(res, 400, "the request body must be a JSON object");
+    auto tokens = j.find("tokens");
+    if (tokens == j.end() || !tokens->is_array())
+        return reply_error(res, 400, "'tokens' must be an array of token ids");
+    std::vector<int32_t> ids;
+    for (const json &t : *tokens) {
+        if (!t.is_number_integer() && !t.is_number_unsigned())
+            return reply_error(res, 400, "'tokens' must hold integers");
+        const int64_t id = t.get<int64_t>();
+        if (id < 0 || id >= be.tokenizer->vocab().n_tokens())
+            return reply_error(res, 400,
+                               fmt::format("token id {} is out of range (the vocabulary has {} tokens)", id,
+                                           be.tokenizer->vocab().n_tokens()));
+        ids.push_back(static_cast<int32_t>(id));
+    }
+    reply_json(res, 200, {{"content", detokenize(*be.tokenizer, ids)}});
+}
+
+void HttpServer::Impl::setup() {
+    svr.set_payload_max_length(params.max_body_bytes);
+    svr.set_read_timeout(params.read_timeout_s, 0);
+    svr.set_write_timeout(params.write_timeout_s, 0);
+    svr.set_keep_alive_timeout(5);
+    const size_t n_threads = static_cast<size_t>(std::max(params.n_threads, 4));
+    svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
+
+    svr.set_pre_routing_handler([this](const httplib::Request &req, httplib::Response &res) {
+        if (params.api_key.empty() || req.path == "/health")
+            return httplib::Server::HandlerResponse::Unhandled;
+        if (req.get_header_value("Authorization") == "Bearer " + params.api_key)
+            return httplib::Server::HandlerResponse::Unhandled;
+        reply_error(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
+        // Only known paths become metric labels (a client must not grow the label set at will).
+        static const char *known[] = {
+            "/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/tokenize", "/detokenize"};
+        const bool is_known =
+            std::any_of(std::begin(known), std::end(known), [&](const char *k) { return req.path == k; });
+        count(is_known ? req.path : "other", 401);
+        return httplib::Server::HandlerResponse::Handled;
+    });
+    svr.set_error_handler([](const httplib::Request &req, httplib::Response &res) {
+        // Only fills bodies cpp-httplib left empty (unknown paths, 413, ...).
+        if (!res.body.empty()) return;
+        std::string msg = res.status == 404   ? fmt::format("no endpoint {} {}", req.method, req.path)
+                          : res.status == 413 ? std::string("the request body is too large")
+                                              : fmt::format("HTTP error {}", res.status);
+        res.set_content(json_dump(error_json(res.status, msg)), "application/json");
+    });
+    svr.set_exception_handler([](const httplib::Request &, httplib::Response &res, std::exception_ptr) {
+        reply_error(res, 500, "internal error");
+    });
+
+    svr.Get("/health", route("/health", [this](const auto &, auto &res) { handle_health(res); }));
+    svr.Get("/v1/models", route("/v1/models", [this](const auto &, auto &res) { handle_models(res); }));
+    svr.Get("/metrics", route("/metrics", [this](const auto &, auto &res) { handle_metrics(res); }));
+    svr.Post("/tokenize",
+             route("/tokenize", [this](const auto &req, auto &res) { handle_tokenize(req, res); }));
+    svr.Post("/detokenize",
+             route("/detokenize", [this](const auto &req, auto &res) { handle_detokenize(req, res); }));
+    svr.Post("/v1/chat/completions", route("/v1/chat/completions", [this](const auto &req, auto &res) {
+                 handle_generate(req, res, ApiKind::chat);
+             }));
+    svr.Post("/v1/completions", route("/v1/completions", [this](const auto &req, auto &res) {
+                 handle_generate(req, res, ApiKind::completion);
+             }));
+}
+
+// ---- HttpServer ---------------------------------------------------------------------------------------
+
+HttpServer::HttpServer(HttpParams params) : impl_(std::make_unique<Impl>(std::move(params))) {
+    std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must fail a write, not kill the process
+    impl_->setup();
+}
+
+HttpServer::~HttpServer() {
+    stop();
+}
+
+Result<int> HttpServer::bind() {
+    const HttpParams &p = impl_->params;
+    int port = p.port;
+    if (port == 0) {
+        port = impl_->svr.bind_to_any_port(p.host);
+        if (port < 0) return make_error(ErrorKind::io, "cannot listen on {} (no free port?)", p.host);
+    } else if (!impl_->svr.bind_to_port(p.host, port)) {
+        return make_error(ErrorKind::io, "cannot listen on {}:{} (in use, or no permission)", p.host, port);
+    }
+    port_ = port;
+    return port;
+}
+
+Status HttpServer::listen() {
+    impl_->listen_entered.store(true);
+    if (impl_->stopping.load()) {
+        impl_->listen_returned.store(true);
+        return {};
+    }
+    const bool ok = impl_->svr.listen_after_bind();
+    impl_->listen_returned.store(true);
+    if (!ok && !impl_->stopping.load())
+        return make_error(ErrorKind::io, "the HTTP server stopped unexpectedly");
+    return {};
+}
+
+void HttpServer::stop() {
+    impl_->stopping.store(true);
+    // cpp-httplib's stop() does nothing before its accept loop runs: wait for a listen() that has begun to
+    // get there (or to return) so that it cannot start serving after we return.
+    if (impl_->listen_entered.load())
+        while (!impl_->svr.is_running() && !impl_->listen_returned.load())
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    impl_->svr.stop();
+}
+
+void HttpServer::set_backend(ServerBackend backend) {
+    std::lock_guard lock(impl_->mu);
+    impl_->backend = std::move(backend);
+    impl_->has_backend = true;
+}
+
+}  // namespace td::server

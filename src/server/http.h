@@ -1,0 +1,83 @@
+// The HTTP front of `tandem serve` (cpp-httplib): OpenAI-compatible endpoints over a Scheduler.
+//
+//   POST /v1/chat/completions   chat (messages -> the model's chat template), stream or not
+//   POST /v1/completions        text completion, stream or not
+//   GET  /v1/models             the one served model
+//   GET  /health                503 {"status":"loading"} until set_backend(), then 200 {"status":"ok"}
+//   GET  /metrics               Prometheus text
+//   POST /tokenize              {"content", "add_special"?} -> {"tokens"}
+//   POST /detokenize            {"tokens"} -> {"content"}
+//
+// Streaming responses are Server-Sent Events ("data: {...}\n\n", then "data: [DONE]\n\n"). A stream whose
+// client goes away (a write fails) cancels its request, which frees its slot before the next step. A
+// request that fails mid-stream gets one "data: {"error": ...}" event and [DONE]. Errors before a stream
+// starts are OpenAI-style JSON with the HTTP status: 400 bad request, 401 bad API key, 404 unknown model or
+// path, 503 loading or busy (busy carries Retry-After).
+//
+// Limits: request bodies up to max_body_bytes (413 beyond), headers up to cpp-httplib's 8 KiB per line,
+// read/write timeouts per socket operation. Each open request holds one HTTP worker thread while it runs,
+// so n_threads should cover --parallel + --queue plus a few for /health and /metrics.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "model/chat-template.h"
+#include "model/tokenizer.h"
+#include "server/scheduler.h"
+
+namespace td::server {
+
+struct HttpParams {
+    std::string host = "127.0.0.1";
+    int port = 8080;                  // 0: an ephemeral port (bind() returns it)
+    std::string api_key;              // non-empty: every path but /health needs "Authorization: Bearer <key>"
+    std::string model_id = "tandem";  // the id /v1/models lists and requests may name
+    size_t max_body_bytes = 8u << 20;
+    int read_timeout_s = 30;
+    int write_timeout_s = 30;
+    int n_threads = 16;  // HTTP worker threads
+};
+
+// What requests are served with, once the model is loaded. Everything must outlive the HttpServer (or
+// the next set_backend).
+struct ServerBackend {
+    Scheduler *scheduler = nullptr;
+    const Tokenizer *tokenizer = nullptr;
+    ChatTemplateKind chat_template = ChatTemplateKind::chatml;
+    // Extra Prometheus lines from the engine (a cluster's per-node and per-link latency); may be empty.
+    std::function<std::string()> engine_metrics;
+};
+
+class HttpServer {
+public:
+    explicit HttpServer(HttpParams params);
+    ~HttpServer();  // stop()
+    HttpServer(const HttpServer &) = delete;
+    HttpServer &operator=(const HttpServer &) = delete;
+
+    // Binds the listening socket; returns the port (the chosen one when params.port is 0).
+    // Error (io): "cannot listen on 127.0.0.1:8080 (in use, or no permission)".
+    Result<int> bind();
+    // Serves on the calling thread until stop(). bind() first.
+    Status listen();
+    // Ends open streams (their requests are cancelled) and stops accepting; listen() then returns. Safe to
+    // call before, during or after listen(), and more than once.
+    void stop();
+
+    // Attaches the model: /health turns 200 and the generation endpoints answer.
+    void set_backend(ServerBackend backend);
+
+    int port() const { return port_; }
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+    int port_ = 0;
+};
+
+}  // namespace td::server

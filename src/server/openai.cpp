@@ -1,0 +1,438 @@
+#include "server/openai.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace td::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int32_t max_stop_strings = 16;
+constexpr int32_t max_top_logprobs = 20;
+
+const char *type_name(const json &v) {
+    switch (v.type()) {
+        case json::value_t::null:
+            return "null";
+        case json::value_t::object:
+            return "an object";
+        case json::value_t::array:
+            return "an array";
+        case json::value_t::string:
+            return "a string";
+        case json::value_t::boolean:
+            return "a boolean";
+        case json::value_t::number_integer:
+        case json::value_t::number_unsigned:
+            return "an integer";
+        case json::value_t::number_float:
+            return "a number";
+        default:
+            return "a value of another type";
+    }
+}
+
+// The field `key` of `obj`, or nullptr when absent or null.
+const json *field(const json &obj, const char *key) {
+    auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) return nullptr;
+    return &*it;
+}
+
+Status get_number(const json &obj, const char *key, float &out) {
+    const json *v = field(obj, key);
+    if (v == nullptr) return {};
+    if (!v->is_number()) return invalid_input("'{}' must be a number, got {}", key, type_name(*v));
+    const double d = v->get<double>();
+    if (!std::isfinite(d)) return invalid_input("'{}' must be finite", key);
+    out = static_cast<float>(d);
+    return {};
+}
+
+// An integer field; a float with an integral value (1.0) is accepted, as JavaScript clients send those.
+Status get_int(const json &obj, const char *key, int64_t &out, bool &present) {
+    present = false;
+    const json *v = field(obj, key);
+    if (v == nullptr) return {};
+    if (v->is_number_integer() || v->is_number_unsigned()) {
+        if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+            return invalid_input("'{}' is out of range", key);
+        out = v->get<int64_t>();
+    } else if (v->is_number_float() && std::trunc(v->get<double>()) == v->get<double>() &&
+               std::fabs(v->get<double>()) < 9e18) {
+        out = static_cast<int64_t>(v->get<double>());
+    } else {
+        return invalid_input("'{}' must be an integer, got {}", key, type_name(*v));
+    }
+    present = true;
+    return {};
+}
+
+Status get_bool(const json &obj, const char *key, bool &out) {
+    const json *v = field(obj, key);
+    if (v == nullptr) return {};
+    if (!v->is_boolean()) return invalid_input("'{}' must be a boolean, got {}", key, type_name(*v));
+    out = v->get<bool>();
+    return {};
+}
+
+Result<json> parse_object(std::string_view body) {
+    json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return invalid_input("the request body is not valid JSON");
+    if (!j.is_object()) return invalid_input("the request body must be a JSON object, got {}", type_name(j));
+    return j;
+}
+
+// Fields both endpoints share.
+Status parse_common(const json &j, ApiRequest &r) {
+    if (const json *v = field(j, "model")) {
+        if (!v->is_string()) return invalid_input("'model' must be a string, got {}", type_name(*v));
+        r.model = v->get<std::string>();
+    }
+    int64_t n = 1;
+    bool has = false;
+    TD_TRY(get_int(j, "n", n, has));
+    if (has && n != 1)
+        return invalid_input("'n' must be 1 (got {}): this server returns one choice per request", n);
+
+    TD_TRY(get_int(j, "max_tokens", n, has));
+    if (has) {
+        if (n < 1 || n > std::numeric_limits<int32_t>::max())
+            return invalid_input("'max_tokens' must be at least 1, got {}", n);
+        r.max_tokens = static_cast<int32_t>(n);
+    }
+    TD_TRY(get_int(j, "max_completion_tokens", n, has));
+    if (has) {
+        if (n < 1 || n > std::numeric_limits<int32_t>::max())
+            return invalid_input("'max_completion_tokens' must be at least 1, got {}", n);
+        r.max_tokens = static_cast<int32_t>(n);
+    }
+
+    SamplerParams &sp = r.sampling;
+    TD_TRY(get_number(j, "temperature", sp.temperature));
+    TD_TRY(get_number(j, "top_p", sp.top_p));
+    TD_TRY(get_number(j, "min_p", sp.min_p));
+    TD_TRY(get_number(j, "presence_penalty", sp.presence_penalty));
+    TD_TRY(get_number(j, "frequency_penalty", sp.frequency_penalty));
+    TD_TRY(get_number(j, "repeat_penalty", sp.repeat_penalty));
+    if (sp.temperature < 0.0f || sp.temperature > 2.0f)
+        return invalid_input("'temperature' must be in [0, 2], got {}", sp.temperature);
+    if (std::fabs(sp.presence_penalty) > 2.0f)
+        return invalid_input("'presence_penalty' must be in [-2, 2], got {}", sp.presence_penalty);
+    if (std::fabs(sp.frequency_penalty) > 2.0f)
+        return invalid_input("'frequency_penalty' must be in [-2, 2], got {}", sp.frequency_penalty);
+    TD_TRY(get_int(j, "top_k", n, has));
+    if (has) {
+        if (n < 0 || n > std::numeric_limits<int32_t>::max())
+            return invalid_input("'top_k' must be >= 0, got {}", n);
+        sp.top_k = static_cast<int32_t>(n);
+    }
+    TD_TRY(get_int(j, "seed", n, has));
+    sp.seed = (has && n >= 0) ? static_cast<uint64_t>(n) : SamplerParams::seed_random;
+    TD_TRY(sampler_params_validate(sp));
+
+    if (const json *v = field(j, "stop")) {
+        if (v->is_string()) {
+            r.stop.push_back(v->get<std::string>());
+        } else if (v->is_array()) {
+            if (v->size() > max_stop_strings)
+                return invalid_input("'stop' has {} strings; at most {} are allowed", v->size(),
+                                     max_stop_strings);
+            for (const json &s : *v) {
+                if (!s.is_string()) return invalid_input("'stop' must hold strings, got {}", type_name(s));
+                r.stop.push_back(s.get<std::string>());
+            }
+        } else {
+            return invalid_input("'stop' must be a string or an array of strings, got {}", type_name(*v));
+        }
+    }
+
+    TD_TRY(get_bool(j, "stream", r.stream));
+    if (const json *v = field(j, "stream_options")) {
+        if (!v->is_object())
+            return invalid_input("'stream_options' must be an object, got {}", type_name(*v));
+        TD_TRY(get_bool(*v, "include_usage", r.include_usage));
+    }
+    return {};
+}
+
+// Chat content: a string, null (an assistant turn with only tool calls), or an array of parts of which we
+// understand text.
+Status parse_content(const json &v, size_t index, std::string &out) {
+    if (v.is_null()) return {};
+    if (v.is_string()) {
+        out = v.get<std::string>();
+        return {};
+    }
+    if (!v.is_array())
+        return invalid_input("'messages[{}].content' must be a string or an array of parts, got {}", index,
+                             type_name(v));
+    for (const json &part : v) {
+        const json *type = part.is_object() ? field(part, "type") : nullptr;
+        const json *text = part.is_object() ? field(part, "text") : nullptr;
+        if (type == nullptr || !type->is_string() || type->get<std::string>() != "text" || text == nullptr ||
+            !text->is_string())
+            return invalid_input(
+                "'messages[{}].content' parts must be {{\"type\": \"text\", \"text\": ...}}; "
+                "this server takes text only",
+                index);
+        out += text->get<std::string>();
+    }
+    return {};
+}
+
+std::string random_hex(size_t n) {
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    static const char digits[] = "0123456789abcdef";
+    std::string s(n, '0');
+    for (char &c : s) c = digits[rng() & 15];
+    return s;
+}
+
+json bytes_json(const std::string &piece) {
+    json b = json::array();
+    for (unsigned char c : piece) b.push_back(static_cast<int>(c));
+    return b;
+}
+
+// Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+json chat_logprobs_json(const std::vector<TokenLogprob> &lps) {
+    json content = json::array();
+    for (const TokenLogprob &lp : lps) {
+        json top = json::array();
+        for (const TokenAlternative &alt : lp.top)
+            top.push_back({{"token", alt.piece}, {"logprob", alt.logprob}, {"bytes", bytes_json(alt.piece)}});
+        content.push_back({{"token", lp.piece},
+                           {"logprob", lp.logprob},
+                           {"bytes", bytes_json(lp.piece)},
+                           {"top_logprobs", std::move(top)}});
+    }
+    return {{"content", std::move(content)}};
+}
+
+// Completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{piece: logprob}], "text_offset"}.
+json completion_logprobs_json(const std::vector<TokenLogprob> &lps, size_t offset0) {
+    json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+    size_t offset = offset0;
+    for (const TokenLogprob &lp : lps) {
+        tokens.push_back(lp.piece);
+        token_lps.push_back(lp.logprob);
+        json top = json::object();
+        for (const TokenAlternative &alt : lp.top) top[alt.piece] = alt.logprob;
+        tops.push_back(std::move(top));
+        offsets.push_back(offset);
+        offset += lp.piece.size();
+    }
+    return {{"tokens", std::move(tokens)},
+            {"token_logprobs", std::move(token_lps)},
+            {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+}
+
+json usage_json(const Usage &u) {
+    return {{"prompt_tokens", u.n_prompt},
+            {"completion_tokens", u.n_generated},
+            {"total_tokens", u.n_prompt + u.n_generated}};
+}
+
+const char *finish_name(FinishReason f) {
+    return f == FinishReason::length ? "length" : "stop";
+}
+
+}  // namespace
+
+Result<ApiRequest> parse_chat_request(std::string_view body) {
+    TD_ASSIGN_OR_RETURN(json j, parse_object(body));
+    ApiRequest r;
+    r.kind = ApiKind::chat;
+    TD_TRY(parse_common(j, r));
+    const json *msgs = field(j, "messages");
+    if (msgs == nullptr) return invalid_input("'messages' is required");
+    if (!msgs->is_array()) return invalid_input("'messages' must be an array, got {}", type_name(*msgs));
+    if (msgs->empty()) return invalid_input("'messages' must hold at least one message");
+    for (size_t i = 0; i < msgs->size(); ++i) {
+        const json &m = (*msgs)[i];
+        if (!m.is_object()) return invalid_input("'messages[{}]' must be an object, got {}", i, type_name(m));
+        const json *role = field(m, "role");
+        if (role == nullptr || !role->is_string())
+            return invalid_input("'messages[{}].role' must be a string", i);
+        ChatMessage cm;
+        cm.role = role->get<std::string>();
+        auto content = m.find("content");
+        if (content != m.end()) TD_TRY(parse_content(*content, i, cm.content));
+        r.messages.push_back(std::move(cm));
+    }
+    bool want_lp = false;
+    TD_TRY(get_bool(j, "logprobs", want_lp));
+    int64_t top = 0;
+    bool has_top = false;
+    TD_TRY(get_int(j, "top_logprobs", top, has_top));
+    if (has_top && (top < 0 || top > max_top_logprobs))
+        return invalid_input("'top_logprobs' must be in [0, {}], got {}", max_top_logprobs, top);
+    if (has_top && !want_lp) return invalid_input("'top_logprobs' needs 'logprobs': true");
+    if (want_lp) r.n_logprobs = static_cast<int32_t>(top);
+    return r;
+}
+
+Result<ApiRequest> parse_completion_request(std::string_view body) {
+    TD_ASSIGN_OR_RETURN(json j, parse_object(body));
+    ApiRequest r;
+    r.kind = ApiKind::completion;
+    TD_TRY(parse_common(j, r));
+    const json *p = field(j, "prompt");
+    if (p == nullptr) return invalid_input("'prompt' is required");
+    if (p->is_string()) {
+        r.prompt = p->get<std::string>();
+    } else if (p->is_array()) {
+        if (p->empty()) return invalid_input("'prompt' must not be an empty array");
+        if ((*p)[0].is_string()) {
+            if (p->size() != 1)
+                return invalid_input("'prompt' holds {} prompts; this server takes one prompt per request",
+                                     p->size());
+            r.prompt = (*p)[0].get<std::string>();
+        } else {
+            for (const json &t : *p) {
+                if (!t.is_number_integer() && !t.is_number_unsigned())
+                    return invalid_input(
+                        "'prompt' must be a string, [string] or [token ids], got an array of {}",
+                        type_name(t));
+                const int64_t id = t.get<int64_t>();
+                if (id < 0 || id > std::numeric_limits<int32_t>::max())
+                    return invalid_input("'prompt' token id {} is out of range", id);
+                r.prompt_tokens.push_back(static_cast<int32_t>(id));
+            }
+            r.prompt_is_tokens = true;
+        }
+    } else {
+        return invalid_input("'prompt' must be a string, [string] or [token ids], got {}", type_name(*p));
+    }
+    if (const json *lp = field(j, "logprobs")) {
+        // Legacy completions: logprobs is the number of top tokens (0..20); a boolean true means 0.
+        if (lp->is_boolean()) {
+            if (lp->get<bool>()) r.n_logprobs = 0;
+        } else {
+            int64_t n = 0;
+            bool has = false;
+            TD_TRY(get_int(j, "logprobs", n, has));
+            if (n < 0 || n > max_top_logprobs)
+                return invalid_input("'logprobs' must be in [0, {}], got {}", max_top_logprobs, n);
+            r.n_logprobs = static_cast<int32_t>(n);
+        }
+    }
+    return r;
+}
+
+ResponseMeta make_response_meta(ApiKind kind, std::string model) {
+    ResponseMeta m;
+    m.kind = kind;
+    m.id = (kind == ApiKind::chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
+    m.created =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
+    m.model = std::move(model);
+    return m;
+}
+
+json completion_json(const ResponseMeta &meta, const std::string &text, FinishReason finish,
+                     const Usage &usage, int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs) {
+    json choice = {{"index", 0}, {"finish_reason", finish_name(finish)}};
+    if (meta.kind == ApiKind::chat) {
+        choice["message"] = {{"role", "assistant"}, {"content", text}};
+        choice["logprobs"] = n_logprobs >= 0 ? chat_logprobs_json(logprobs) : json(nullptr);
+    } else {
+        choice["text"] = text;
+        choice["logprobs"] = n_logprobs >= 0 ? completion_logprobs_json(logprobs, 0) : json(nullptr);
+    }
+    return {{"id", meta.id},
+            {"object", meta.kind == ApiKind::chat ? "chat.completion" : "text_completion"},
+            {"created", meta.created},
+            {"model", meta.model},
+            {"choices", json::array({std::move(choice)})},
+            {"usage", usage_json(usage)}};
+}
+
+json chunk_json(const ResponseMeta &meta, const std::string &text, bool role_first, const char *finish,
+                int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs) {
+    json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+    const bool with_lp = n_logprobs >= 0 && !logprobs.empty();
+    if (meta.kind == ApiKind::chat) {
+        json delta = json::object();
+        if (role_first) delta["role"] = "assistant";
+        if (role_first || !text.empty() || finish == nullptr) delta["content"] = text;
+        choice["delta"] = std::move(delta);
+        choice["logprobs"] = with_lp ? chat_logprobs_json(logprobs) : json(nullptr);
+    } else {
+        choice["text"] = text;
+        choice["logprobs"] = with_lp ? completion_logprobs_json(logprobs, 0) : json(nullptr);
+    }
+    return {{"id", meta.id},
+            {"object", meta.kind == ApiKind::chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", meta.created},
+            {"model", meta.model},
+            {"choices", json::array({std::move(choice)})}};
+}
+
+json usage_chunk_json(const ResponseMeta &meta, const Usage &usage) {
+    return {{"id", meta.id},
+            {"object", meta.kind == ApiKind::chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", meta.created},
+            {"model", meta.model},
+            {"choices", json::array()},
+            {"usage", usage_json(usage)}};
+}
+
+std::string sse_event(const json &j) {
+    return "data: " + json_dump(j) + "\n\n";
+}
+
+std::string sse_done() {
+    return "data: [DONE]\n\n";
+}
+
+json error_json(int http_status, std::string_view message) {
+    const char *type = "server_error";
+    switch (http_status) {
+        case 400:
+            type = "invalid_request_error";
+            break;
+        case 401:
+            type = "authentication_error";
+            break;
+        case 404:
+            type = "not_found_error";
+            break;
+        case 503:
+            type = "unavailable_error";
+            break;
+        default:
+            break;
+    }
+    return {{"error", {{"message", std::string(message)}, {"type", type}, {"code", http_status}}}};
+}
+
+int http_status_for(const Status &status) {
+    switch (status.kind()) {
+        case ErrorKind::invalid_input:
+            return 400;
+        case ErrorKind::not_found:
+            return 404;
+        case ErrorKind::overloaded:
+            return 503;
+        case ErrorKind::unimplemented:
+            return 501;
+        default:
+            return 500;
+    }
+}
+
+std::string json_dump(const json &j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace td::server

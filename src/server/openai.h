@@ -1,0 +1,97 @@
+// OpenAI API JSON: request bodies -> ApiRequest (validated), results -> response bodies and SSE chunks.
+// Knows nothing about HTTP sockets or the scheduler's threads.
+//
+// Requests (POST /v1/chat/completions, POST /v1/completions). Honoured fields:
+//   model                    string; checked by the caller against the served model id
+//   messages                 chat: [{role, content}], content a string, null, or [{type:"text", text}]
+//   prompt                   completions: a string, [string] (exactly one), or [token ids]
+//   max_tokens, max_completion_tokens   integer >= 1 (the latter wins when both are given)
+//   temperature top_p top_k min_p presence_penalty frequency_penalty repeat_penalty seed
+//   stop                     string or [string] (at most 16)
+//   logprobs, top_logprobs   chat: logprobs bool + top_logprobs 0..20; completions: logprobs integer 0..20
+//   stream, stream_options.include_usage
+//   n                        only 1
+// Unknown fields are ignored, as OpenAI clients expect; null counts as absent. A field of the wrong type
+// or out of range is invalid_input naming it ("'temperature' must be a number, got a string").
+// Defaults for fields not given are llama.cpp's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), so a
+// request means what it means to llama-server; seed absent or negative = random.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "model/chat-template.h"
+#include "model/sampler.h"
+#include "server/scheduler.h"
+
+namespace td::server {
+
+enum class ApiKind { chat, completion };
+
+struct ApiRequest {
+    ApiKind kind = ApiKind::chat;
+    std::string model;                   // "" when absent
+    std::vector<ChatMessage> messages;   // chat
+    std::string prompt;                  // completion text (when !prompt_is_tokens)
+    std::vector<int32_t> prompt_tokens;  // completion given as token ids
+    bool prompt_is_tokens = false;
+    SamplerParams sampling;
+    int32_t max_tokens = -1;  // -1: not given
+    std::vector<std::string> stop;
+    bool stream = false;
+    bool include_usage = false;
+    int32_t n_logprobs = -1;  // -1: no logprobs
+};
+
+// Parses and validates a request body. Errors are invalid_input with a message for the client:
+// "the request body is not valid JSON: ...", "'messages' is required", "'n' must be 1 (got 3) ...".
+Result<ApiRequest> parse_chat_request(std::string_view body);
+Result<ApiRequest> parse_completion_request(std::string_view body);
+
+// What every response of one request shares.
+struct ResponseMeta {
+    ApiKind kind = ApiKind::chat;
+    std::string id;  // "chatcmpl-<hex>" or "cmpl-<hex>"
+    int64_t created = 0;
+    std::string model;
+};
+ResponseMeta make_response_meta(ApiKind kind, std::string model);
+
+struct Usage {
+    int32_t n_prompt = 0;
+    int32_t n_generated = 0;
+};
+
+// Non-streaming response: chat.completion or text_completion. logprobs (when n_logprobs >= 0) for every
+// generated token.
+nlohmann::json completion_json(const ResponseMeta &meta, const std::string &text, FinishReason finish,
+                               const Usage &usage, int32_t n_logprobs,
+                               const std::vector<TokenLogprob> &logprobs);
+
+// Streaming chunk (chat.completion.chunk / text_completion). `role_first`: the chat chunk that opens the
+// reply ({"role":"assistant","content":""}). finish: nullptr for none.
+nlohmann::json chunk_json(const ResponseMeta &meta, const std::string &text, bool role_first,
+                          const char *finish, int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs);
+// The extra chunk of stream_options.include_usage: choices [] and usage.
+nlohmann::json usage_chunk_json(const ResponseMeta &meta, const Usage &usage);
+
+// "data: <json>\n\n"; sse_done() is "data: [DONE]\n\n".
+std::string sse_event(const nlohmann::json &j);
+std::string sse_done();
+
+// {"error": {"message", "type", "code"}}; type from the HTTP status (400 invalid_request_error,
+// 401 authentication_error, 404 not_found_error, 503 unavailable_error, else server_error); code = status.
+nlohmann::json error_json(int http_status, std::string_view message);
+
+// The HTTP status for a Status from the scheduler or a parser: invalid_input 400, not_found 404,
+// overloaded 503, unimplemented 501, others 500.
+int http_status_for(const Status &status);
+
+// Serialises with invalid UTF-8 replaced by U+FFFD (token pieces may be partial characters).
+std::string json_dump(const nlohmann::json &j);
+
+}  // namespace td::server

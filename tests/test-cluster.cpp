@@ -1,0 +1,434 @@
+// Cluster tests: real `tandem worker` processes on 127.0.0.1 (port 0), a ClusterEngine in this process.
+// Faults are real: workers are killed with SIGKILL, handshakes disagree through a test hook.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cluster/cluster-engine.h"
+#include "cluster/fingerprint.h"
+#include "cluster/placement.h"
+#include "model/engine.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/synth.h"
+#include "test-util.h"
+
+namespace td::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::string kModel = "models/stories260K.gguf";
+
+// A `tandem worker` child process. The destructor kills and reaps it.
+class WorkerProcess {
+public:
+    WorkerProcess(const std::string &cache_dir, uint16_t port = 0, const std::string &model = "",
+                  const std::vector<std::string> &extra_env = {}) {
+        start(cache_dir, port, model, extra_env);
+    }
+    ~WorkerProcess() { kill(); }
+
+    void start(const std::string &cache_dir, uint16_t port, const std::string &model,
+               const std::vector<std::string> &extra_env) {
+        err_path_ = log_dir_.file("stderr");
+        std::vector<std::string> args = {
+            test::tandem_bin(), "worker",  "--listen", "127.0.0.1:" + std::to_string(port),
+            "--cache-dir",      cache_dir, "-t",       "1"};
+        if (!model.empty()) args.insert(args.end(), {"--model", model});
+        std::vector<char *> argv;
+        for (auto &a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        std::vector<std::string> env_strings;
+        for (char **e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+        env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
+        std::vector<char *> envp;
+        for (auto &e : env_strings) envp.push_back(e.data());
+        envp.push_back(nullptr);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+        posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+        posix_spawn_file_actions_addopen(&fa, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        const int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
+        posix_spawn_file_actions_destroy(&fa);
+        if (rc != 0) {
+            pid_ = -1;
+            return;
+        }
+        // Wait for "tandem worker listening on 127.0.0.1:PORT".
+        const auto deadline = Clock::now() + std::chrono::seconds(20);
+        while (Clock::now() < deadline) {
+            const std::string err = test::read_file(err_path_);
+            const size_t at = err.find("listening on ");
+            const size_t eol = err.find('\n', at);
+            if (at != std::string::npos && eol != std::string::npos) {
+                address_ = err.substr(at + 13, eol - at - 13);
+                port_ = static_cast<uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1)));
+                return;
+            }
+            int status = 0;
+            if (waitpid(pid_, &status, WNOHANG) == pid_) {
+                pid_ = -1;
+                return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+    }
+    void kill() {
+        if (pid_ <= 0) return;
+        ::kill(pid_, SIGKILL);
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        pid_ = -1;
+    }
+    bool running() const { return pid_ > 0 && !address_.empty(); }
+    const std::string &address() const { return address_; }
+    uint16_t port() const { return port_; }
+    std::string log() const { return test::read_file(err_path_); }
+
+private:
+    test::TempDir log_dir_;
+    std::string err_path_;
+    pid_t pid_ = -1;
+    std::string address_;
+    uint16_t port_ = 0;
+};
+
+std::shared_ptr<const Model> load_model() {
+    auto m = Model::load(test::shared_path(kModel));
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    return m.ok() ? std::shared_ptr<const Model>(*m) : nullptr;
+}
+
+struct GenRun {
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> logits;
+};
+
+// Greedy generation with logits; small prompt chunks so several steps are in flight at once.
+Result<GenRun> greedy(Engine &engine, int32_t n_predict = 12) {
+    SamplerParams sp;
+    sp.temperature = 0.0f;
+    GenerateParams gp;
+    gp.n_predict = n_predict;
+    gp.n_batch = 2;
+    gp.want_logits = true;
+    const std::vector<int32_t> prompt = {1, 403, 407, 261, 116, 292, 72};
+    GenRun run;
+    auto st = generate(
+        engine, sp, prompt, gp, [](int32_t) { return false; },
+        [&](int32_t token, const float *logits) {
+            run.tokens.push_back(token);
+            run.logits.emplace_back(logits, logits + engine.n_vocab());
+            return true;
+        });
+    if (!st.ok()) return st.status();
+    return run;
+}
+
+ContextParams small_context() {
+    ContextParams cp;
+    cp.n_ctx = 128;
+    return cp;
+}
+
+GenRun local_reference(std::shared_ptr<const Model> model) {
+    ThreadPool pool(1);
+    auto e = LocalEngine::create(model, small_context(), pool);
+    EXPECT_TRUE(e.ok());
+    auto r = greedy(**e);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : GenRun{};
+}
+
+ClusterOptions options_for(const std::vector<const WorkerProcess *> &workers, const std::string &layers = "",
+                           net::WireType wire = net::WireType::f32) {
+    ClusterOptions o;
+    for (const WorkerProcess *w : workers) o.workers += (o.workers.empty() ? "" : ",") + w->address();
+    o.layers = layers;
+    o.wire = wire;
+    o.context = small_context();
+    o.print_placement = false;
+    o.stage_dir = "";
+    return o;
+}
+
+bool bit_identical(const GenRun &a, const GenRun &b) {
+    if (a.tokens != b.tokens || a.logits.size() != b.logits.size()) return false;
+    for (size_t i = 0; i < a.logits.size(); ++i)
+        if (a.logits[i].size() != b.logits[i].size() ||
+            std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)) != 0)
+            return false;
+    return true;
+}
+
+TEST(ClusterPlacement, ParsesAndSplits) {
+    auto r = parse_layer_ranges("0-1,2-4", 2, 5);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ((*r)[0], LayerRange(0, 2));
+    EXPECT_EQ((*r)[1], LayerRange(2, 5));
+    EXPECT_FALSE(parse_layer_ranges("0-1,3-4", 2, 5).ok());  // gap
+    EXPECT_FALSE(parse_layer_ranges("0-4", 2, 5).ok());      // wrong count
+    EXPECT_FALSE(parse_layer_ranges("0-1,2-3", 2, 5).ok());  // does not cover the model
+    EXPECT_FALSE(parse_layer_ranges("0-x,2-4", 2, 5).ok());
+    auto s = split_layers({3.0, 1.0}, 16);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ((*s)[0], LayerRange(0, 12));
+    EXPECT_EQ((*s)[1], LayerRange(12, 16));
+    auto t = split_layers({1.0, 1.0, 1.0}, 5);
+    ASSERT_TRUE(t.ok());
+    EXPECT_EQ(t->back().second, 5);
+    for (const auto &range : *t) EXPECT_GE(range.second - range.first, 1);
+    EXPECT_FALSE(split_layers({1.0, 1.0, 1.0}, 2).ok());
+    EXPECT_FALSE(parse_split("1,0", 2).ok());
+    EXPECT_FALSE(parse_worker_list("127.0.0.1").ok());
+}
+
+TEST(ClusterStageFile, LoadsAndHashesLikeTheOriginal) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    const gguf::File &f = model->file();
+    const int32_t n_layer = model->hparams().n_layer;
+    test::TempDir dir;
+    for (LayerRange r : {LayerRange(0, 2), LayerRange(2, 4), LayerRange(3, n_layer)}) {
+        const std::string path = dir.file("stage.gguf");
+        ASSERT_TRUE(write_stage_file(f, r.first, r.second, n_layer, path).ok());
+        auto stage = Model::load(path, {r.first, r.second});
+        ASSERT_TRUE(stage.ok()) << stage.status().message();
+        EXPECT_EQ((*stage)->hparams().n_vocab, model->hparams().n_vocab);
+        EXPECT_EQ(stage_fingerprint((*stage)->file(), r.first, r.second, n_layer),
+                  stage_fingerprint(f, r.first, r.second, n_layer));
+        EXPECT_LT((*stage)->file().file_size(), f.file_size());
+    }
+    EXPECT_NE(stage_fingerprint(f, 0, 2, n_layer), stage_fingerprint(f, 2, 4, n_layer));
+}
+
+TEST(Cluster, MatchesLocalThroughTwoAndThreeWorkers) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    const GenRun want = local_reference(model);
+    ASSERT_EQ(want.tokens.size(), 12u);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2")), w3(cache.file("w3"));
+    ASSERT_TRUE(w1.running() && w2.running() && w3.running()) << w1.log();
+    struct Case {
+        std::vector<const WorkerProcess *> workers;
+        std::string layers;
+    };
+    const std::vector<Case> cases = {{{&w1, &w2}, "0-1,2-4"},
+                                     {{&w1, &w2}, "0-0,1-4"},
+                                     {{&w1, &w2}, "0-3,4-4"},
+                                     {{&w1, &w2, &w3}, "0-1,2-2,3-4"},
+                                     {{&w3, &w1, &w2}, ""}};
+    for (const Case &c : cases) {
+        SCOPED_TRACE(c.layers);
+        auto e = ClusterEngine::create(model, options_for(c.workers, c.layers));
+        ASSERT_TRUE(e.ok()) << e.status().message();
+        auto got = greedy(**e);
+        ASSERT_TRUE(got.ok()) << got.status().message();
+        EXPECT_EQ(got->tokens, want.tokens);
+        EXPECT_TRUE(bit_identical(*got, want)) << "logits differ with --wire f32";
+    }
+    // The default f16 wire rounds the hidden state: tokens still agree on this model and prompt.
+    auto e = ClusterEngine::create(model, options_for({&w1, &w2}, "0-1,2-4", net::WireType::f16));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    auto got = greedy(**e);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_EQ(got->tokens, want.tokens);
+}
+
+TEST(Cluster, StreamsWeightsOnceThenLoadsFromCacheOrLocalFile) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"), 0, test::shared_path(kModel));
+    ASSERT_TRUE(w1.running() && w2.running());
+    for (int round = 0; round < 2; ++round) {
+        auto e = ClusterEngine::create(model, options_for({&w1, &w2}, "0-2,3-4"));
+        ASSERT_TRUE(e.ok()) << e.status().message();
+        const auto &nodes = (*e)->nodes();
+        ASSERT_EQ(nodes.size(), 2u);
+        if (round == 0) {
+            EXPECT_EQ(nodes[0].source.rfind("streamed", 0), 0u) << nodes[0].source;
+        } else {
+            EXPECT_EQ(nodes[0].source.rfind("cache ", 0), 0u) << nodes[0].source;
+        }
+        EXPECT_EQ(nodes[1].source, "local file " + test::shared_path(kModel));
+        EXPECT_GT(nodes[0].ready.weight_bytes, 0u);
+        EXPECT_GT(nodes[1].ready.kv_bytes, 0u);
+        EXPECT_NE((*e)->placement_table().find(w1.address()), std::string::npos);
+        auto got = greedy(**e, 3);
+        ASSERT_TRUE(got.ok()) << got.status().message();
+    }
+}
+
+TEST(Cluster, FingerprintMismatchNamesBothHashesAndTheFile) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    test::TempDir dir;
+    SynthParams sp;
+    sp.n_embd = 64;
+    sp.n_layer = 5;
+    sp.n_head = 8;
+    sp.n_head_kv = 4;
+    sp.n_ff = 128;
+    sp.vocab_from = test::shared_path(kModel);
+    const std::string other = dir.file("other.gguf");
+    ThreadPool pool(1);
+    ASSERT_TRUE(synth_model(sp, other, pool).ok());
+    WorkerProcess w1(dir.file("c1")), w2(dir.file("c2"), 0, other);
+    ASSERT_TRUE(w1.running() && w2.running());
+    const auto t0 = Clock::now();
+    auto e = ClusterEngine::create(model, options_for({&w1, &w2}, "0-1,2-4"));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    ASSERT_FALSE(e.ok());
+    const std::string msg = e.status().message();
+    EXPECT_NE(msg.find("worker " + w2.address()), std::string::npos) << msg;
+    EXPECT_NE(msg.find(other), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fingerprint_hex(stage_fingerprint(model->file(), 2, 5, 5))), std::string::npos) << msg;
+    EXPECT_LT(seconds, 3.0);
+}
+
+TEST(Cluster, ProtocolVersionMismatchNamesBothVersions) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    test::TempDir dir;
+    WorkerProcess w1(dir.file("c1"), 0, "", {"TANDEM_PROTOCOL_VERSION_OVERRIDE=3"});
+    ASSERT_TRUE(w1.running());
+    const auto t0 = Clock::now();
+    auto e = ClusterEngine::create(model, options_for({&w1}));
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.status().message(), fmt::format("worker {} speaks protocol 3, head speaks {}", w1.address(),
+                                                net::kProtocolVersion));
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
+}
+
+TEST(Cluster, KilledWorkerFailsFastAndTheHeadRecoversWhenItIsBack) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    const GenRun want = local_reference(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    const uint16_t port2 = w2.port();
+    auto e = ClusterEngine::create(model, options_for({&w1, &w2}, "0-1,2-4"));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    ASSERT_TRUE(greedy(**e).ok());
+
+    w2.kill();
+    auto t0 = Clock::now();
+    auto failed = greedy(**e);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.status().message().find("worker 127.0.0.1:" + std::to_string(port2)), std::string::npos)
+        << failed.status().message();
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
+
+    // While it is down, a request fails at once, naming it.
+    t0 = Clock::now();
+    auto down = greedy(**e);
+    ASSERT_FALSE(down.ok());
+    EXPECT_NE(down.status().message().find(std::to_string(port2)), std::string::npos)
+        << down.status().message();
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
+
+    // Back on the same port with the same cache: the same engine works again, nothing streamed.
+    w2.start(cache.file("w2"), port2, "", {});
+    ASSERT_TRUE(w2.running()) << w2.log();
+    auto again = greedy(**e);
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    EXPECT_TRUE(bit_identical(*again, want));
+    EXPECT_EQ((*e)->nodes()[1].source.rfind("cache ", 0), 0u) << (*e)->nodes()[1].source;
+}
+
+TEST(Cluster, OneMessagePerHopPerDecodeStep) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2")), w3(cache.file("w3"));
+    ASSERT_TRUE(w1.running() && w2.running() && w3.running());
+    auto e = ClusterEngine::create(model, options_for({&w1, &w2, &w3}, "0-1,2-3,4-4", net::WireType::f16));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    ClusterEngine &engine = **e;
+    SamplerParams sp;
+    sp.temperature = 0.0f;
+    ASSERT_TRUE(engine.seq_start(0, sp).ok());
+    Batch batch;
+    for (int32_t i = 0; i < 6; ++i) batch.add(1 + i, i, 0, i == 5);
+    ASSERT_TRUE(engine.submit(batch).ok());
+    auto out = engine.wait();
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    auto before = engine.stats();
+    ASSERT_TRUE(before.ok()) << before.status().message();
+    constexpr int kSteps = 10;
+    int32_t token = out->front().token;
+    for (int32_t step = 0; step < kSteps; ++step) {
+        batch.clear();
+        batch.add(token, 6 + step, 0, true);
+        ASSERT_TRUE(engine.submit(batch).ok());
+        auto o = engine.wait();
+        ASSERT_TRUE(o.ok()) << o.status().message();
+        ASSERT_EQ(o->size(), 1u);
+        token = o->front().token;
+    }
+    auto after = engine.stats();
+    ASSERT_TRUE(after.ok()) << after.status().message();
+    ASSERT_EQ(after->nodes.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+        SCOPED_TRACE(i);
+        EXPECT_EQ(after->nodes[i].forward_steps - before->nodes[i].forward_steps, uint64_t(kSteps));
+        EXPECT_EQ(after->nodes[i].msgs_in - before->nodes[i].msgs_in, uint64_t(kSteps));
+        EXPECT_EQ(after->nodes[i].msgs_out - before->nodes[i].msgs_out, uint64_t(kSteps));
+        EXPECT_GT(after->nodes[i].compute_seconds, 0.0);
+    }
+    EXPECT_EQ(after->head_msgs_sent - before->head_msgs_sent, uint64_t(kSteps));
+    EXPECT_EQ(after->head_msgs_recv - before->head_msgs_recv, uint64_t(kSteps));
+    // Only sampled tokens come back: a result is far smaller than a row of logits.
+    EXPECT_LT((after->head_bytes_recv - before->head_bytes_recv) / kSteps, 64u);
+    EXPECT_NE(engine.format_stats(*after).find(w2.address()), std::string::npos);
+}
+
+TEST(Cluster, MalformedFramesCloseTheConnectionNotTheWorker) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1"));
+    ASSERT_TRUE(w1.running());
+    const std::vector<std::vector<uint8_t>> garbage = {
+        std::vector<uint8_t>(32, 0xab),  // bad magic
+        {'T',  'D',  'M',  '1',  1,    0,    1,    0,    0, 0, 0, 0, 0, 0, 0, 0,
+         0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0, 0, 0, 0, 0},  // oversized hello
+        {'T', 'D', 'M', '1', 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 100, 0,
+         0,   0,   0,   0,   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3},  // truncated payload
+        {'T', 'D', 'M', '1', 1, 0, 99, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+         0,   0,   0,   0,   0, 0, 0,  0, 0, 0, 0, 0, 0, 0, 0, 0},
+    };
+    for (const auto &bytes : garbage) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        ASSERT_GE(fd, 0);
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(w1.port());
+        inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+        ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)), 0);
+        ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+        ::shutdown(fd, SHUT_WR);
+        char buf[256];
+        while (::recv(fd, buf, sizeof(buf), 0) > 0) {
+        }
+        ::close(fd);
+    }
+    auto e = ClusterEngine::create(model, options_for({&w1}));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    EXPECT_TRUE(greedy(**e, 2).ok());
+    EXPECT_NE(w1.log().find("closed"), std::string::npos) << w1.log();
+}
+
+}  // namespace
+}  // namespace td::cluster

@@ -1,0 +1,108 @@
+// LocalEngine: the Engine contract that generation, the benchmark and the server rely on.
+#include <gtest/gtest.h>
+
+#include "model/engine.h"
+#include "model/model.h"
+#include "test-util.h"
+
+namespace td {
+namespace {
+
+class EngineTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!test::shared_exists("models/stories260K.gguf")) GTEST_SKIP() << "no stories260K.gguf";
+        auto m = Model::load(test::shared_path("models/stories260K.gguf"));
+        ASSERT_TRUE(m.ok()) << m.status().message();
+        model = *m;
+    }
+    static SamplerParams sampling(float temp, uint64_t seed) {
+        SamplerParams p;
+        p.temperature = temp;
+        p.seed = seed;
+        return p;
+    }
+    // Generates n tokens for one sequence alone.
+    std::vector<int32_t> alone(const std::vector<int32_t> &prompt, const SamplerParams &sp, int n) {
+        ThreadPool pool(1);
+        ContextParams cp;
+        cp.n_ctx = 128;
+        auto e = LocalEngine::create(model, cp, pool);
+        EXPECT_TRUE(e.ok());
+        EXPECT_TRUE((*e)->seq_start(0, sp).ok());
+        Batch b;
+        for (size_t i = 0; i < prompt.size(); ++i) b.add(prompt[i], static_cast<int32_t>(i), 0, i + 1 == prompt.size());
+        std::vector<int32_t> out;
+        int32_t pos = static_cast<int32_t>(prompt.size());
+        for (int k = 0; k < n; ++k) {
+            EXPECT_TRUE((*e)->submit(b).ok());
+            auto r = (*e)->wait();
+            EXPECT_TRUE(r.ok());
+            out.push_back(r->at(0).token);
+            b.clear();
+            b.add(out.back(), pos++, 0, true);
+        }
+        return out;
+    }
+    std::shared_ptr<Model> model;
+};
+
+// Sequences decoding together in one batch get exactly the tokens they get alone (sampling included).
+TEST_F(EngineTest, BatchedSequencesSampleAsIfAlone) {
+    const std::vector<std::vector<int32_t>> prompts = {{1, 403, 407}, {1, 338, 401, 396}, {1, 385}};
+    const std::vector<SamplerParams> params = {sampling(0.0f, 1), sampling(0.9f, 7), sampling(1.2f, 99)};
+    const int n = 12;
+    ThreadPool pool(2);
+    ContextParams cp;
+    cp.n_ctx = 128;
+    cp.n_seq = 3;
+    auto e = LocalEngine::create(model, cp, pool);
+    ASSERT_TRUE(e.ok());
+    Batch b;
+    for (int32_t s = 0; s < 3; ++s) {
+        ASSERT_TRUE((*e)->seq_start(s, params[s]).ok());
+        for (size_t i = 0; i < prompts[s].size(); ++i)
+            b.add(prompts[s][i], static_cast<int32_t>(i), s, i + 1 == prompts[s].size());
+    }
+    std::vector<std::vector<int32_t>> got(3);
+    for (int k = 0; k < n; ++k) {
+        ASSERT_TRUE((*e)->submit(b).ok());
+        auto r = (*e)->wait();
+        ASSERT_TRUE(r.ok());
+        ASSERT_EQ(r->size(), 3u);
+        b.clear();
+        for (const StepOutput &o : *r) {
+            EXPECT_TRUE(o.logits.empty());  // not asked for
+            got[o.seq].push_back(o.token);
+            b.add(o.token, static_cast<int32_t>(prompts[o.seq].size() + got[o.seq].size() - 1), o.seq, true);
+        }
+    }
+    for (int32_t s = 0; s < 3; ++s) EXPECT_EQ(got[s], alone(prompts[s], params[s], n)) << "sequence " << s;
+}
+
+TEST_F(EngineTest, ContractViolationsAreErrors) {
+    ThreadPool pool(1);
+    ContextParams cp;
+    cp.n_ctx = 32;
+    auto e = LocalEngine::create(model, cp, pool);
+    ASSERT_TRUE(e.ok());
+    EXPECT_FALSE((*e)->wait().ok());                                 // nothing queued
+    EXPECT_FALSE((*e)->seq_start(3, sampling(0, 1)).ok());           // slot out of range
+    SamplerParams bad = sampling(0.5f, 1);
+    bad.top_p = 2.0f;
+    EXPECT_FALSE((*e)->seq_start(0, bad).ok());                      // invalid sampling
+    Batch b;
+    b.add(1, 0, 0, true);
+    EXPECT_FALSE((*e)->submit(b).ok());                              // wants logits, never started
+    ASSERT_TRUE((*e)->seq_start(0, sampling(0, 1), true).ok());
+    ASSERT_TRUE((*e)->submit(b).ok());
+    EXPECT_FALSE((*e)->submit(b).ok());                              // one step at a time
+    auto r = (*e)->wait();
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->size(), 1u);
+    EXPECT_EQ(r->at(0).logits.size(), 512u);                         // asked for
+    EXPECT_LE(r->at(0).logprob, 0.0f);
+}
+
+}  // namespace
+}  // namespace td

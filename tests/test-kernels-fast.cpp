@@ -1,0 +1,186 @@
+// The fast paths against the scalar reference, bit for bit: matmul's tile kernels (every shape a tile can
+// be cut into: rows and tokens not multiples of the tile, block counts not multiples of 8) at several thread
+// counts, and the vectorised attention. Each check runs once per ISA this build and CPU have.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/thread-pool.h"
+#include "kernels/kernels.h"
+#include "kernels/ops.h"
+#include "kernels/ref/ops-ref.h"
+#include "tensor/dtype.h"
+#include "tensor/fp16.h"
+#include "tensor/tensor.h"
+
+namespace td {
+namespace {
+
+using kernels::Isa;
+using kernels::TypeKernels;
+
+std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float &x : v) x = dist(rng);
+    return v;
+}
+
+// Rows of n floats quantized with the reference: [rows][row_bytes].
+std::vector<uint8_t> quantize_rows(DType type, const std::vector<float> &x, int64_t rows, int64_t n) {
+    const TypeKernels *r = kernels::type_kernels_ref(type);
+    const size_t row_bytes = dtype_row_bytes(type, n);
+    std::vector<uint8_t> q(row_bytes * static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) r->from_float(x.data() + i * n, q.data() + i * row_bytes, n);
+    return q;
+}
+
+// y[t][o] = reference vec_dot(W row o, reference-quantized x row t).
+std::vector<float> matmul_ref(DType type, const std::vector<uint8_t> &w, const std::vector<float> &x,
+                              int64_t n_in, int64_t n_out, int64_t n_tokens) {
+    const TypeKernels *r = kernels::type_kernels_ref(type);
+    const std::vector<uint8_t> xq = quantize_rows(r->vec_dot_type, x, n_tokens, n_in);
+    const size_t w_row = dtype_row_bytes(type, n_in);
+    const size_t x_row = dtype_row_bytes(r->vec_dot_type, n_in);
+    std::vector<float> y(static_cast<size_t>(n_tokens * n_out));
+    for (int64_t t = 0; t < n_tokens; ++t)
+        for (int64_t o = 0; o < n_out; ++o)
+            r->vec_dot(n_in, &y[t * n_out + o], w.data() + o * w_row, xq.data() + t * x_row);
+    return y;
+}
+
+class KernelsFast : public ::testing::TestWithParam<Isa> {
+protected:
+    void SetUp() override {
+        if (!kernels::isa_force(GetParam()))
+            GTEST_SKIP() << "this CPU or build lacks " << kernels::isa_name(GetParam());
+    }
+    void TearDown() override { kernels::isa_reset(); }
+};
+
+// Every (row, token) of matmul equals the reference's single vec_dot, for tile remainders in both
+// directions, block counts below, at and above multiples of 8, and any thread count.
+TEST_P(KernelsFast, MatmulEqualsReferenceBitForBit) {
+    const DType types[] = {DType::q4_0, DType::q8_0, DType::f16, DType::f32};
+    const int64_t lengths[] = {32, 96, 256, 288, 4096};  // 1, 3, 8, 9, 128 blocks
+    const int64_t outs[] = {1, 5, 19};
+    ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
+    std::vector<uint8_t> scratch;
+    for (DType type : types) {
+        for (int64_t n_in : lengths) {
+            for (int64_t n_out : outs) {
+                std::vector<float> wf = randn(n_in * n_out, static_cast<uint32_t>(n_in + n_out), 0.5f);
+                std::vector<uint8_t> w = quantize_rows(type, wf, n_out, n_in);
+                // A q8_0 weight of -128 (ggml's quantizer never writes it, a file may hold it) must work.
+                if (type == DType::q8_0) w[2 + 5] = 0x80;  // row 0, block 0, element 5
+                TensorView tv;
+                tv.name = "w";
+                tv.type = type;
+                tv.n_dims = 2;
+                tv.ne[0] = n_in;
+                tv.ne[1] = n_out;
+                tv.data = w.data();
+                for (int64_t n_tokens = 1; n_tokens <= 9; ++n_tokens) {
+                    if (n_in == 4096 && n_tokens % 4 != 1) continue;  // keep the big rows cheap
+                    const std::vector<float> x =
+                        randn(n_in * n_tokens, static_cast<uint32_t>(7 * n_tokens), 2.0f);
+                    const std::vector<float> want = matmul_ref(type, w, x, n_in, n_out, n_tokens);
+                    for (ThreadPool &pool : pools) {
+                        std::vector<float> y(want.size(), NAN);
+                        kernels::matmul(tv, x.data(), y.data(), n_tokens, pool, scratch);
+                        ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+                            << dtype_name(type) << " n_in " << n_in << " n_out " << n_out << " n_tokens "
+                            << n_tokens << " threads " << pool.n_threads();
+                    }
+                }
+            }
+        }
+    }
+}
+
+// A token's outputs do not depend on the batch it came in: row t of a batched matmul equals a matmul of
+// token t alone (tile path vs the single-token path).
+TEST_P(KernelsFast, MatmulBatchedEqualsSeparate) {
+    const int64_t n_in = 512, n_out = 37, n_tokens = 7;
+    ThreadPool pool(2);
+    std::vector<uint8_t> scratch;
+    for (DType type : {DType::q4_0, DType::q8_0}) {
+        const std::vector<uint8_t> w = quantize_rows(type, randn(n_in * n_out, 11), n_out, n_in);
+        TensorView tv;
+        tv.name = "w";
+        tv.type = type;
+        tv.n_dims = 2;
+        tv.ne[0] = n_in;
+        tv.ne[1] = n_out;
+        tv.data = w.data();
+        const std::vector<float> x = randn(n_in * n_tokens, 12);
+        std::vector<float> y(static_cast<size_t>(n_out * n_tokens));
+        kernels::matmul(tv, x.data(), y.data(), n_tokens, pool, scratch);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            std::vector<float> y1(static_cast<size_t>(n_out));
+            kernels::matmul(tv, x.data() + t * n_in, y1.data(), 1, pool, scratch);
+            ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + t * n_out, y1.size() * sizeof(float)))
+                << dtype_name(type) << " token " << t;
+        }
+    }
+}
+
+// K/V rows of an f16 or f32 cache, with a stride wider than the head: [n_kv][stride].
+std::vector<uint8_t> kv_rows(const std::vector<float> &v, bool f16) {
+    if (!f16) {
+        std::vector<uint8_t> out(v.size() * sizeof(float));
+        std::memcpy(out.data(), v.data(), out.size());
+        return out;
+    }
+    std::vector<uint8_t> out(v.size() * sizeof(uint16_t));
+    for (size_t i = 0; i < v.size(); ++i) {
+        const uint16_t h = fp32_to_fp16(v[i]);
+        std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+    return out;
+}
+
+TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
+    const int32_t head_dims[] = {64, 100, 128};
+    const int32_t n_kvs[] = {1, 2, 3, 5, 8, 17, 130};
+    for (bool f16 : {true, false}) {
+        for (int32_t head_dim : head_dims) {
+            const int64_t stride = head_dim + 24;
+            for (int32_t n_kv : n_kvs) {
+                const uint32_t seed = static_cast<uint32_t>(head_dim * 1000 + n_kv);
+                const std::vector<float> q = randn(head_dim, seed, 2.0f);
+                // Growing keys make the running max move often (the accumulator rescale path).
+                std::vector<float> kf = randn(stride * n_kv, seed + 1);
+                for (int32_t j = 0; j < n_kv; ++j)
+                    for (int32_t d = 0; d < head_dim; ++d)
+                        kf[j * stride + d] *= 1.0f + 0.05f * static_cast<float>(j % 7);
+                const std::vector<uint8_t> k = kv_rows(kf, f16);
+                const std::vector<uint8_t> v = kv_rows(randn(stride * n_kv, seed + 2, 3.0f), f16);
+                const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+                std::vector<float> scores(static_cast<size_t>(n_kv));
+                std::vector<float> want(static_cast<size_t>(head_dim)),
+                    got(static_cast<size_t>(head_dim), NAN);
+                kernels::ref::attention_head(q.data(), k.data(), v.data(), f16, stride, head_dim, n_kv, scale,
+                                             scores.data(), want.data());
+                kernels::attention_head(q.data(), k.data(), v.data(), f16, stride, head_dim, n_kv, scale,
+                                        scores.data(), got.data());
+                ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+                    << (f16 ? "f16" : "f32") << " head_dim " << head_dim << " n_kv " << n_kv;
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsFast,
+                         ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon),
+                         [](const ::testing::TestParamInfo<Isa> &info) {
+                             return std::string(kernels::isa_name(info.param));
+                         });
+
+}  // namespace
+}  // namespace td

@@ -1,0 +1,630 @@
+// tandem serve over real loopback HTTP: the server runs in this process on port 0 with the stories260K
+// model; clients are cpp-httplib clients. Stalls and step failures are injected by wrapping the real
+// LocalEngine (ServeParams::wrap_engine), never by replacing it.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/http.h"
+#include "server/served-model.h"
+#include "test-util.h"
+
+namespace td::server {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+const std::string k_model = "models/stories260K.gguf";
+
+// Delegates to a real engine; can stall each step and fail the next steps on demand.
+class InjectEngine : public Engine {
+public:
+    InjectEngine(std::unique_ptr<Engine> inner, std::chrono::milliseconds delay, std::atomic<int> *fail_steps)
+        : inner_(std::move(inner)), delay_(delay), fail_steps_(fail_steps) {}
+    int32_t n_ctx() const override { return inner_->n_ctx(); }
+    int32_t n_seq() const override { return inner_->n_seq(); }
+    int32_t n_vocab() const override { return inner_->n_vocab(); }
+    int max_in_flight() const override { return inner_->max_in_flight(); }
+    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits) override {
+        return inner_->seq_start(seq, p, want_logits);
+    }
+    Status seq_clear(int32_t seq) override { return inner_->seq_clear(seq); }
+    Status submit(const Batch &batch) override {
+        if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+        if (fail_steps_ != nullptr && fail_steps_->load() > 0) {
+            fail_steps_->fetch_sub(1);
+            return make_error(ErrorKind::disconnected, "worker 1 (127.0.0.1:9999) went away");
+        }
+        return inner_->submit(batch);
+    }
+    Result<std::vector<StepOutput>> wait() override { return inner_->wait(); }
+
+private:
+    std::unique_ptr<Engine> inner_;
+    std::chrono::milliseconds delay_;
+    std::atomic<int> *fail_steps_;
+};
+
+struct ServerOptions {
+    int32_t n_parallel = 4;
+    int32_t n_ctx_slot = 256;
+    int32_t max_queue = -1;
+    std::string api_key;
+    std::chrono::milliseconds step_delay{0};
+    std::atomic<int> *fail_steps = nullptr;
+    bool attach = true;  // false: /health stays "loading" until attach()
+};
+
+class TestServer {
+public:
+    explicit TestServer(const ServerOptions &o = {}) {
+        ServeParams sp;
+        sp.model_path = test::shared_path(k_model);
+        sp.n_parallel = o.n_parallel;
+        sp.n_ctx = o.n_ctx_slot * o.n_parallel;
+        sp.n_threads = 1;
+        sp.max_queue = o.max_queue;
+        if (o.step_delay.count() > 0 || o.fail_steps != nullptr) {
+            sp.wrap_engine = [o](std::unique_ptr<Engine> e) -> std::unique_ptr<Engine> {
+                return std::make_unique<InjectEngine>(std::move(e), o.step_delay, o.fail_steps);
+            };
+        }
+        auto m = ServedModel::load(sp);
+        EXPECT_TRUE(m.ok()) << m.status().message();
+        model_ = std::move(m).value();
+        HttpParams hp;
+        hp.port = 0;
+        hp.model_id = "stories";
+        hp.api_key = o.api_key;
+        hp.n_threads = 24;
+        http_ = std::make_unique<HttpServer>(hp);
+        auto port = http_->bind();
+        EXPECT_TRUE(port.ok()) << port.status().message();
+        port_ = *port;
+        thread_ = std::thread([this] { (void)http_->listen(); });
+        if (o.attach) attach();
+        // Wait until the listener runs, so stop() in the destructor finds it running.
+        httplib::Client c = client();
+        for (int i = 0; i < 200; ++i) {
+            if (c.Get("/health")) break;
+            std::this_thread::sleep_for(10ms);
+        }
+    }
+    ~TestServer() {
+        http_->stop();
+        thread_.join();
+        http_.reset();
+        model_.reset();
+    }
+    void attach() { http_->set_backend(model_->backend()); }
+    httplib::Client client() const {
+        httplib::Client c("127.0.0.1", port_);
+        c.set_read_timeout(60, 0);
+        return c;
+    }
+    ServedModel &model() { return *model_; }
+    int port() const { return port_; }
+
+private:
+    std::unique_ptr<ServedModel> model_;
+    std::unique_ptr<HttpServer> http_;
+    std::thread thread_;
+    int port_ = 0;
+};
+
+httplib::Result post(httplib::Client &c, const std::string &path, const json &body,
+                     const httplib::Headers &h = {}) {
+    return c.Post(path.c_str(), h, body.dump(), "application/json");
+}
+
+// The JSON payloads of an SSE body; `done` tells whether it ended with [DONE].
+std::vector<json> parse_sse(const std::string &body, bool *done) {
+    std::vector<json> out;
+    *done = false;
+    size_t pos = 0;
+    while (pos < body.size()) {
+        size_t end = body.find("\n\n", pos);
+        if (end == std::string::npos) break;
+        std::string ev = body.substr(pos, end - pos);
+        pos = end + 2;
+        EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+        std::string data = ev.substr(6);
+        if (data == "[DONE]") {
+            *done = true;
+            continue;
+        }
+        EXPECT_FALSE(*done) << "event after [DONE]";
+        out.push_back(json::parse(data));
+    }
+    EXPECT_EQ(pos, body.size()) << "trailing bytes in the SSE body";
+    return out;
+}
+
+// Text of a streamed response (chat deltas or completion texts) and its finish_reason.
+std::string stream_text(const std::vector<json> &events, std::string *finish = nullptr) {
+    std::string text;
+    for (const json &e : events) {
+        if (e.contains("error")) ADD_FAILURE() << e.dump();
+        if (!e.contains("choices") || e["choices"].empty()) continue;
+        const json &ch = e["choices"][0];
+        if (ch.contains("delta")) {
+            if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
+                text += ch["delta"]["content"].get<std::string>();
+        } else {
+            text += ch["text"].get<std::string>();
+        }
+        if (finish && !ch["finish_reason"].is_null()) *finish = ch["finish_reason"].get<std::string>();
+    }
+    return text;
+}
+
+std::string completion_text(httplib::Client &c, const json &body, std::string *finish = nullptr) {
+    auto r = post(c, "/v1/completions", body);
+    EXPECT_TRUE(r);
+    if (!r) return "";
+    EXPECT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body);
+    if (finish) *finish = j["choices"][0]["finish_reason"].get<std::string>();
+    return j["choices"][0]["text"].get<std::string>();
+}
+
+int64_t metric(const std::string &text, const std::string &name) {
+    size_t pos = text.find("\n" + name + " ");
+    if (pos == std::string::npos) return -1;
+    return std::stoll(text.substr(pos + name.size() + 2));
+}
+
+class ServerTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!test::shared_exists(k_model)) GTEST_SKIP() << "missing " << k_model;
+    }
+};
+
+TEST_F(ServerTest, HealthIsLoadingUntilTheModelIsAttached) {
+    ServerOptions o;
+    o.attach = false;
+    TestServer s(o);
+    auto c = s.client();
+    auto r = c.Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 503);
+    EXPECT_EQ(json::parse(r->body)["status"], "loading");
+    auto g = post(c, "/v1/completions", {{"prompt", "Once"}});
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g->status, 503);
+    s.attach();
+    r = c.Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(json::parse(r->body)["status"], "ok");
+}
+
+TEST_F(ServerTest, ModelsListsTheAlias) {
+    TestServer s;
+    auto c = s.client();
+    auto r = c.Get("/v1/models");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    json j = json::parse(r->body);
+    EXPECT_EQ(j["object"], "list");
+    ASSERT_EQ(j["data"].size(), 1u);
+    EXPECT_EQ(j["data"][0]["id"], "stories");
+    EXPECT_EQ(j["data"][0]["object"], "model");
+}
+
+TEST_F(ServerTest, GreedyCompletionEqualsTandemRun) {
+    const std::string prompt = "Once upon a time";
+    auto run = test::run_tandem(
+        {"run", "-m", test::shared_path(k_model), "-p", prompt, "-n", "40", "--temp", "0", "-t", "1"});
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    ASSERT_FALSE(run.out.empty());
+    const std::string expected = run.out.substr(0, run.out.size() - 1);  // run ends with a newline
+
+    TestServer s;
+    auto c = s.client();
+    auto r = post(c, "/v1/completions",
+                  {{"model", "stories"}, {"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body);
+    EXPECT_EQ(j["object"], "text_completion");
+    EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+    EXPECT_EQ(j["model"], "stories");
+    EXPECT_TRUE(j["created"].is_number_integer());
+    EXPECT_EQ(j["choices"][0]["index"], 0);
+    EXPECT_EQ(j["choices"][0]["text"], expected);
+    EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(j["usage"]["completion_tokens"], 40);
+    EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 1);
+    EXPECT_EQ(j["usage"]["total_tokens"].get<int>(),
+              j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>());
+
+    // The same request streamed gives the same text, chunk by chunk, then [DONE]; usage on request.
+    r = post(c, "/v1/completions",
+             {{"prompt", prompt},
+              {"max_tokens", 40},
+              {"temperature", 0},
+              {"stream", true},
+              {"stream_options", {{"include_usage", true}}}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+    bool done = false;
+    auto events = parse_sse(r->body, &done);
+    EXPECT_TRUE(done);
+    std::string finish;
+    EXPECT_EQ(stream_text(events, &finish), expected);
+    EXPECT_EQ(finish, "length");
+    EXPECT_GT(events.size(), 5u);
+    ASSERT_FALSE(events.empty());
+    EXPECT_TRUE(events.back()["choices"].empty());
+    EXPECT_EQ(events.back()["usage"]["completion_tokens"], 40);
+}
+
+TEST_F(ServerTest, ChatStreamingAndNotAgree) {
+    TestServer s;
+    auto c = s.client();
+    json body = {{"messages",
+                  {{{"role", "system"}, {"content", "Be brief."}},
+                   {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "Tell a story"}}}}}}},
+                 {"max_completion_tokens", 24},
+                 {"temperature", 0.9},
+                 {"seed", 42},
+                 {"some_unknown_field", {1, 2, 3}}};
+    auto r = post(c, "/v1/chat/completions", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body);
+    EXPECT_EQ(j["object"], "chat.completion");
+    EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+    EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+    const std::string text = j["choices"][0]["message"]["content"];
+    const std::string finish = j["choices"][0]["finish_reason"];
+    EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+    EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 24);
+
+    body["stream"] = true;
+    r = post(c, "/v1/chat/completions", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    bool done = false;
+    auto events = parse_sse(r->body, &done);
+    EXPECT_TRUE(done);
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_EQ(events[0]["object"], "chat.completion.chunk");
+    EXPECT_EQ(events[0]["choices"][0]["delta"]["role"], "assistant");
+    std::string sfinish;
+    EXPECT_EQ(stream_text(events, &sfinish), text);
+    EXPECT_EQ(sfinish, finish);
+    for (const json &e : events) EXPECT_EQ(e["id"], events[0]["id"]);
+}
+
+TEST_F(ServerTest, StopStringEndsTheReplyWithoutIt) {
+    TestServer s;
+    auto c = s.client();
+    json body = {{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"temperature", 0}};
+    const std::string full = completion_text(c, body);
+    ASSERT_GT(full.size(), 40u);
+    // A stop string from the middle of the greedy text: the reply is everything before its first occurrence.
+    const std::string stop = full.substr(25, 6);
+    const std::string expected = full.substr(0, full.find(stop));
+    body["stop"] = json::array({"never-there", stop});
+    std::string finish;
+    EXPECT_EQ(completion_text(c, body, &finish), expected);
+    EXPECT_EQ(finish, "stop");
+    body["stream"] = true;
+    auto r = post(c, "/v1/completions", body);
+    ASSERT_TRUE(r);
+    bool done = false;
+    std::string sfinish;
+    EXPECT_EQ(stream_text(parse_sse(r->body, &done), &sfinish), expected);
+    EXPECT_EQ(sfinish, "stop");
+}
+
+TEST_F(ServerTest, ConcurrentClientsGetTheirSoloText) {
+    ServerOptions o;
+    o.n_parallel = 4;  // 8 clients over 4 slots: half wait in the queue, prompts are absorbed mid-stream
+    TestServer s(o);
+    const char *prompts[] = {"Once upon a time", "The cat",     "Lily and Tom went", "A big dog",
+                             "One day",          "The sun was", "Tim had a ball",    "She said"};
+    const auto body_for = [&](int i) {
+        return json{{"prompt", prompts[i]}, {"max_tokens", 24 + 5 * i},
+                    {"temperature", 1.0},   {"top_k", 0},
+                    {"top_p", 1.0},         {"min_p", 0.0},
+                    {"seed", 1000 + i},     {"stream", i % 2 == 0}};
+    };
+    const auto text_of = [&](httplib::Client &c, int i) -> std::string {
+        json body = body_for(i);
+        auto r = post(c, "/v1/completions", body);
+        if (!r || r->status != 200) return "<failed>";
+        if (body["stream"].get<bool>()) {
+            bool done = false;
+            return stream_text(parse_sse(r->body, &done));
+        }
+        return json::parse(r->body)["choices"][0]["text"].get<std::string>();
+    };
+    std::vector<std::string> alone(8), together(8);
+    {
+        auto c = s.client();
+        for (int i = 0; i < 8; ++i) alone[i] = text_of(c, i);
+    }
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i)
+        threads.emplace_back([&, i] {
+            auto c = s.client();
+            together[i] = text_of(c, i);
+        });
+    for (auto &t : threads) t.join();
+    for (int i = 0; i < 8; ++i) {
+        EXPECT_NE(alone[i], "<failed>");
+        EXPECT_EQ(together[i], alone[i]) << "client " << i;
+    }
+    // Different seeds and prompts really give different texts (the comparison above is not vacuous).
+    EXPECT_NE(alone[0], alone[1]);
+    auto c = s.client();
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    // Batching happened: fewer steps than tokens generated.
+    EXPECT_LT(metric(m->body, "tandem_steps_total"), metric(m->body, "tandem_generated_tokens_total"));
+}
+
+TEST_F(ServerTest, TokenizeDetokenizeRoundTrip) {
+    TestServer s;
+    auto c = s.client();
+    auto r = post(c, "/tokenize", {{"content", "Hello world, the cat sat."}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json tokens = json::parse(r->body)["tokens"];
+    ASSERT_GT(tokens.size(), 3u);
+    EXPECT_EQ(tokens, json(s.model().tokenizer().encode("Hello world, the cat sat.", false, true)));
+    r = post(c, "/detokenize", {{"tokens", tokens}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["content"], "Hello world, the cat sat.");
+    r = post(c, "/detokenize", {{"tokens", {1, 999999}}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    r = post(c, "/tokenize", {{"content", 5}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+}
+
+TEST_F(ServerTest, MetricsCountRequestsAndTokens) {
+    TestServer s;
+    auto c = s.client();
+    ASSERT_EQ(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 8}, {"temperature", 0}}).empty(), false);
+    auto bad = post(c, "/v1/completions", {{"prompt", 3.5}});
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 400);
+    auto r = c.Get("/metrics");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    const std::string &m = r->body;
+    EXPECT_NE(m.find("tandem_requests_total{path=\"/v1/completions\",status=\"200\"} 1\n"), std::string::npos)
+        << m;
+    EXPECT_NE(m.find("tandem_requests_total{path=\"/v1/completions\",status=\"400\"} 1\n"), std::string::npos)
+        << m;
+    EXPECT_EQ(metric(m, "tandem_generated_tokens_total"), 8);
+    EXPECT_GT(metric(m, "tandem_prompt_tokens_total"), 0);
+    EXPECT_EQ(metric(m, "tandem_queue_depth"), 0);
+    EXPECT_EQ(metric(m, "tandem_slots_active"), 0);
+    EXPECT_EQ(metric(m, "tandem_slots_total"), 4);
+    EXPECT_NE(m.find("tandem_requests_finished_total{reason=\"length\"} 1\n"), std::string::npos) << m;
+    EXPECT_NE(m.find("tandem_tokens_per_second "), std::string::npos);
+    EXPECT_EQ(metric(m, "tandem_time_to_first_token_seconds_count"), 1);
+}
+
+TEST_F(ServerTest, LogprobsCoverEveryToken) {
+    TestServer s;
+    auto c = s.client();
+    auto r = post(c, "/v1/chat/completions",
+                  {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                   {"max_tokens", 6},
+                   {"temperature", 0},
+                   {"logprobs", true},
+                   {"top_logprobs", 3}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body);
+    const json &content = j["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(content.size(),
+              j["usage"]["completion_tokens"].get<size_t>() - (j["choices"][0]["finish_reason"] == "stop"));
+    for (const json &t : content) {
+        ASSERT_EQ(t["top_logprobs"].size(), 3u);
+        EXPECT_LE(t["logprob"].get<double>(), 0.0);
+        // Greedy picks the most likely token.
+        EXPECT_EQ(t["token"], t["top_logprobs"][0]["token"]);
+    }
+}
+
+TEST_F(ServerTest, DisconnectMidStreamFreesTheSlot) {
+    ServerOptions o;
+    o.n_parallel = 1;
+    o.n_ctx_slot = 512;
+    o.step_delay = 20ms;  // the first request would take 400 * 20 ms = 8 s if it ran to the end
+    TestServer s(o);
+    {
+        auto c = s.client();
+        httplib::Request req;
+        req.method = "POST";
+        req.path = "/v1/completions";
+        req.headers = {{"Content-Type", "application/json"}};
+        req.body =
+            json{{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"stream", true}, {"seed", 1}}.dump();
+        int chunks = 0;
+        req.content_receiver = [&](const char *, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+        httplib::Response res;
+        httplib::Error err = httplib::Error::Success;
+        EXPECT_FALSE(c.send(req, res, err));  // we hung up
+        EXPECT_EQ(chunks, 3);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto c = s.client();
+    std::string finish;
+    EXPECT_FALSE(
+        completion_text(c, {{"prompt", "The cat"}, {"max_tokens", 5}, {"temperature", 0}}, &finish).empty());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(seconds, 4.0) << "the second request waited for the abandoned one";
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_NE(m->body.find("tandem_requests_finished_total{reason=\"cancelled\"} 1\n"), std::string::npos)
+        << m->body;
+    EXPECT_LT(metric(m->body, "tandem_generated_tokens_total"), 200);
+}
+
+TEST_F(ServerTest, QueueOverflowGets503WithRetryAfter) {
+    ServerOptions o;
+    o.n_parallel = 1;
+    o.max_queue = 1;
+    o.step_delay = 10ms;
+    TestServer s(o);
+    const json body = {{"prompt", "Once upon a time"}, {"max_tokens", 40}, {"temperature", 0}};
+    std::vector<int> statuses(2, 0);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+        threads.emplace_back([&, i] {
+            auto c = s.client();
+            auto r = post(c, "/v1/completions", body);
+            statuses[i] = r ? r->status : -1;
+        });
+        // Let the first one take the slot before the second arrives.
+        auto c = s.client();
+        for (int k = 0; k < 500; ++k) {
+            auto m = c.Get("/metrics");
+            if (m && metric(m->body, "tandem_slots_active") + metric(m->body, "tandem_queue_depth") == i + 1)
+                break;
+            std::this_thread::sleep_for(5ms);
+        }
+    }
+    auto c = s.client();
+    auto r = post(c, "/v1/completions", body);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 503) << r->body;
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("busy"), std::string::npos);
+    for (auto &t : threads) t.join();
+    EXPECT_EQ(statuses[0], 200);
+    EXPECT_EQ(statuses[1], 200);
+}
+
+TEST_F(ServerTest, ContextOverflowNamesBothNumbers) {
+    TestServer s;  // 256 positions per slot
+    auto c = s.client();
+    auto r = post(c, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 1000}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    json j = json::parse(r->body);
+    const std::string msg = j["error"]["message"];
+    EXPECT_NE(msg.find("max_tokens (1000)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("context size 256"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("prompt ("), std::string::npos) << msg;
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(j["error"]["code"], 400);
+
+    // Without max_tokens a reply runs until the context is full.
+    std::string finish;
+    auto body = json{{"prompt", {1, 2, 3}}, {"temperature", 0}, {"stop", "never"}};
+    r = post(c, "/v1/completions", body);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    j = json::parse(r->body);
+    if (j["choices"][0]["finish_reason"] == "length") {
+        EXPECT_EQ(j["usage"]["total_tokens"], 256);
+    }
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
+    TestServer s;
+    auto c = s.client();
+    const auto expect_status = [&](const std::string &path, const std::string &body, int status,
+                                   const std::string &needle) {
+        auto r = c.Post(path.c_str(), body, "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, status) << body << " -> " << r->body;
+        json j = json::parse(r->body, nullptr, false);
+        ASSERT_FALSE(j.is_discarded()) << r->body;
+        ASSERT_TRUE(j.contains("error")) << r->body;
+        EXPECT_NE(j["error"]["message"].get<std::string>().find(needle), std::string::npos) << r->body;
+        EXPECT_TRUE(j["error"]["type"].is_string());
+    };
+    expect_status("/v1/completions", "{not json", 400, "not valid JSON");
+    expect_status("/v1/chat/completions", "[1,2]", 400, "JSON object");
+    expect_status("/v1/completions", R"({"prompt": "a", "temperature": "hot"})", 400,
+                  "'temperature' must be a number");
+    expect_status("/v1/completions", R"({"prompt": "a", "max_tokens": "5"})", 400,
+                  "'max_tokens' must be an integer");
+    expect_status("/v1/completions", R"({"prompt": "a", "max_tokens": 0})", 400, "max_tokens");
+    expect_status("/v1/completions", R"({"prompt": "a", "n": 2})", 400, "'n' must be 1");
+    expect_status("/v1/completions", R"({"prompt": ["a", "b"]})", 400, "one prompt");
+    expect_status("/v1/completions", R"({"prompt": "a", "stop": 7})", 400, "'stop'");
+    expect_status("/v1/completions", R"({"prompt": "a", "top_p": 1.5})", 400, "top_p");
+    expect_status("/v1/completions", R"({"prompt": "a", "stream": "yes"})", 400,
+                  "'stream' must be a boolean");
+    expect_status("/v1/completions", R"({"max_tokens": 3})", 400, "'prompt' is required");
+    expect_status("/v1/chat/completions", R"({"messages": "hi"})", 400, "'messages' must be an array");
+    expect_status("/v1/chat/completions", R"({"messages": [{"content": "hi"}]})", 400, "role");
+    expect_status("/v1/chat/completions",
+                  R"({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"})", 404,
+                  "model 'gpt-4' not found");
+    expect_status("/v1/nothing", "{}", 404, "no endpoint");
+    // The server still answers afterwards.
+    EXPECT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 4}, {"model", "stories"}}).empty());
+}
+
+TEST_F(ServerTest, ApiKeyIsRequiredExceptForHealth) {
+    ServerOptions o;
+    o.api_key = "sekrit";
+    TestServer s(o);
+    auto c = s.client();
+    auto r = c.Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    r = c.Get("/v1/models");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+    EXPECT_EQ(json::parse(r->body)["error"]["type"], "authentication_error");
+    r = c.Get("/v1/models", {{"Authorization", "Bearer wrong"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+    r = post(c, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}},
+             {{"Authorization", "Bearer sekrit"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST_F(ServerTest, FailedStepEndsTheStreamWithAnErrorAndServingGoesOn) {
+    std::atomic<int> fail_steps{0};
+    ServerOptions o;
+    o.fail_steps = &fail_steps;
+    TestServer s(o);
+    auto c = s.client();
+    fail_steps = 1;
+    auto r =
+        post(c, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}, {"stream", true}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    bool done = false;
+    auto events = parse_sse(r->body, &done);
+    EXPECT_TRUE(done);
+    ASSERT_FALSE(events.empty());
+    ASSERT_TRUE(events.back().contains("error")) << r->body;
+    EXPECT_NE(events.back()["error"]["message"].get<std::string>().find("worker 1"), std::string::npos);
+    fail_steps = 1;
+    r = post(c, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 500);
+    EXPECT_NE(json::parse(r->body)["error"]["message"].get<std::string>().find("went away"),
+              std::string::npos);
+    std::string finish;
+    EXPECT_FALSE(completion_text(c, {{"prompt", "Once upon a time"}, {"max_tokens", 8}}, &finish).empty());
+    EXPECT_EQ(finish, "length");
+}
+
+}  // namespace
+}  // namespace td::server
