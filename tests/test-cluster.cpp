@@ -310,6 +310,34 @@ TEST(Cluster, ProtocolVersionMismatchNamesBothVersions) {
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
 }
 
+// A killed worker ends the request within 3 s with an error naming it, and requests while it is down fail
+// at once (the recovery half is the disabled test below).
+TEST(Cluster, KilledWorkerFailsFastNamingIt) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    const uint16_t port2 = w2.port();
+    auto e = ClusterEngine::create(model, options_for({&w1, &w2}, "0-1,2-4"));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    ASSERT_TRUE(greedy(**e).ok());
+
+    w2.kill();
+    auto t0 = Clock::now();
+    auto failed = greedy(**e);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.status().message().find("worker 127.0.0.1:" + std::to_string(port2)), std::string::npos)
+        << failed.status().message();
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
+
+    t0 = Clock::now();
+    auto down = greedy(**e);
+    ASSERT_FALSE(down.ok());
+    EXPECT_NE(down.status().message().find(std::to_string(port2)), std::string::npos) << down.status().message();
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
+}
+
 // DISABLED: races in a clean-clone CI run. After the killed worker restarts, the first request can fail with
 // "result link: peer closed the connection", as if a stage from the previous connection were still being
 // torn down while the new one loads. Failing fast and naming the node work; recovery on the same head
