@@ -120,7 +120,7 @@ struct SchedulerStats {
 class Scheduler {
 public:
     // `engine` and `tokenizer` must outlive the scheduler; the engine is used only by the engine thread,
-    // which starts here. `is_eog` says which tokens end generation.
+    // which starts here. Generation ends at the vocabulary's end-of-generation tokens (Vocab::is_eog).
     Scheduler(Engine &engine, const Tokenizer &tokenizer, const SchedulerParams &params);
     ~Scheduler();  // stop()
     Scheduler(const Scheduler &) = delete;
