@@ -32,14 +32,17 @@ trap cleanup EXIT
 # A prompt of n_prompt tokens: " the" is one SPM token, after BOS.
 python3 -c "import sys; sys.stdout.write(' '.join(['the'] * ($n_prompt - 1)))" > "$tmp/prompt.txt"
 
-start_worker() {  # core, log
-  taskset -c "$1" "$bin" worker --listen 127.0.0.1:0 -t 1 --model "$model" --cache-dir "$tmp/cache" 2>"$2" &
+start_worker() {  # core, log: starts in this shell (so cleanup sees the pid)
+  taskset -c "$1" "$bin" worker --listen 127.0.0.1:0 -t 1 --model "$model" --cache-dir "$tmp/cache" \
+    </dev/null >/dev/null 2>"$2" &
   pids+=($!)
+}
+worker_address() {  # log
   for _ in $(seq 1 600); do
-    grep -q "listening on" "$2" && break
+    grep -q "listening on" "$1" && break
     sleep 0.1
   done
-  sed -n 's|.*listening on \(.*\)$|\1|p' "$2"
+  sed -n 's|.*listening on \(.*\)$|\1|p' "$1"
 }
 
 parse() {  # stderr of tandem run -> "pp tg"
@@ -50,8 +53,10 @@ common=(-m "$model" -f "$tmp/prompt.txt" -n "$n_gen" --temp 0 -c $((n_prompt + n
 taskset -c 0 "$bin" run "${common[@]}" -t 1 -b "$n_prompt" >/dev/null 2>"$tmp/local.err"
 read -r local_pp local_tg < <(parse "$tmp/local.err")
 
-a=$(start_worker 0 "$tmp/a.log")
-b=$(start_worker 1 "$tmp/b.log")
+start_worker 0 "$tmp/a.log"
+start_worker 1 "$tmp/b.log"
+a=$(worker_address "$tmp/a.log")
+b=$(worker_address "$tmp/b.log")
 "$bin" run "${common[@]}" --workers "$a,$b" --split 1,1 --wire "$wire" -b "$chunk" --stats >/dev/null 2>"$tmp/cluster.err"
 read -r cl_pp cl_tg < <(parse "$tmp/cluster.err")
 

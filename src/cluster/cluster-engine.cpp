@@ -32,8 +32,15 @@ void ClusterEngine::fail(const Status &status) {
     if (results_) results_->close();
 }
 
-Status ClusterEngine::ensure_connected() {
-    if (connected_ && broken().ok()) return {};
+Status ClusterEngine::ensure_connected(bool new_request) {
+    Status b = broken();
+    if (connected_ && b.ok()) return {};
+    // Steps queued before the failure are lost. A step submitted after them fails with the failure (its
+    // request already saw errors); a new request (seq_start) or any call with nothing queued reconnects.
+    if (!pending_.empty()) {
+        pending_.clear();
+        if (!new_request && !b.ok()) return b;
+    }
     if (connected_) disconnect();
     return connect();
 }
@@ -52,7 +59,7 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
-    TD_TRY(pending_.empty() ? ensure_connected() : broken());
+    TD_TRY(ensure_connected(/*new_request=*/true));
     net::SeqStart m;
     m.seq = seq;
     m.want_logits = want_logits ? 1 : 0;
@@ -76,7 +83,11 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
 Status ClusterEngine::seq_clear(int32_t seq) {
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
-    TD_TRY(pending_.empty() ? ensure_connected() : broken());
+    if (!connected_ || !broken().ok()) {  // the cluster lost every sequence already
+        pending_.clear();
+        started_[seq] = false;
+        return {};
+    }
     net::SeqClear m;
     m.seq = seq;
     buf_.clear();
@@ -110,7 +121,7 @@ Status ClusterEngine::submit(const Batch &batch) {
     if (static_cast<int>(pending_.size()) >= options_.max_in_flight)
         return make_error(ErrorKind::failed, "{} steps are already queued; call wait() first",
                           pending_.size());
-    TD_TRY(pending_.empty() ? ensure_connected() : broken());
+    TD_TRY(ensure_connected(/*new_request=*/false));
     const uint64_t id = next_step_++;
     net::encode_forward(batch.pos, batch.seq, batch.want_logits, batch.token, nullptr,
                         static_cast<uint32_t>(model_->hparams().n_embd), options_.wire, buf_);

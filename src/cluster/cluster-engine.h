@@ -98,7 +98,8 @@ private:
     ClusterEngine() = default;
     Status connect();
     void disconnect();
-    Status ensure_connected();
+    // Reconnects when the cluster failed (see ensure_connected in the .cpp for queued steps).
+    Status ensure_connected(bool new_request);
     void fail(const Status &status);  // first failure wins; wakes every waiter
     Status broken() const;
 

@@ -81,8 +81,9 @@ void Worker::serve() {
         auto done = std::make_shared<std::atomic<bool>>(false);
         std::lock_guard lock(threads_mu_);
         if (stopping_) break;
-        handlers_.push_back({std::thread([this, c = std::move(conn).value(), done]() mutable {
-                                 handle_connection(std::move(c));
+        const uint64_t seq = ++accept_seq_;
+        handlers_.push_back({std::thread([this, c = std::move(conn).value(), done, seq]() mutable {
+                                 handle_connection(std::move(c), seq);
                                  *done = true;
                              }),
                              done});
@@ -104,7 +105,7 @@ net::HelloReply Worker::hello_reply() const {
     return r;
 }
 
-void Worker::handle_connection(std::unique_ptr<net::Connection> conn) {
+void Worker::handle_connection(std::unique_ptr<net::Connection> conn, uint64_t accept_seq) {
     const std::string peer = conn->peer();
     std::vector<uint8_t> payload;
     Status s = recv_expect(*conn, net::MsgType::hello, payload, kHelloTimeoutMs, peer);
@@ -128,7 +129,7 @@ void Worker::handle_connection(std::unique_ptr<net::Connection> conn) {
     if (hello->build_id != build_id())
         log_warn("{} runs build {}, this worker runs {}", peer, hello->build_id, build_id());
     if (hello->role == net::ConnRole::control) {
-        serve_control(std::move(conn));
+        serve_control(std::move(conn), accept_seq);
         return;
     }
     std::lock_guard lock(stage_mu_);
@@ -157,14 +158,21 @@ void Worker::drop_stage() {
     }
 }
 
-void Worker::serve_control(std::unique_ptr<net::Connection> conn) {
+void Worker::serve_control(std::unique_ptr<net::Connection> conn, uint64_t accept_seq) {
     {
         std::lock_guard lock(control_mu_);
+        if (control_ != nullptr && control_seq_ > accept_seq) {
+            // Accepted before the active head's connection: that head has since gone and reconnected.
+            log_info("closing a stale control connection from {}", conn->peer());
+            conn->close();
+            return;
+        }
         if (control_ != nullptr) {
             log_info("a new head connected from {}; dropping the previous one", conn->peer());
             control_->close();
         }
         control_ = conn.get();
+        control_seq_ = accept_seq;
     }
     const std::string peer = conn->peer();
     net::FrameHeader h;

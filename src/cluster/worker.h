@@ -55,8 +55,10 @@ public:
 
 private:
     Worker() = default;
-    void handle_connection(std::unique_ptr<net::Connection> conn);
-    void serve_control(std::unique_ptr<net::Connection> conn);
+    // accept_seq: the order connections were accepted in; a control connection accepted earlier than the
+    // active one is stale (its head already went away and came back) and is closed instead of replacing it.
+    void handle_connection(std::unique_ptr<net::Connection> conn, uint64_t accept_seq);
+    void serve_control(std::unique_ptr<net::Connection> conn, uint64_t accept_seq);
     Status load_stage(net::Connection &conn, const net::LoadStage &ls);
     Result<std::shared_ptr<Model>> obtain_weights(net::Connection &conn, const net::LoadStage &ls,
                                                   std::string *source);
@@ -81,9 +83,10 @@ private:
 
     std::mutex control_mu_;               // one control connection at a time
     net::Connection *control_ = nullptr;  // the active one (owned by its handler thread)
+    uint64_t control_seq_ = 0;            // its accept_seq
     std::mutex stage_mu_;
     std::unique_ptr<Stage> stage_;
-    std::atomic<uint64_t> control_epoch_{0};
+    uint64_t accept_seq_ = 0;  // serve() thread only
 };
 
 }  // namespace td::cluster

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/check.h"
+#include "kernels/gemm.h"
 #include "kernels/kernels.h"
 
 #if TD_KERNELS_X86
@@ -20,11 +21,8 @@ namespace {
 // (16 x 2.3 KB for a 4096-wide q4_0 row) stays in L2 while every token of the batch passes over it.
 constexpr int64_t kRowsPerChunk = 16;
 
-// y[t * y_stride + r] = vec_dot(w row r, x row t) for a block of rows and tokens, bit for bit.
-using GemmFn = void (*)(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+}  // namespace
 
-// The active ISA's tile kernel for a weight type, or nullptr (then matmul runs vec_dot per element).
 GemmFn gemm_for(DType type) {
 #if TD_KERNELS_X86
     const Isa isa = isa_active();
@@ -44,6 +42,8 @@ GemmFn gemm_for(DType type) {
 #endif
     return nullptr;
 }
+
+namespace {
 
 // Everything the worker lambda needs, captured through one pointer so std::function does not allocate.
 struct MatmulJob {
@@ -96,8 +96,8 @@ void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, Thr
 
     MatmulJob job{};
     job.kernels = k;
-    // One token: vec_dot streams each weight row once, which beats a 4-row tile when nothing is reused.
-    job.gemm = n_tokens > 1 ? gemm_for(w.type) : nullptr;
+    // One token: a matrix-vector kernel (or vec_dot per row); a tile kernel only pays when rows are reused.
+    job.gemm = n_tokens > 1 ? gemm_for(w.type) : gemv_for(w.type);
     job.w = static_cast<const uint8_t *>(w.data);
     job.w_row_bytes = w.row_bytes();
     job.y = y;

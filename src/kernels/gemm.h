@@ -1,0 +1,22 @@
+// Internal to kernels/: the tile-kernel signature matmul() dispatches to, and where each path is chosen.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace td::kernels {
+
+// y[t * y_stride + r] = vec_dot(n, w row r, x row t) for r < n_rows, t < n_tokens, bit for bit: w rows are
+// w_stride bytes apart, x rows (already in the weight type's vec_dot_type) x_stride bytes apart.
+using GemmFn = void (*)(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+
+// The active ISA's matrix-matrix kernel for a weight type (n_tokens > 1), or nullptr: vec_dot per element.
+GemmFn gemm_for(DType type);
+// The active ISA's matrix-vector kernel for a weight type (n_tokens == 1), or nullptr: vec_dot per row
+// (gemv.cpp).
+GemmFn gemv_for(DType type);
+
+}  // namespace td::kernels
