@@ -17,6 +17,7 @@
 #include "tensor/dtype.h"
 #include "tensor/fp16.h"
 #include "tensor/tensor.h"
+#include "test-isa.h"
 
 namespace td {
 namespace {
@@ -503,11 +504,8 @@ TEST_P(KernelsIsa, MatmulReusesScratch) {
     EXPECT_EQ(scratch.data(), buffer) << "scratch was reallocated although it was big enough";
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsIsa,
-                         ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon),
-                         [](const ::testing::TestParamInfo<Isa> &info) {
-                             return kernels::isa_name(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsIsa, ::testing::ValuesIn(test::isas_of_this_arch()),
+                         test::isa_param_name);
 
 }  // namespace
 }  // namespace td

@@ -19,6 +19,7 @@
 #include "model/synth.h"
 #include "tensor/dtype.h"
 #include "tensor/fp16.h"
+#include "test-isa.h"
 #include "test-util.h"
 
 namespace td {
@@ -344,11 +345,8 @@ TEST_P(KQuantsIsa, MatmulWithKQuantWeights) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, KQuantsIsa,
-                         ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon),
-                         [](const ::testing::TestParamInfo<Isa> &info) {
-                             return kernels::isa_name(info.param);
-                         });
+INSTANTIATE_TEST_SUITE_P(AllIsas, KQuantsIsa, ::testing::ValuesIn(test::isas_of_this_arch()),
+                         test::isa_param_name);
 
 // ---- synthesized K-quant models ---------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ using GemmFn = void (*)(int64_t n, const void *w, size_t w_stride, const void *x
 
 // The active ISA's matrix-matrix kernel for a weight type (n_tokens > 1), or nullptr: vec_dot per element.
 GemmFn gemm_for(DType type);
+// The K-quant part of gemm_for (gemm-kquants.cpp): q2_K..q6_K weights, or nullptr.
+GemmFn gemm_kquants_for(DType type);
 // The active ISA's matrix-vector kernel for a weight type (n_tokens == 1), or nullptr: vec_dot per row
 // (gemv.cpp).
 GemmFn gemv_for(DType type);

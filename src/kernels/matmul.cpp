@@ -24,6 +24,7 @@ constexpr int64_t kRowsPerChunk = 16;
 }  // namespace
 
 GemmFn gemm_for(DType type) {
+    if (GemmFn kq = gemm_kquants_for(type); kq != nullptr) return kq;
 #if TD_KERNELS_X86
     const Isa isa = isa_active();
     if (isa != Isa::avx2 && isa != Isa::avx512) return nullptr;
