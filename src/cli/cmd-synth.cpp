@@ -32,10 +32,13 @@ void register_synth(CLI::App &app, Runners &runners) {
     CLI::App *cmd =
         app.add_subcommand("synth", "Write a random-weight llama GGUF (real shape, real vocabulary)");
     cmd->add_option("-o,--output", opt->out, "Output GGUF path")->required();
+    cmd->add_option("--arch", p.arch, "Architecture: llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms)")
+        ->default_val("llama");
     cmd->add_option("--dim", p.n_embd, "Embedding size")->default_val(256);
     cmd->add_option("--layers", p.n_layer, "Layers")->default_val(4);
     cmd->add_option("--heads", p.n_head, "Attention heads")->default_val(8);
     cmd->add_option("--kv-heads", p.n_head_kv, "Key/value heads")->default_val(4);
+    cmd->add_option("--head-dim", p.head_dim, "Head size (0: dim / heads)")->default_val(0);
     cmd->add_option("--ffn", p.n_ff, "Feed-forward size")->default_val(768);
     cmd->add_option("--ctx", p.n_ctx, "Training context length to record")->default_val(2048);
     cmd->add_option("--rope-base", p.rope_freq_base, "RoPE frequency base")->default_val(10000.0f);

@@ -27,6 +27,19 @@ struct TensorMaker {
     uint64_t seed;
     int tensor_index = 0;
 
+    // An f32 vector of n values uniform in [center - spread, center + spread] (biases, Q/K norm weights).
+    Status vector(const std::string &name, int64_t n, float center, float spread) {
+        ++tensor_index;
+        uint64_t state = seed * 1000003ull + static_cast<uint64_t>(tensor_index);
+        std::vector<float> v(n);  // [n]
+        for (float &x : v) {
+            const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+            x = center + static_cast<float>((2.0 * u - 1.0) * spread);
+        }
+        writer.add_tensor(name, DType::f32, {n}, v.data(), v.size() * sizeof(float));
+        return {};
+    }
+
     // A matrix [rows of n_in] in `type`, or a vector (rows == 0) of ones in f32 (norm weights).
     Status add(const std::string &name, int64_t n_in, int64_t rows, DType type) {
         ++tensor_index;
@@ -107,14 +120,17 @@ DType synth_tensor_type(const SynthParams &p, std::string_view tensor, int32_t l
 }
 
 Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &pool) {
+    if (p.arch != "llama" && p.arch != "qwen2" && p.arch != "qwen3")
+        return invalid_input("synth: --arch '{}' is not one synth writes (llama, qwen2, qwen3)", p.arch);
     if (p.n_embd <= 0 || p.n_layer <= 0 || p.n_head <= 0 || p.n_head_kv <= 0 || p.n_ff <= 0 || p.n_ctx <= 0)
         return invalid_input("synth: every size must be positive");
-    if (p.n_embd % p.n_head != 0)
+    if (p.head_dim < 0) return invalid_input("synth: --head-dim must not be negative");
+    if (p.head_dim == 0 && p.n_embd % p.n_head != 0)
         return invalid_input("synth: --dim {} is not a multiple of --heads {}", p.n_embd, p.n_head);
     if (p.n_head % p.n_head_kv != 0)
         return invalid_input("synth: --heads {} is not a multiple of --kv-heads {}", p.n_head, p.n_head_kv);
-    if ((p.n_embd / p.n_head) % 2 != 0)
-        return invalid_input("synth: head size {} must be even", p.n_embd / p.n_head);
+    const int32_t head_dim = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
+    if (head_dim % 2 != 0) return invalid_input("synth: head size {} must be even", head_dim);
     const bool k_quant = p.mix != SynthMix::none || dtype_traits(p.type).block_size == 256;
     if (k_quant && (p.n_embd % 256 != 0 || p.n_ff % 256 != 0))
         return invalid_input(
@@ -126,26 +142,31 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
     if (tokens == nullptr || tokens->array_size() == 0)
         return invalid_input("{}: has no tokenizer.ggml.tokens to copy", p.vocab_from);
     const int64_t n_vocab = static_cast<int64_t>(tokens->array_size());
-    const int32_t head_dim = p.n_embd / p.n_head;
 
     gguf::Writer w;
-    w.set_string("general.architecture", "llama");
+    auto key = [&](std::string_view suffix) { return fmt::format("{}.{}", p.arch, suffix); };
+    w.set_string("general.architecture", p.arch);
     w.set_string("general.name", p.name);
     w.set_u32("general.quantization_version", 2);
-    w.set_u32("llama.context_length", static_cast<uint32_t>(p.n_ctx));
-    w.set_u32("llama.embedding_length", static_cast<uint32_t>(p.n_embd));
-    w.set_u32("llama.block_count", static_cast<uint32_t>(p.n_layer));
-    w.set_u32("llama.feed_forward_length", static_cast<uint32_t>(p.n_ff));
-    w.set_u32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-    w.set_u32("llama.attention.head_count", static_cast<uint32_t>(p.n_head));
-    w.set_u32("llama.attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
-    w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    w.set_f32("llama.rope.freq_base", p.rope_freq_base);
-    w.set_u32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
+    w.set_u32(key("context_length"), static_cast<uint32_t>(p.n_ctx));
+    w.set_u32(key("embedding_length"), static_cast<uint32_t>(p.n_embd));
+    w.set_u32(key("block_count"), static_cast<uint32_t>(p.n_layer));
+    w.set_u32(key("feed_forward_length"), static_cast<uint32_t>(p.n_ff));
+    w.set_u32(key("rope.dimension_count"), static_cast<uint32_t>(head_dim));
+    w.set_u32(key("attention.head_count"), static_cast<uint32_t>(p.n_head));
+    w.set_u32(key("attention.head_count_kv"), static_cast<uint32_t>(p.n_head_kv));
+    if (p.head_dim > 0) {
+        w.set_u32(key("attention.key_length"), static_cast<uint32_t>(head_dim));
+        w.set_u32(key("attention.value_length"), static_cast<uint32_t>(head_dim));
+    }
+    w.set_f32(key("attention.layer_norm_rms_epsilon"), 1e-5f);
+    w.set_f32(key("rope.freq_base"), p.rope_freq_base);
+    w.set_u32(key("vocab_size"), static_cast<uint32_t>(n_vocab));
     for (const auto &[key, value] : vocab_file.metadata())
         if (key.rfind("tokenizer.", 0) == 0) w.set_value(key, value);
 
-    const int64_t n_embd = p.n_embd, n_q = p.n_embd, n_kv = static_cast<int64_t>(p.n_head_kv) * head_dim;
+    const int64_t n_embd = p.n_embd, n_q = static_cast<int64_t>(p.n_head) * head_dim,
+                  n_kv = static_cast<int64_t>(p.n_head_kv) * head_dim;
     TensorMaker make{w, pool, p.seed};
     // A matrix named `name` of layer `il` (-1: outside the blocks), in the type the plan gives it.
     auto matrix = [&](const std::string &name, int64_t n_in, int64_t rows, int32_t il) {
@@ -160,6 +181,15 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
         TD_TRY(matrix(name("attn_q.weight"), n_embd, n_q, il));
         TD_TRY(matrix(name("attn_k.weight"), n_embd, n_kv, il));
         TD_TRY(matrix(name("attn_v.weight"), n_embd, n_kv, il));
+        if (p.arch == "qwen2") {
+            TD_TRY(make.vector(name("attn_q.bias"), n_q, 0.0f, 0.5f));
+            TD_TRY(make.vector(name("attn_k.bias"), n_kv, 0.0f, 0.5f));
+            TD_TRY(make.vector(name("attn_v.bias"), n_kv, 0.0f, 0.5f));
+        }
+        if (p.arch == "qwen3") {
+            TD_TRY(make.vector(name("attn_q_norm.weight"), head_dim, 1.0f, 0.5f));
+            TD_TRY(make.vector(name("attn_k_norm.weight"), head_dim, 1.0f, 0.5f));
+        }
         TD_TRY(matrix(name("attn_output.weight"), n_q, n_embd, il));
         TD_TRY(make.add(name("ffn_norm.weight"), n_embd, 0, DType::f32));
         TD_TRY(matrix(name("ffn_gate.weight"), n_embd, p.n_ff, il));

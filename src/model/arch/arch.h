@@ -26,5 +26,7 @@ const Architecture *find_architecture(std::string_view name);
 std::vector<std::string_view> architecture_names();
 
 const Architecture &arch_llama();
+const Architecture &arch_qwen2();
+const Architecture &arch_qwen3();
 
 }  // namespace td

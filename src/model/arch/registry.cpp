@@ -3,7 +3,7 @@
 namespace td {
 namespace {
 const std::vector<const Architecture *> &registry() {
-    static const std::vector<const Architecture *> all = {&arch_llama()};
+    static const std::vector<const Architecture *> all = {&arch_llama(), &arch_qwen2(), &arch_qwen3()};
     return all;
 }
 }  // namespace
