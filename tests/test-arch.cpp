@@ -5,6 +5,7 @@
 // were checked by hand: see docs/benchmarks.md's notes; that binary is not part of the test suite.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <string>
@@ -24,10 +25,11 @@ namespace {
 struct ArchCase {
     std::string arch;
     int32_t head_dim = 0;  // 0: n_embd / n_head
+    int32_t n_swa = 0;     // sliding window, every layer (0: off)
 };
 
 void PrintTo(const ArchCase &c, std::ostream *os) {
-    *os << c.arch << " head_dim " << c.head_dim;
+    *os << c.arch << " head_dim " << c.head_dim << " swa " << c.n_swa;
 }
 
 std::string synth_arch(const test::TempDir &dir, const ArchCase &c, DType type) {
@@ -38,12 +40,13 @@ std::string synth_arch(const test::TempDir &dir, const ArchCase &c, DType type) 
     p.n_head = 4;
     p.n_head_kv = 2;
     p.head_dim = c.head_dim;
+    p.n_swa = c.n_swa;
     p.n_ff = 96;
     p.n_ctx = 64;
     p.type = type;
     p.seed = 11;
     p.vocab_from = test::shared_path("models/stories260K.gguf");
-    const std::string path = dir.file(c.arch + ".gguf");
+    const std::string path = dir.file(c.arch + "-swa" + std::to_string(c.n_swa) + ".gguf");
     ThreadPool pool(2);
     const Status st = synth_model(p, path, pool);
     EXPECT_TRUE(st.ok()) << st.message();
@@ -105,6 +108,7 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
     const int64_t hd = m.key(arch, "attention.key_length", n_embd / n_head),
                   n_ff = m.key(arch, "feed_forward_length", 0);
     const int64_t n_vocab = m.key(arch, "vocab_size", 0);
+    const int64_t n_swa = m.key(arch, "attention.sliding_window", 0);
     const bool halves = arch != "llama";
     const double eps = 1e-5, base = 10000.0;
     const int64_t n_q = n_head * hd, n_kv = n_kv_head * hd;
@@ -138,16 +142,18 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
             std::vector<double> attn(n_q, 0.0);
             for (int64_t h = 0; h < n_head; ++h) {
                 const int64_t kvh = h / (n_head / n_kv_head);
-                std::vector<double> s(pos + 1);
+                // A sliding window of n_swa keys ends at the query's own position.
+                const size_t first = n_swa > 0 && pos + 1 > static_cast<size_t>(n_swa) ? pos + 1 - n_swa : 0;
+                std::vector<double> s(pos + 1, -1e300);
                 double mx = -1e300, sum = 0;
-                for (size_t j = 0; j <= pos; ++j) {
+                for (size_t j = first; j <= pos; ++j) {
                     double d = 0;
                     for (int64_t i = 0; i < hd; ++i) d += q[h * hd + i] * k_cache[il][j][kvh * hd + i];
                     s[j] = d / std::sqrt(static_cast<double>(hd));
                     mx = std::max(mx, s[j]);
                 }
-                for (double &sj : s) sum += (sj = std::exp(sj - mx));
-                for (size_t j = 0; j <= pos; ++j)
+                for (double &sj : s) sum += (sj = std::exp(sj - mx));  // masked keys give exp(-inf) = 0
+                for (size_t j = first; j <= pos; ++j)
                     for (int64_t i = 0; i < hd; ++i)
                         attn[h * hd + i] += s[j] / sum * v_cache[il][j][kvh * hd + i];
             }
@@ -246,12 +252,30 @@ TEST_P(Arch, LayerRangesGiveBitIdenticalLogits) {
 
 INSTANTIATE_TEST_SUITE_P(All, Arch,
                          ::testing::Values(ArchCase{"llama", 0}, ArchCase{"qwen2", 0}, ArchCase{"qwen3", 0},
-                                           ArchCase{"qwen3", 32}),
+                                           ArchCase{"qwen3", 32}, ArchCase{"llama", 0, 3},
+                                           ArchCase{"qwen2", 0, 2}),
                          [](const ::testing::TestParamInfo<ArchCase> &info) {
-                             return info.param.arch + (info.param.head_dim
-                                                           ? "_head" + std::to_string(info.param.head_dim)
-                                                           : "");
+                             const ArchCase &c = info.param;
+                             return c.arch + (c.head_dim ? "_head" + std::to_string(c.head_dim) : "") +
+                                    (c.n_swa ? "_swa" + std::to_string(c.n_swa) : "");
                          });
+
+// The window is not ignored: positions the window does not cut equal full attention, later ones differ.
+TEST(ArchSlidingWindow, ChangesOnlyPositionsBeyondTheWindow) {
+    test::TempDir dir;
+    const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 300};
+    const std::vector<float> full =
+        engine_forward(synth_arch(dir, {"llama", 0, 0}, DType::f32), prompt, {0, 2}, KvType::f32);
+    const std::vector<float> swa =
+        engine_forward(synth_arch(dir, {"llama", 0, 3}, DType::f32), prompt, {0, 2}, KvType::f32);
+    ASSERT_EQ(full.size(), swa.size());
+    const size_t nv = full.size() / prompt.size();
+    for (size_t pos = 0; pos < prompt.size(); ++pos) {
+        const bool same =
+            std::equal(full.begin() + pos * nv, full.begin() + (pos + 1) * nv, swa.begin() + pos * nv);
+        EXPECT_EQ(same, pos < 3) << "position " << pos;
+    }
+}
 
 TEST(ArchSynth, UnknownArchitectureIsRefused) {
     test::TempDir dir;

@@ -41,6 +41,8 @@ void register_synth(CLI::App &app, Runners &runners) {
     cmd->add_option("--head-dim", p.head_dim, "Head size (0: dim / heads)")->default_val(0);
     cmd->add_option("--ffn", p.n_ff, "Feed-forward size")->default_val(768);
     cmd->add_option("--ctx", p.n_ctx, "Training context length to record")->default_val(2048);
+    cmd->add_option("--swa", p.n_swa, "Sliding attention window in tokens, every layer (0: off)")
+        ->default_val(0);
     cmd->add_option("--rope-base", p.rope_freq_base, "RoPE frequency base")->default_val(10000.0f);
     cmd->add_option("--vocab-from", p.vocab_from, "GGUF whose tokenizer is copied")->required();
     cmd->add_option("--type", opt->type,

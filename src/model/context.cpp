@@ -1,5 +1,6 @@
 #include "model/context.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -175,22 +176,25 @@ void Context::layer_forward(int32_t il, const Batch &batch) {
         }
     });
 
-    // Each (row, head) attends over its own sequence's positions 0..pos (causal).
+    // Each (row, head) attends over its own sequence's positions first..pos (causal; first > 0 only in a
+    // sliding-window layer).
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
     const int32_t n_gqa = hp.n_gqa();
     const size_t elem = kv_f16 ? 2 : 4;
+    const int32_t n_swa = hp.layer_is_swa(il) ? hp.n_swa : 0;
     pool.run([&](int ith, int nth) {
         float *scores = &scores_[static_cast<size_t>(ith) * n_ctx_];
         for (int64_t job = ith; job < static_cast<int64_t>(n) * hp.n_head; job += nth) {
             const int64_t i = job / hp.n_head;
             const int32_t h = static_cast<int32_t>(job % hp.n_head);
             const int32_t kvh = h / n_gqa;
+            const int32_t first = n_swa > 0 ? std::max(0, batch.pos[i] - n_swa + 1) : 0;
             const uint8_t *k0 =
-                kv_.k_row(local, batch.seq[i], 0) + static_cast<size_t>(kvh) * head_dim * elem;
+                kv_.k_row(local, batch.seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
             const uint8_t *v0 =
-                kv_.v_row(local, batch.seq[i], 0) + static_cast<size_t>(kvh) * head_dim * elem;
+                kv_.v_row(local, batch.seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
             kernels::attention_head(&q_[i * n_q + h * head_dim], k0, v0, kv_f16, n_kv, head_dim,
-                                    batch.pos[i] + 1, scale, scores, &attn_[i * n_q + h * head_dim]);
+                                    batch.pos[i] + 1 - first, scale, scores, &attn_[i * n_q + h * head_dim]);
         }
     });
     kernels::matmul(w.wo, attn_.data(), xn_.data(), n, pool, mm_scratch_);

@@ -89,6 +89,29 @@ Result<HParams> read_hparams(const gguf::File &file, std::string_view arch_view)
     hp.rope_llama3_low_freq_factor = low.value_or(1.0f);
     hp.rope_llama3_high_freq_factor = high.value_or(4.0f);
 
+    // Sliding window: all layers (Mistral style) unless a pattern says which. The pattern is either an
+    // array of bools, one per layer, or a period n: layer il slides when il % n < n - 1 (llama.cpp's rule:
+    // every n-th layer attends globally).
+    TD_ASSIGN_OR_RETURN(std::optional<int64_t> swa, file.get_int_opt(key("attention.sliding_window")));
+    if (swa && *swa > 0) {
+        if (*swa > (int64_t{1} << 30))
+            return invalid_input("{}: attention.sliding_window {} is out of range", file.path(), *swa);
+        hp.n_swa = static_cast<int32_t>(*swa);
+        hp.swa_layers.assign(static_cast<size_t>(hp.n_layer), 1);
+        if (const gguf::Value *pattern = file.find(key("attention.sliding_window_pattern"))) {
+            if (pattern->type == gguf::ValueType::array) {
+                if (pattern->ints.size() != static_cast<size_t>(hp.n_layer))
+                    return invalid_input("{}: attention.sliding_window_pattern has {} entries for {} layers",
+                                         file.path(), pattern->ints.size(), hp.n_layer);
+                for (int32_t il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = pattern->ints[il] != 0;
+            } else {
+                TD_ASSIGN_OR_RETURN(int32_t period,
+                                    positive_i32(file, key("attention.sliding_window_pattern")));
+                for (int32_t il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = il % period < period - 1;
+            }
+        }
+    }
+
     // The vocabulary size comes from the key when present, else from the tokenizer's token list.
     TD_ASSIGN_OR_RETURN(auto n_vocab, file.get_int_opt(key("vocab_size")));
     if (n_vocab) {

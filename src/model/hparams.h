@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "gguf/gguf.h"
@@ -34,6 +35,12 @@ struct HParams {
     float rope_llama3_low_freq_factor = 1.0f;
     float rope_llama3_high_freq_factor = 4.0f;
     int32_t rope_orig_ctx = 8192;
+
+    // Sliding-window attention (`attention.sliding_window`): a query at position p sees keys at positions
+    // p - n_swa + 1 .. p in the layers swa_layers marks; n_swa 0 = every layer attends to the whole context.
+    int32_t n_swa = 0;
+    std::vector<uint8_t> swa_layers;  // [n_layer] 1 = sliding window; filled when n_swa > 0
+    bool layer_is_swa(int32_t il) const { return n_swa > 0 && swa_layers[static_cast<size_t>(il)] != 0; }
 
     int32_t n_embd_q() const { return n_head * head_dim; }
     int32_t n_embd_kv() const { return n_head_kv * head_dim; }

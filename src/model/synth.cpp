@@ -124,6 +124,7 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
         return invalid_input("synth: --arch '{}' is not one synth writes (llama, qwen2, qwen3)", p.arch);
     if (p.n_embd <= 0 || p.n_layer <= 0 || p.n_head <= 0 || p.n_head_kv <= 0 || p.n_ff <= 0 || p.n_ctx <= 0)
         return invalid_input("synth: every size must be positive");
+    if (p.n_swa < 0) return invalid_input("synth: --swa must not be negative");
     if (p.head_dim < 0) return invalid_input("synth: --head-dim must not be negative");
     if (p.head_dim == 0 && p.n_embd % p.n_head != 0)
         return invalid_input("synth: --dim {} is not a multiple of --heads {}", p.n_embd, p.n_head);
@@ -160,6 +161,7 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
         w.set_u32(key("attention.value_length"), static_cast<uint32_t>(head_dim));
     }
     w.set_f32(key("attention.layer_norm_rms_epsilon"), 1e-5f);
+    if (p.n_swa > 0) w.set_u32(key("attention.sliding_window"), static_cast<uint32_t>(p.n_swa));
     w.set_f32(key("rope.freq_base"), p.rope_freq_base);
     w.set_u32(key("vocab_size"), static_cast<uint32_t>(n_vocab));
     for (const auto &[key, value] : vocab_file.metadata())

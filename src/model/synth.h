@@ -28,6 +28,7 @@ struct SynthParams {
     int32_t head_dim = 0;  // 0: n_embd / n_head; otherwise written as attention.key_length/value_length
     int32_t n_ff = 768;
     int32_t n_ctx = 2048;
+    int32_t n_swa = 0;  // > 0: attention.sliding_window, every layer (Mistral style)
     float rope_freq_base = 10000.0f;
     DType type = DType::f32;        // every matrix; norms stay f32
     SynthMix mix = SynthMix::none;  // when set, overrides `type` per tensor (synth_tensor_type)
