@@ -13,6 +13,7 @@
 
 #include "core/thread-pool.h"
 #include "gguf/gguf.h"
+#include "kernels/activations.h"
 #include "model/batch.h"
 #include "model/context.h"
 #include "model/model.h"
@@ -110,6 +111,7 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
     const int64_t n_vocab = m.key(arch, "vocab_size", 0);
     const int64_t n_swa = m.key(arch, "attention.sliding_window", 0);
     const bool halves = arch != "llama";
+    const bool gemma = arch == "gemma";
     const double eps = 1e-5, base = 10000.0;
     const int64_t n_q = n_head * hd, n_kv = n_kv_head * hd;
 
@@ -118,6 +120,8 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
     for (size_t pos = 0; pos < tokens.size(); ++pos) {
         const float *e = m.t("token_embd.weight") + static_cast<int64_t>(tokens[pos]) * n_embd;
         std::vector<double> x(e, e + n_embd);
+        if (gemma)
+            for (double &xi : x) xi *= std::sqrt(static_cast<float>(n_embd));
         for (int64_t il = 0; il < n_layer; ++il) {
             auto name = [il](const char *w) { return "blk." + std::to_string(il) + "." + w; };
             std::vector<double> xn = x;
@@ -163,7 +167,12 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
             rms_norm(xn.data(), m.t(name("ffn_norm.weight")), n_embd, eps);
             std::vector<double> g = mat_vec(m.t(name("ffn_gate.weight")), xn, n_ff);
             const std::vector<double> u = mat_vec(m.t(name("ffn_up.weight")), xn, n_ff);
-            for (int64_t i = 0; i < n_ff; ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+            for (int64_t i = 0; i < n_ff; ++i) {
+                // Gemma's GELU is taken with llama.cpp's f16 rounding (kernels/activations.h): an exact
+                // tanh here would differ by ~1e-3 relative.
+                g[i] = gemma ? kernels::gelu_f16_rounded(static_cast<float>(g[i])) * u[i]
+                             : g[i] / (1.0 + std::exp(-g[i])) * u[i];
+            }
             const std::vector<double> d = mat_vec(m.t(name("ffn_down.weight")), g, n_embd);
             for (int64_t i = 0; i < n_embd; ++i) x[i] += d[i];
         }
@@ -218,6 +227,7 @@ TEST_P(Arch, LoadsWithItsOwnHyperparameters) {
     const HParams &hp = (*model)->hparams();
     EXPECT_EQ(hp.arch, GetParam().arch);
     EXPECT_EQ(hp.head_dim, GetParam().head_dim > 0 ? GetParam().head_dim : 16);
+    EXPECT_EQ((*model)->arch().ffn_act, GetParam().arch == "gemma" ? FfnAct::gelu : FfnAct::silu);
     EXPECT_EQ(hp.rope_order,
               GetParam().arch == "llama" ? kernels::RopeOrder::adjacent : kernels::RopeOrder::halves);
 }
@@ -253,7 +263,8 @@ TEST_P(Arch, LayerRangesGiveBitIdenticalLogits) {
 INSTANTIATE_TEST_SUITE_P(All, Arch,
                          ::testing::Values(ArchCase{"llama", 0}, ArchCase{"qwen2", 0}, ArchCase{"qwen3", 0},
                                            ArchCase{"qwen3", 32}, ArchCase{"llama", 0, 3},
-                                           ArchCase{"qwen2", 0, 2}),
+                                           ArchCase{"qwen2", 0, 2}, ArchCase{"gemma", 0},
+                                           ArchCase{"gemma", 32}),
                          [](const ::testing::TestParamInfo<ArchCase> &info) {
                              const ArchCase &c = info.param;
                              return c.arch + (c.head_dim ? "_head" + std::to_string(c.head_dim) : "") +

@@ -32,7 +32,8 @@ void register_synth(CLI::App &app, Runners &runners) {
     CLI::App *cmd =
         app.add_subcommand("synth", "Write a random-weight llama GGUF (real shape, real vocabulary)");
     cmd->add_option("-o,--output", opt->out, "Output GGUF path")->required();
-    cmd->add_option("--arch", p.arch, "Architecture: llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms)")
+    cmd->add_option("--arch", p.arch,
+                    "Architecture: llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), gemma (GeGLU)")
         ->default_val("llama");
     cmd->add_option("--dim", p.n_embd, "Embedding size")->default_val(256);
     cmd->add_option("--layers", p.n_layer, "Layers")->default_val(4);

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "kernels/activations.h"
 #include "kernels/kernels.h"
 #include "kernels/ops.h"
 
@@ -100,8 +101,15 @@ Status Context::decode(const Batch &batch, const float *hidden_in) {
     if (m.layer_first() == 0) {
         const TensorView &emb = m.tok_embd();
         const kernels::TypeKernels *k = kernels::type_kernels(emb.type);
+        // Gemma scales the embeddings by sqrt(n_embd) (an f32 constant, as llama.cpp rounds it).
+        const float embd_scale = m.arch().scale_embd ? std::sqrt(static_cast<float>(n_embd)) : 1.0f;
         pool_->parallel_for(n, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) k->to_float(emb.row(batch.token[i]), &x_[i * n_embd], n_embd);
+            for (int64_t i = b; i < e; ++i) {
+                float *row = &x_[i * n_embd];  // [n_embd]
+                k->to_float(emb.row(batch.token[i]), row, n_embd);
+                if (embd_scale != 1.0f)
+                    for (int64_t j = 0; j < n_embd; ++j) row[j] *= embd_scale;
+            }
         });
     } else {
         std::memcpy(x_.data(), hidden_in, static_cast<size_t>(n) * n_embd * sizeof(float));
@@ -208,9 +216,17 @@ void Context::layer_forward(int32_t il, const Batch &batch) {
     });
     kernels::matmul(w.w_gate, xn_.data(), gate_.data(), n, pool, mm_scratch_);
     kernels::matmul(w.w_up, xn_.data(), up_.data(), n, pool, mm_scratch_);
-    pool.parallel_for(
-        static_cast<int64_t>(n) * n_ff,
-        [&](int64_t b, int64_t e) { kernels::swiglu(&gate_[b], &up_[b], &gate_[b], e - b); }, 4096);
+    const bool gelu = m.arch().ffn_act == FfnAct::gelu;
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+            float *g = &gate_[i * n_ff];  // [n_ff], becomes act(g) * up
+            if (gelu) {
+                kernels::geglu(g, &up_[i * n_ff], g, n_ff);
+            } else {
+                kernels::swiglu(g, &up_[i * n_ff], g, n_ff);
+            }
+        }
+    });
     kernels::matmul(w.w_down, gate_.data(), xn_.data(), n, pool, mm_scratch_);
     kernels::add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
 }

@@ -120,8 +120,9 @@ DType synth_tensor_type(const SynthParams &p, std::string_view tensor, int32_t l
 }
 
 Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &pool) {
-    if (p.arch != "llama" && p.arch != "qwen2" && p.arch != "qwen3")
-        return invalid_input("synth: --arch '{}' is not one synth writes (llama, qwen2, qwen3)", p.arch);
+    if (p.arch != "llama" && p.arch != "qwen2" && p.arch != "qwen3" && p.arch != "gemma")
+        return invalid_input("synth: --arch '{}' is not one synth writes (llama, qwen2, qwen3, gemma)",
+                             p.arch);
     if (p.n_embd <= 0 || p.n_layer <= 0 || p.n_head <= 0 || p.n_head_kv <= 0 || p.n_ff <= 0 || p.n_ctx <= 0)
         return invalid_input("synth: every size must be positive");
     if (p.n_swa < 0) return invalid_input("synth: --swa must not be negative");
@@ -176,7 +177,8 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
     };
     TD_TRY(matrix("token_embd.weight", n_embd, n_vocab, -1));
     TD_TRY(make.add("output_norm.weight", n_embd, 0, DType::f32));
-    if (!p.tied_output) TD_TRY(matrix("output.weight", n_embd, n_vocab, -1));
+    // Gemma always ties the output to the embedding.
+    if (!p.tied_output && p.arch != "gemma") TD_TRY(matrix("output.weight", n_embd, n_vocab, -1));
     for (int32_t il = 0; il < p.n_layer; ++il) {
         auto name = [il](const char *what) { return fmt::format("blk.{}.{}", il, what); };
         TD_TRY(make.add(name("attn_norm.weight"), n_embd, 0, DType::f32));

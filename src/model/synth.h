@@ -19,7 +19,8 @@ namespace td {
 enum class SynthMix { none, q4_k_m, q5_k_m };
 
 struct SynthParams {
-    // general.architecture: "llama", "qwen2" (adds Q/K/V biases) or "qwen3" (adds per-head Q/K norms).
+    // general.architecture: "llama", "qwen2" (adds Q/K/V biases), "qwen3" (adds per-head Q/K norms) or
+    // "gemma" (GeGLU, scaled embeddings, always tied output).
     std::string arch = "llama";
     int32_t n_embd = 256;
     int32_t n_layer = 4;

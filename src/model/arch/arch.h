@@ -12,12 +12,17 @@
 
 namespace td {
 
+// The feed-forward block's gate activation: out = act(W_gate x) * (W_up x).
+enum class FfnAct { silu, gelu };
+
 struct Architecture {
     std::string_view name;  // general.architecture value, e.g. "llama"
     // Reads and validates the hyperparameters (most use read_hparams plus their own rope order).
     Result<HParams> (*load_hparams)(const gguf::File &file) = nullptr;
     bool has_qkv_bias = false;  // attn_q/k/v.bias tensors are required
     bool has_qk_norm = false;   // attn_q_norm / attn_k_norm weights are required
+    bool scale_embd = false;    // token embeddings are multiplied by sqrt(n_embd) (gemma)
+    FfnAct ffn_act = FfnAct::silu;
 };
 
 // nullptr when unknown.
@@ -28,5 +33,6 @@ std::vector<std::string_view> architecture_names();
 const Architecture &arch_llama();
 const Architecture &arch_qwen2();
 const Architecture &arch_qwen3();
+const Architecture &arch_gemma();
 
 }  // namespace td

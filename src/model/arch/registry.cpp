@@ -3,7 +3,8 @@
 namespace td {
 namespace {
 const std::vector<const Architecture *> &registry() {
-    static const std::vector<const Architecture *> all = {&arch_llama(), &arch_qwen2(), &arch_qwen3()};
+    static const std::vector<const Architecture *> all = {&arch_llama(), &arch_qwen2(), &arch_qwen3(),
+                                                          &arch_gemma()};
     return all;
 }
 }  // namespace
