@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# Two-stage pipeline vs one node: prompt processing (pp) and generation (tg) tokens/s with `tandem run`.
-# Each node gets one thread pinned to its own core (taskset): node A on core 0, node B on core 1; the
-# single-node baseline runs on core 0. The head only tokenizes and queues steps.
+# Two-stage pipeline vs one node, with `tandem bench` on both sides (same tests, same report):
+#   pp<N_PROMPT>  one prompt; the cluster cuts it into chunks that flow down the pipeline back to back
+#   tg<N_GEN>     one sequence, token by token (each token's round trip through both stages)
+#   tg<N_PAR_GEN> x PARALLEL sequences decoding together (aggregate tokens/s); the cluster keeps one
+#                 micro-batch per stage in flight
+# Each worker has one thread pinned to its own core (taskset -c 0 and -c 1); the one-node baseline has one
+# thread on core 0. The head is not pinned (with --head-layers 0 it only queues steps and reads results).
+# The machine may be shared: every round runs the baseline and the cluster back to back, and the table
+# reports the median of the per-round ratios, with the load average before and after.
 #
-#   bench/cluster-pipeline.sh [MODEL] [N_PROMPT] [N_GEN] [CHUNK]
+#   bench/cluster-pipeline.sh [MODEL] [ROUNDS]
+#   env: TANDEM (binary), N_PROMPT (512), N_GEN (128), PARALLEL (16), N_PAR_GEN (32), WIRE (f16),
+#        HEAD_LAYERS (0), CHUNK (0: automatic)
 #
-# MODEL defaults to a 1B-shaped Q4_0 model with random weights (made once with `tandem synth`).
-# CHUNK is the prompt chunk (-b) of the cluster run: chunks flow down the pipeline back to back.
-# Prints a markdown table (docs/benchmarks.md, "Cluster: two-stage pipeline").
+# MODEL defaults to /tmp/tandem-bench/1b-q4_0.gguf, a 1B-shaped Q4_0 model with random weights (made once
+# with `tandem synth` when missing). Prints a markdown table (docs/benchmarks.md, "Cluster").
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${TANDEM:-$here/build/release/tandem}
-model=${1:-/tmp/models/1b-q4_0.gguf}
-n_prompt=${2:-512}
-n_gen=${3:-128}
-chunk=${4:-64}
+model=${1:-/tmp/tandem-bench/1b-q4_0.gguf}
+rounds=${2:-3}
+n_prompt=${N_PROMPT:-512}
+n_gen=${N_GEN:-128}
+parallel=${PARALLEL:-16}
+n_par_gen=${N_PAR_GEN:-32}
 wire=${WIRE:-f16}
+head_layers=${HEAD_LAYERS:-0}
+chunk=${CHUNK:-0}
 
 if [[ ! -x $bin ]]; then echo "no tandem binary at $bin (set TANDEM=...)" >&2; exit 1; fi
 if [[ ! -f $model ]]; then
@@ -28,9 +39,6 @@ tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
 trap cleanup EXIT
-
-# A prompt of n_prompt tokens: " the" is one SPM token, after BOS.
-python3 -c "import sys; sys.stdout.write(' '.join(['the'] * ($n_prompt - 1)))" > "$tmp/prompt.txt"
 
 start_worker() {  # core, log: starts in this shell (so cleanup sees the pid)
   taskset -c "$1" "$bin" worker --listen 127.0.0.1:0 -t 1 --model "$model" --cache-dir "$tmp/cache" \
@@ -45,24 +53,42 @@ worker_address() {  # log
   sed -n 's|.*listening on \(.*\)$|\1|p' "$1"
 }
 
-parse() {  # stderr of tandem run -> "pp tg"
-  sed -n 's|.*prompt \([0-9]*\) tokens, \([0-9.]*\) tokens/s . generation \([0-9]*\) tokens, \([0-9.]*\) tokens/s.*|\2 \4|p' "$1"
-}
-
-common=(-m "$model" -f "$tmp/prompt.txt" -n "$n_gen" --temp 0 -c $((n_prompt + n_gen + 8)))
-taskset -c 0 "$bin" run "${common[@]}" -t 1 -b "$n_prompt" >/dev/null 2>"$tmp/local.err"
-read -r local_pp local_tg < <(parse "$tmp/local.err")
-
 start_worker 0 "$tmp/a.log"
 start_worker 1 "$tmp/b.log"
 a=$(worker_address "$tmp/a.log")
 b=$(worker_address "$tmp/b.log")
-"$bin" run "${common[@]}" --workers "$a,$b" --split 1,1 --wire "$wire" -b "$chunk" --stats >/dev/null 2>"$tmp/cluster.err"
-read -r cl_pp cl_tg < <(parse "$tmp/cluster.err")
+cluster=(--workers "$a,$b" --split 1,1 --wire "$wire" --head-layers "$head_layers" --chunk "$chunk")
 
-echo "| setup | pp$n_prompt tok/s | tg$n_gen tok/s |"
-echo "|---|---:|---:|"
-echo "| one node, 1 thread (core 0), -b $n_prompt | $local_pp | $local_tg |"
-echo "| 2 stages x 1 thread (cores 0,1), wire $wire, -b $chunk | $cl_pp | $cl_tg |"
-python3 -c "print('| ratio | %.2fx | %.2fx |' % ($cl_pp / $local_pp, $cl_tg / $local_tg))"
-grep -A10 "cluster stats" "$tmp/cluster.err" >&2 || true
+# tandem bench -o jsonl -> "avg_ts" per line, in test order.
+ts() { python3 -c 'import json,sys; print(" ".join("%.3f" % json.loads(l)["avg_ts"] for l in sys.stdin if l.strip()))'; }
+
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+: > "$tmp/rows"
+for r in $(seq 1 "$rounds"); do
+  common=(-m "$model" -t 1 -r 1 -o jsonl)
+  local_a=$(taskset -c 0 "$bin" bench "${common[@]}" -p "$n_prompt" -n "$n_gen" 2>/dev/null | ts)
+  local_b=$(taskset -c 0 "$bin" bench "${common[@]}" -p 0 -n "$n_par_gen" --parallel "$parallel" 2>/dev/null | ts)
+  cl_a=$("$bin" bench "${common[@]}" "${cluster[@]}" -p "$n_prompt" -n "$n_gen" 2>"$tmp/cluster.err" | ts)
+  cl_b=$("$bin" bench "${common[@]}" "${cluster[@]}" -p 0 -n "$n_par_gen" --parallel "$parallel" 2>>"$tmp/cluster.err" | ts)
+  echo "$local_a $local_b $cl_a $cl_b" >> "$tmp/rows"
+  echo "round $r: local pp/tg/par $local_a $local_b | cluster $cl_a $cl_b" >&2
+done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+
+python3 - "$tmp/rows" "$n_prompt" "$n_gen" "$parallel" "$n_par_gen" "$wire" "$head_layers" "$load_before" "$load_after" <<'EOF'
+import statistics, sys
+rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
+n_prompt, n_gen, par, n_par_gen, wire, head, lb, la = sys.argv[2:]
+names = [f"pp{n_prompt}", f"tg{n_gen}", f"tg{n_par_gen} x{par} seqs (aggregate)"]
+targets = [1.7, 0.97, 1.8]
+print(f"| test | one node, 1 thread (core 0) t/s | 2 stages x 1 thread (cores 0, 1) t/s | ratio (median of {len(rows)} rounds) | target |")
+print("|---|---:|---:|---:|---:|")
+for k, name in enumerate(names):
+    loc = [r[k] for r in rows]
+    cl = [r[3 + k] for r in rows]
+    ratios = [c / l for c, l in zip(cl, loc)]
+    print(f"| {name} | {statistics.median(loc):.2f} | {statistics.median(cl):.2f} | "
+          f"{statistics.median(ratios):.2f}x ({', '.join('%.2f' % x for x in ratios)}) | {targets[k]}x |")
+print(f"\nwire {wire}, head layers {head}; load average before: {lb}, after: {la}")
+EOF
+grep -A6 "cluster stats" "$tmp/cluster.err" | tail -7 >&2 || true

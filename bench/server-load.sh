@@ -4,12 +4,15 @@
 #
 #   bench/server-load.sh [MODEL] [THREADS] [STREAMS] [MAX_TOKENS]
 #
-# MODEL defaults to a 1B-shaped Q4_0 model with random weights (made once with `tandem synth`).
-# Results go to stdout as a markdown table row (docs/benchmarks.md, "Server").
+# MODEL defaults to the 1B-shaped Q4_0 model with random weights at /tmp/tandem-bench/1b-q4_0.gguf (made once
+# with `tandem synth` when absent). ROUNDS (2) rounds per concurrency, best round reported. EXTRA_ARGS are
+# passed to `tandem serve` (e.g. "--workers 127.0.0.1:9001,127.0.0.1:9002" to measure through a cluster).
+# Results go to stdout as a markdown table (docs/benchmarks.md, "Server"), plus the scheduler's own time
+# from /metrics: busy time outside engine submit/wait (building steps, detokenizing, dispatching).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${TANDEM:-$here/build/release/tandem}
-model=${1:-/tmp/models/1b-q4_0.gguf}
+model=${1:-/tmp/tandem-bench/1b-q4_0.gguf}
 threads=${2:-2}
 streams=${3:-8}
 max_tokens=${4:-64}
@@ -24,7 +27,7 @@ fi
 
 log=$(mktemp)
 "$bin" serve -m "$model" --port 0 --parallel "$streams" --ctx-size $((streams * 512)) -t "$threads" \
-  --queue $((streams * 4)) 2>"$log" &
+  --queue $((streams * 4)) ${EXTRA_ARGS:-} 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT
 port=""
@@ -90,12 +93,31 @@ def run(concurrency):
     pct = lambda p: ttfts[min(len(ttfts) - 1, int(round(p / 100 * (len(ttfts) - 1))))]
     return best, pct(50), pct(99)
 
+def metrics():
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    out = {}
+    for line in c.getresponse().read().decode().splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
 wait_ready()
 one_stream(0, [None])  # warm up (page in the weights)
+m0 = metrics()
 r1, t1_50, t1_99 = run(1)
 rn, tn_50, tn_99 = run(streams)
 print(f"| threads | streams | max_tokens | 1 stream tok/s | {streams} streams tok/s | speedup | TTFT p50/p99 (1) | TTFT p50/p99 ({streams}) |")
 print("|---|---|---|---|---|---|---|---|")
 print(f"| {threads} | {streams} | {max_tokens} | {r1:.1f} | {rn:.1f} | {rn / r1:.2f}x | "
       f"{t1_50 * 1000:.0f}/{t1_99 * 1000:.0f} ms | {tn_50 * 1000:.0f}/{tn_99 * 1000:.0f} ms |")
+m1 = metrics()
+d = lambda k: m1.get(k, 0.0) - m0.get(k, 0.0)
+steps = d("tandem_steps_total")
+print()
+print(f"scheduler: {steps:.0f} steps, busy {d('tandem_busy_seconds_total'):.2f} s, outside the engine "
+      f"{d('tandem_scheduler_overhead_seconds_total') * 1000:.1f} ms "
+      f"({d('tandem_scheduler_overhead_seconds_total') * 1e6 / max(steps, 1):.0f} us/step), "
+      f"micro-batches in flight {m1.get('tandem_micro_batches', 1):.0f}")
 PY

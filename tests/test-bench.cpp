@@ -1,5 +1,6 @@
 // `tandem bench`: the driver's calls (batch shapes, positions, warm-up, cleared cache per repetition), the
 // statistics, and the real binary's llama-bench compatible output (JSON, JSONL, CSV, Markdown) and errors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,18 +21,43 @@ const char *kStories = "models/stories260K.gguf";
 struct FakeTarget {
     std::vector<Batch> calls;
     int clears = 0;
-    int fail_at = -1;  // decode call index that returns an error
+    int fail_at = -1;  // submit call index that returns an error
+    // Queued mode (a pipeline): submit queues, wait completes the oldest.
+    std::vector<std::string> events;  // "s<seq of row 0>@<pos>" per submit, "w" per wait
+    int queued = 0, max_queued = 0;
 
     BenchTarget target(int32_t n_vocab, int32_t bos) {
         BenchTarget t;
-        t.decode = [this](const Batch &b) -> Status {
+        t.submit = [this](const Batch &b) -> Status {
             if (static_cast<int>(calls.size()) == fail_at) return make_error(ErrorKind::failed, "boom");
             calls.push_back(b);
             return {};
         };
-        t.clear = [this] { ++clears; };
+        t.clear = [this] {
+            ++clears;
+            return Status();
+        };
         t.n_vocab = n_vocab;
         t.bos = bos;
+        return t;
+    }
+    BenchTarget pipeline(int32_t n_vocab, int n_stages, int max_in_flight) {
+        BenchTarget t = target(n_vocab, -1);
+        t.submit = [this, max_in_flight](const Batch &b) -> Status {
+            if (queued == max_in_flight) return make_error(ErrorKind::failed, "queue full");
+            calls.push_back(b);
+            events.push_back(fmt::format("s{}@{}", b.seq[0], b.pos[0]));
+            max_queued = std::max(max_queued, ++queued);
+            return {};
+        };
+        t.wait = [this]() -> Status {
+            if (queued == 0) return make_error(ErrorKind::failed, "nothing queued");
+            --queued;
+            events.push_back("w");
+            return {};
+        };
+        t.n_stages = n_stages;
+        t.max_in_flight = max_in_flight;
         return t;
     }
 };
@@ -105,6 +131,61 @@ TEST(BenchRun, NoWarmupAndErrors) {
     p.reps = 0;
     EXPECT_FALSE(bench_run(any.target(10, -1), BenchTest{0, 1}, p).ok());
     EXPECT_TRUE(any.calls.empty());
+}
+
+TEST(BenchRun, ParallelSequencesDecodeAsOneBatchOnOneStage) {
+    FakeTarget fake;
+    BenchRunParams p;
+    p.reps = 1;
+    p.warmup = false;
+    ASSERT_TRUE(bench_run(fake.target(50, 1), BenchTest{0, 3, 4}, p).ok());
+    ASSERT_EQ(fake.calls.size(), 3u);
+    for (int32_t step = 0; step < 3; ++step) {
+        const Batch &b = fake.calls[step];
+        ASSERT_EQ(b.size(), 4);
+        for (int32_t s = 0; s < 4; ++s) {
+            EXPECT_EQ(b.seq[s], s);
+            EXPECT_EQ(b.pos[s], step);
+            EXPECT_EQ(b.want_logits[s], 1);
+            if (step == 0) {
+                EXPECT_EQ(b.token[s], 1);  // every sequence starts with BOS
+            }
+        }
+    }
+}
+
+// On a 2-stage pipeline, 4 sequences decode as 2 micro-batches in flight together; a micro-batch's next
+// step goes out only after its previous step came back.
+TEST(BenchRun, ParallelSequencesKeepOneMicroBatchPerStageInFlight) {
+    FakeTarget fake;
+    BenchRunParams p;
+    p.reps = 1;
+    p.warmup = false;
+    ASSERT_TRUE(bench_run(fake.pipeline(50, 2, 8), BenchTest{0, 3, 4}, p).ok());
+    const std::vector<std::string> want = {"s0@0", "s2@0", "w", "s0@1", "w", "s2@1",
+                                           "w",    "s0@2", "w", "s2@2", "w", "w"};
+    EXPECT_EQ(fake.events, want);
+    EXPECT_EQ(fake.max_queued, 2);
+    for (const Batch &b : fake.calls) {
+        ASSERT_EQ(b.size(), 2);
+        EXPECT_EQ(b.seq[1], b.seq[0] + 1);
+    }
+}
+
+TEST(BenchRun, ParallelPromptsGoBackToBackUpToTheTargetsDepth) {
+    FakeTarget fake;
+    BenchRunParams p;
+    p.reps = 1;
+    p.warmup = false;
+    p.n_batch = 4;
+    ASSERT_TRUE(bench_run(fake.pipeline(50, 2, 2), BenchTest{5, 0, 2}, p).ok());
+    // 10 rows (2 prompts of 5) in batches of 4, 4, 2; at most 2 queued.
+    const std::vector<std::string> want = {"s0@0", "s0@4", "w", "s1@3", "w", "w"};
+    EXPECT_EQ(fake.events, want);
+    ASSERT_EQ(fake.calls.size(), 3u);
+    EXPECT_EQ(fake.calls[1].seq[1], 1);  // row 5: the second prompt's first token
+    EXPECT_EQ(fake.calls[1].pos[1], 0);
+    EXPECT_EQ(fake.calls[2].size(), 2);
 }
 
 TEST(BenchStats, MatchLlamaBench) {

@@ -113,12 +113,12 @@ struct GenRun {
 };
 
 // Greedy generation with logits; small prompt chunks so several steps are in flight at once.
-Result<GenRun> greedy(Engine &engine, int32_t n_predict = 12) {
+Result<GenRun> greedy(Engine &engine, int32_t n_predict = 12, int32_t n_batch = 2) {
     SamplerParams sp;
     sp.temperature = 0.0f;
     GenerateParams gp;
     gp.n_predict = n_predict;
-    gp.n_batch = 2;
+    gp.n_batch = n_batch;
     gp.want_logits = true;
     const std::vector<int32_t> prompt = {1, 403, 407, 261, 116, 292, 72};
     GenRun run;
@@ -499,6 +499,146 @@ TEST(Cluster, FailureWithQueuedStepsDoesNotPoisonTheNextRequest) {
     ASSERT_TRUE(w2.running()) << w2.log();
     auto again = greedy(engine, 3);
     ASSERT_TRUE(again.ok()) << again.status().message();
+}
+
+}  // namespace
+}  // namespace td::cluster
+
+namespace td::cluster {
+namespace {
+
+TEST(ClusterPlacement, HeadLayersAndAutomaticChunks) {
+    auto r = parse_layer_ranges("2-3,4-4", 2, 5, 2);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_EQ((*r)[0], LayerRange(2, 4));
+    EXPECT_FALSE(parse_layer_ranges("0-3,4-4", 2, 5, 2).ok());  // the head runs 0-1
+    auto s = split_layers({1.0, 1.0}, 16, 4);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ((*s)[0], LayerRange(4, 10));
+    EXPECT_EQ((*s)[1], LayerRange(10, 16));
+    EXPECT_FALSE(split_layers({1.0, 1.0}, 5, 4).ok());  // one layer left for two workers
+
+    EXPECT_EQ(auto_chunk_rows(512, 1), 512);  // one stage: nothing to overlap
+    EXPECT_EQ(auto_chunk_rows(1, 2), 32);     // a decode step stays one message
+    EXPECT_EQ(auto_chunk_rows(16, 3), 32);
+    EXPECT_EQ(auto_chunk_rows(512, 2), 64);  // 8 chunks through 2 stages
+    EXPECT_EQ(auto_chunk_rows(512, 4), 32);
+    const int32_t huge = 300000;  // more than one message holds: at most kMaxPartsPerStep messages
+    EXPECT_LE(auto_chunk_rows(huge, 1), static_cast<int32_t>(net::kMaxBatchRows));
+    EXPECT_LE((huge + auto_chunk_rows(huge, 2) - 1) / auto_chunk_rows(huge, 2), kMaxPartsPerStep);
+}
+
+// --head-layers N: the head runs layers 0..N-1 itself and the workers the rest; tokens and (wire f32)
+// logits equal the local run for N = 0, 1, 2, and the placement shows the head's row.
+TEST(Cluster, HeadLayersMatchLocal) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    const GenRun want = local_reference(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    struct Case {
+        int32_t head_layers;
+        std::string layers;
+    };
+    for (const Case &c : {Case{0, ""}, Case{1, ""}, Case{2, "2-3,4-4"}}) {
+        SCOPED_TRACE(c.head_layers);
+        ClusterOptions o = options_for({&w1, &w2}, c.layers);
+        o.head_layers = c.head_layers;
+        o.head_threads = 1;
+        auto e = ClusterEngine::create(model, o);
+        ASSERT_TRUE(e.ok()) << e.status().message();
+        EXPECT_EQ((*e)->nodes()[0].layers.first, c.head_layers);
+        EXPECT_EQ((*e)->n_stages(), c.head_layers > 0 ? 3 : 2);
+        const std::string table = (*e)->placement_table();
+        if (c.head_layers == 0) {
+            EXPECT_EQ(table.find("  head "), std::string::npos) << table;
+        } else {
+            EXPECT_NE(table.find(fmt::format("head                   0-{}", c.head_layers - 1)),
+                      std::string::npos)
+                << table;
+        }
+        auto got = greedy(**e);
+        ASSERT_TRUE(got.ok()) << got.status().message();
+        EXPECT_EQ(got->tokens, want.tokens);
+        EXPECT_TRUE(bit_identical(*got, want)) << "logits differ with --wire f32";
+        // Recovery resets the head's own cache too: a second request from position 0 works.
+        auto again = greedy(**e, 3);
+        ASSERT_TRUE(again.ok()) << again.status().message();
+    }
+    ClusterOptions bad = options_for({&w1, &w2});
+    bad.head_layers = 4;  // 5 layers, two workers need one each
+    auto e = ClusterEngine::create(model, bad);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("--head-layers 4"), std::string::npos) << e.status().message();
+}
+
+// A long prompt step is cut into chunks that travel as separate messages (stats count them) and the
+// outputs are those of one message: same tokens, bit-identical logits with wire f32.
+TEST(Cluster, LongPromptStepIsCutIntoChunks) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    const GenRun want = local_reference(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    for (int32_t head_layers : {0, 1}) {
+        SCOPED_TRACE(head_layers);
+        ClusterOptions o = options_for({&w1, &w2}, "");
+        o.chunk_rows = 3;
+        o.head_layers = head_layers;
+        o.head_threads = 1;
+        auto e = ClusterEngine::create(model, o);
+        ASSERT_TRUE(e.ok()) << e.status().message();
+        auto got = greedy(**e, 12, /*n_batch=*/512);  // the 7-token prompt in one submit
+        ASSERT_TRUE(got.ok()) << got.status().message();
+        EXPECT_TRUE(bit_identical(*got, want));
+        auto st = (*e)->stats();
+        ASSERT_TRUE(st.ok()) << st.status().message();
+        // 3 prompt chunks (3 + 3 + 1 rows) + 11 decode steps.
+        for (const net::StatsReply &node : st->nodes) EXPECT_EQ(node.forward_steps, 3u + 11u);
+    }
+}
+
+}  // namespace
+}  // namespace td::cluster
+
+namespace td::cluster {
+namespace {
+
+// The CLI: `tandem run --head-layers` prints the placement with the head's row and generates the local
+// run's text; `tandem bench` with the cluster flags reports pipeline records with --parallel.
+TEST(ClusterCli, RunWithHeadLayersAndBenchThroughWorkers) {
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    const std::string model = test::shared_path(kModel);
+    const std::string workers = w1.address() + "," + w2.address();
+    const std::vector<std::string> gen = {"run", "-m", model, "--temp", "0", "-n", "16", "-t", "1"};
+    auto local = test::run_tandem(gen);
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    std::vector<std::string> args = gen;
+    args.insert(args.end(), {"--workers", workers, "--head-layers", "2", "--wire", "f32"});
+    auto cl = test::run_tandem(args);
+    ASSERT_EQ(cl.exit_code, 0) << cl.err;
+    EXPECT_EQ(cl.out, local.out);
+    EXPECT_NE(cl.err.find("head layers 2"), std::string::npos) << cl.err;
+    EXPECT_NE(cl.err.find("  head                   0-1"), std::string::npos) << cl.err;
+
+    auto bench = test::run_tandem({"bench", "-m", model, "--workers", workers, "-t", "1", "-p", "8", "-n",
+                                   "4", "-r", "1", "--parallel", "1,3", "-o", "jsonl"});
+    ASSERT_EQ(bench.exit_code, 0) << bench.err;
+    std::vector<std::string> lines;
+    for (size_t at = 0, eol; (eol = bench.out.find('\n', at)) != std::string::npos; at = eol + 1)
+        lines.push_back(bench.out.substr(at, eol - at));
+    ASSERT_EQ(lines.size(), 4u) << bench.out;  // (pp8, tg4) x (1, 3 sequences)
+    EXPECT_NE(lines[0].find("\"n_parallel\": 1"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[3].find("\"n_parallel\": 3"), std::string::npos) << lines[3];
+    for (const std::string &l : lines) EXPECT_NE(l.find("\"pipeline\": \"2-stage "), std::string::npos) << l;
+
+    auto bad = test::run_tandem({"run", "-m", model, "--head-layers", "1", "-n", "1"});
+    EXPECT_EQ(bad.exit_code, 1);
+    EXPECT_NE(bad.err.find("need --workers"), std::string::npos) << bad.err;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "tensor/dtype.h"
 #include "tensor/fp16.h"
 #include "tensor/tensor.h"
+#include "test-isa.h"
 
 namespace td {
 namespace {
@@ -64,11 +65,13 @@ protected:
 };
 
 // Every (row, token) of matmul equals the reference's single vec_dot, for tile remainders in both
-// directions, block counts below, at and above multiples of 8, and any thread count.
+// directions, block counts below, at and above multiples of 8, and any thread count. The q4_0/q8_0 kernels
+// cut rows into panels of 8 or 16-row vectors (1 or 2 per panel: 19 and 40 rows give full and partial
+// panels) and tokens into tiles of 4 or 8 (9 and 17 tokens leave remainders).
 TEST_P(KernelsFast, MatmulEqualsReferenceBitForBit) {
     const DType types[] = {DType::q4_0, DType::q8_0, DType::f16, DType::f32};
     const int64_t lengths[] = {32, 96, 256, 288, 4096};  // 1, 3, 8, 9, 128 blocks
-    const int64_t outs[] = {1, 5, 19};
+    const int64_t outs[] = {1, 5, 19, 40};
     ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
     std::vector<uint8_t> scratch;
     for (DType type : types) {
@@ -78,6 +81,11 @@ TEST_P(KernelsFast, MatmulEqualsReferenceBitForBit) {
                 std::vector<uint8_t> w = quantize_rows(type, wf, n_out, n_in);
                 // A q8_0 weight of -128 (ggml's quantizer never writes it, a file may hold it) must work.
                 if (type == DType::q8_0) w[2 + 5] = 0x80;  // row 0, block 0, element 5
+                // ... and in a row of a panel's second vector (rows 16..31; element 30 of its last block).
+                if (type == DType::q8_0 && n_out > 17) {
+                    const size_t row17_end = 18 * w.size() / static_cast<size_t>(n_out);
+                    w[row17_end - 34 + 2 + 30] = 0x80;  // a q8_0 block is 34 bytes: d, then qs
+                }
                 TensorView tv;
                 tv.name = "w";
                 tv.type = type;
@@ -85,8 +93,8 @@ TEST_P(KernelsFast, MatmulEqualsReferenceBitForBit) {
                 tv.ne[0] = n_in;
                 tv.ne[1] = n_out;
                 tv.data = w.data();
-                for (int64_t n_tokens = 1; n_tokens <= 9; ++n_tokens) {
-                    if (n_in == 4096 && n_tokens % 4 != 1) continue;  // keep the big rows cheap
+                for (int64_t n_tokens : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {
+                    if ((n_in == 4096 || n_out == 40) && n_tokens % 4 != 1) continue;  // keep the test cheap
                     const std::vector<float> x =
                         randn(n_in * n_tokens, static_cast<uint32_t>(7 * n_tokens), 2.0f);
                     const std::vector<float> want = matmul_ref(type, w, x, n_in, n_out, n_tokens);
@@ -106,7 +114,7 @@ TEST_P(KernelsFast, MatmulEqualsReferenceBitForBit) {
 // A token's outputs do not depend on the batch it came in: row t of a batched matmul equals a matmul of
 // token t alone (tile path vs the single-token path).
 TEST_P(KernelsFast, MatmulBatchedEqualsSeparate) {
-    const int64_t n_in = 512, n_out = 37, n_tokens = 7;
+    const int64_t n_in = 512, n_out = 37, n_tokens = 11;
     ThreadPool pool(2);
     std::vector<uint8_t> scratch;
     for (DType type : {DType::q4_0, DType::q8_0}) {
@@ -146,7 +154,7 @@ std::vector<uint8_t> kv_rows(const std::vector<float> &v, bool f16) {
 }
 
 TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
-    const int32_t head_dims[] = {64, 100, 128};
+    const int32_t head_dims[] = {8, 64, 100, 128};
     const int32_t n_kvs[] = {1, 2, 3, 5, 8, 17, 130};
     for (bool f16 : {true, false}) {
         for (int32_t head_dim : head_dims) {
@@ -176,11 +184,45 @@ TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsFast,
-                         ::testing::Values(Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon),
-                         [](const ::testing::TestParamInfo<Isa> &info) {
-                             return std::string(kernels::isa_name(info.param));
-                         });
+// The f32 dot (f32 matmuls, attention over an f32 cache) in the reference's lane order, fused tail included.
+TEST_P(KernelsFast, VecDotF32EqualsReferenceBitForBit) {
+    const TypeKernels *k = kernels::type_kernels(DType::f32);
+    const TypeKernels *r = kernels::type_kernels_ref(DType::f32);
+    for (int64_t n : {1, 7, 8, 33, 64, 100, 172, 2048, 2049}) {
+        const std::vector<float> x = randn(n, static_cast<uint32_t>(n)),
+                                 y = randn(n, static_cast<uint32_t>(n + 1));
+        float s = NAN, s_ref = NAN;
+        k->vec_dot(n, &s, x.data(), y.data());
+        r->vec_dot(n, &s_ref, x.data(), y.data());
+        ASSERT_EQ(0, std::memcmp(&s, &s_ref, sizeof(float))) << "n " << n << ": " << s << " vs " << s_ref;
+    }
+}
+
+// SwiGLU over one row: the polynomial e^x in groups of 16 and libm for the rest, including the lanes where
+// e^x leaves the normal range (|x| > 87), saturates, or sees infinities and NaN.
+TEST_P(KernelsFast, SwigluEqualsReferenceBitForBit) {
+    const float specials[] = {0.0f,   -0.0f,  87.0f,   -87.0f, 88.5f,   -88.5f,   100.0f,    -100.0f,
+                              -104.f, 133.0f, -140.0f, 200.0f, -200.0f, INFINITY, -INFINITY, NAN};
+    for (int64_t n : {1, 15, 16, 17, 172, 5632}) {
+        std::vector<float> gate = randn(n, static_cast<uint32_t>(n), 4.0f);
+        const std::vector<float> up = randn(n, static_cast<uint32_t>(n + 1));
+        for (size_t i = 0; i < std::size(specials) && 3 * i < gate.size(); ++i) gate[3 * i] = specials[i];
+        std::vector<float> want(gate.size()), got(gate.size(), 1.0f);
+        kernels::ref::swiglu(gate.data(), up.data(), want.data(), n);
+        kernels::swiglu(gate.data(), up.data(), got.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+            if (std::isnan(want[i])) {
+                EXPECT_TRUE(std::isnan(got[i])) << "n " << n << " i " << i;
+            } else {
+                ASSERT_EQ(0, std::memcmp(&got[i], &want[i], sizeof(float)))
+                    << "n " << n << " i " << i << " gate " << gate[i] << ": " << got[i] << " vs " << want[i];
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsFast, ::testing::ValuesIn(test::isas_of_this_arch()),
+                         test::isa_param_name);
 
 }  // namespace
 }  // namespace td

@@ -107,13 +107,17 @@ protected:
 
 // Greedy generation equals llama.cpp's: the 64 ids, the text, and the top-5 logits.
 //
-// With an f16 KV cache (what produced the reference) tandem follows ggml's CPU flash-attention arithmetic
-// (f16 query, online softmax, f16 accumulator), and most positions agree to about 1e-6. The f16 rounding
-// steps amplify last-bit differences elsewhere (summation order, libm), so a few late positions drift to
-// about 2e-3: the bound below is that noise floor, and the median bound keeps the test sharp.
+// With an f16 KV cache (what produced the reference) tandem rounds as ggml's CPU backend does in an AVX-512
+// build: f32 dots in ggml_vec_dot_f32's order, flash attention with an f16 query and accumulator and fused
+// updates, rope and SwiGLU with ggml's fused multiply-adds and exp. Every position within 1e-3 is the
+// acceptance bound; in fact every op of a one-token step gives llama.cpp's bits from llama.cpp's inputs, and
+// the only difference left is the prompt: llama.cpp runs a multi-token batch through llamafile's sgemm
+// (another summation order) while tandem's results never depend on the batch, which moves a few logits by
+// up to ~6e-5.
 // An f32 cache is more exact than the reference, so it is held only to the same tokens.
-constexpr float kMaxLogitErrorF16 = 2e-3f;
-constexpr float kMedianLogitErrorF16 = 1e-4f;
+constexpr float kPositionLogitErrorF16 = 1e-3f;  // every listed position (the acceptance criterion)
+constexpr float kMaxLogitErrorF16 = 1e-4f;
+constexpr float kMedianLogitErrorF16 = 2e-6f;  // the reference's 6 printed decimals
 constexpr float kMaxLogitErrorF32 = 0.05f;
 
 void check_golden(const std::shared_ptr<Model> &model, const Tokenizer &tokenizer, int n_threads,
@@ -166,6 +170,8 @@ void check_golden(const std::shared_ptr<Model> &model, const Tokenizer &tokenize
     std::sort(sorted.begin(), sorted.end());
     const float max_err = sorted.back(), median = sorted[sorted.size() / 2];
     if (f16) {
+        for (size_t i = 0; i < errors.size(); ++i)
+            EXPECT_LT(errors[i], kPositionLogitErrorF16) << "position " << i;
         EXPECT_LT(max_err, kMaxLogitErrorF16);
         EXPECT_LT(median, kMedianLogitErrorF16);
     } else {

@@ -1,193 +1,35 @@
 // tandem serve over real loopback HTTP: the server runs in this process on port 0 with the stories260K
-// model; clients are cpp-httplib clients. Stalls and step failures are injected by wrapping the real
-// LocalEngine (ServeParams::wrap_engine), never by replacing it.
-#include <gtest/gtest.h>
-#include <httplib.h>
-
-#include <atomic>
-#include <chrono>
-#include <nlohmann/json.hpp>
-#include <thread>
-
-#include "server/http.h"
-#include "server/served-model.h"
-#include "test-util.h"
+// model; clients are cpp-httplib clients. Every ServerTest runs twice: on one machine (LocalEngine) and with
+// the model split over 2 real `tandem worker` processes (ClusterEngine, --wire f32 so the text equals the
+// local one, 2 micro-batches in flight). Stalls and step failures are injected by wrapping the real engine
+// (ServeParams::wrap_engine), never by replacing it; worker failures by killing the worker.
+#include "test-server-util.h"
 
 namespace td::server {
 namespace {
 
-using nlohmann::json;
-using namespace std::chrono_literals;
+using namespace test_server;
 
-const std::string k_model = "models/stories260K.gguf";
-
-// Delegates to a real engine; can stall each step and fail the next steps on demand.
-class InjectEngine : public Engine {
-public:
-    InjectEngine(std::unique_ptr<Engine> inner, std::chrono::milliseconds delay, std::atomic<int> *fail_steps)
-        : inner_(std::move(inner)), delay_(delay), fail_steps_(fail_steps) {}
-    int32_t n_ctx() const override { return inner_->n_ctx(); }
-    int32_t n_seq() const override { return inner_->n_seq(); }
-    int32_t n_vocab() const override { return inner_->n_vocab(); }
-    int max_in_flight() const override { return inner_->max_in_flight(); }
-    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits) override {
-        return inner_->seq_start(seq, p, want_logits);
-    }
-    Status seq_clear(int32_t seq) override { return inner_->seq_clear(seq); }
-    Status submit(const Batch &batch) override {
-        if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
-        if (fail_steps_ != nullptr && fail_steps_->load() > 0) {
-            fail_steps_->fetch_sub(1);
-            return make_error(ErrorKind::disconnected, "worker 1 (127.0.0.1:9999) went away");
-        }
-        return inner_->submit(batch);
-    }
-    Result<std::vector<StepOutput>> wait() override { return inner_->wait(); }
-
-private:
-    std::unique_ptr<Engine> inner_;
-    std::chrono::milliseconds delay_;
-    std::atomic<int> *fail_steps_;
-};
-
-struct ServerOptions {
-    int32_t n_parallel = 4;
-    int32_t n_ctx_slot = 256;
-    int32_t max_queue = -1;
-    std::string api_key;
-    std::chrono::milliseconds step_delay{0};
-    std::atomic<int> *fail_steps = nullptr;
-    bool attach = true;  // false: /health stays "loading" until attach()
-};
-
-class TestServer {
-public:
-    explicit TestServer(const ServerOptions &o = {}) {
-        ServeParams sp;
-        sp.model_path = test::shared_path(k_model);
-        sp.n_parallel = o.n_parallel;
-        sp.n_ctx = o.n_ctx_slot * o.n_parallel;
-        sp.n_threads = 1;
-        sp.max_queue = o.max_queue;
-        if (o.step_delay.count() > 0 || o.fail_steps != nullptr) {
-            sp.wrap_engine = [o](std::unique_ptr<Engine> e) -> std::unique_ptr<Engine> {
-                return std::make_unique<InjectEngine>(std::move(e), o.step_delay, o.fail_steps);
-            };
-        }
-        auto m = ServedModel::load(sp);
-        EXPECT_TRUE(m.ok()) << m.status().message();
-        model_ = std::move(m).value();
-        HttpParams hp;
-        hp.port = 0;
-        hp.model_id = "stories";
-        hp.api_key = o.api_key;
-        hp.n_threads = 24;
-        http_ = std::make_unique<HttpServer>(hp);
-        auto port = http_->bind();
-        EXPECT_TRUE(port.ok()) << port.status().message();
-        port_ = *port;
-        thread_ = std::thread([this] { (void)http_->listen(); });
-        if (o.attach) attach();
-        // Wait until the listener runs, so stop() in the destructor finds it running.
-        httplib::Client c = client();
-        for (int i = 0; i < 200; ++i) {
-            if (c.Get("/health")) break;
-            std::this_thread::sleep_for(10ms);
-        }
-    }
-    ~TestServer() {
-        http_->stop();
-        thread_.join();
-        http_.reset();
-        model_.reset();
-    }
-    void attach() { http_->set_backend(model_->backend()); }
-    httplib::Client client() const {
-        httplib::Client c("127.0.0.1", port_);
-        c.set_read_timeout(60, 0);
-        return c;
-    }
-    ServedModel &model() { return *model_; }
-    int port() const { return port_; }
-
-private:
-    std::unique_ptr<ServedModel> model_;
-    std::unique_ptr<HttpServer> http_;
-    std::thread thread_;
-    int port_ = 0;
-};
-
-httplib::Result post(httplib::Client &c, const std::string &path, const json &body,
-                     const httplib::Headers &h = {}) {
-    return c.Post(path.c_str(), h, body.dump(), "application/json");
-}
-
-// The JSON payloads of an SSE body; `done` tells whether it ended with [DONE].
-std::vector<json> parse_sse(const std::string &body, bool *done) {
-    std::vector<json> out;
-    *done = false;
-    size_t pos = 0;
-    while (pos < body.size()) {
-        size_t end = body.find("\n\n", pos);
-        if (end == std::string::npos) break;
-        std::string ev = body.substr(pos, end - pos);
-        pos = end + 2;
-        EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
-        std::string data = ev.substr(6);
-        if (data == "[DONE]") {
-            *done = true;
-            continue;
-        }
-        EXPECT_FALSE(*done) << "event after [DONE]";
-        out.push_back(json::parse(data));
-    }
-    EXPECT_EQ(pos, body.size()) << "trailing bytes in the SSE body";
-    return out;
-}
-
-// Text of a streamed response (chat deltas or completion texts) and its finish_reason.
-std::string stream_text(const std::vector<json> &events, std::string *finish = nullptr) {
-    std::string text;
-    for (const json &e : events) {
-        if (e.contains("error")) ADD_FAILURE() << e.dump();
-        if (!e.contains("choices") || e["choices"].empty()) continue;
-        const json &ch = e["choices"][0];
-        if (ch.contains("delta")) {
-            if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
-                text += ch["delta"]["content"].get<std::string>();
-        } else {
-            text += ch["text"].get<std::string>();
-        }
-        if (finish && !ch["finish_reason"].is_null()) *finish = ch["finish_reason"].get<std::string>();
-    }
-    return text;
-}
-
-std::string completion_text(httplib::Client &c, const json &body, std::string *finish = nullptr) {
-    auto r = post(c, "/v1/completions", body);
-    EXPECT_TRUE(r);
-    if (!r) return "";
-    EXPECT_EQ(r->status, 200) << r->body;
-    json j = json::parse(r->body);
-    if (finish) *finish = j["choices"][0]["finish_reason"].get<std::string>();
-    return j["choices"][0]["text"].get<std::string>();
-}
-
-int64_t metric(const std::string &text, const std::string &name) {
-    size_t pos = text.find("\n" + name + " ");
-    if (pos == std::string::npos) return -1;
-    return std::stoll(text.substr(pos + name.size() + 2));
-}
-
-class ServerTest : public ::testing::Test {
+class ServerTest : public ::testing::TestWithParam<Backend> {
 protected:
     void SetUp() override {
         if (!test::shared_exists(k_model)) GTEST_SKIP() << "missing " << k_model;
     }
+    ServerOptions opts() const {
+        ServerOptions o;
+        o.backend = GetParam();
+        return o;
+    }
+    bool cluster() const { return GetParam() == Backend::cluster; }
 };
 
-TEST_F(ServerTest, HealthIsLoadingUntilTheModelIsAttached) {
-    ServerOptions o;
+INSTANTIATE_TEST_SUITE_P(Backends, ServerTest, ::testing::Values(Backend::local, Backend::cluster),
+                         [](const ::testing::TestParamInfo<Backend> &info) {
+                             return info.param == Backend::local ? "local" : "two_workers";
+                         });
+
+TEST_P(ServerTest, HealthIsLoadingUntilTheModelIsAttached) {
+    ServerOptions o = opts();
     o.attach = false;
     TestServer s(o);
     auto c = s.client();
@@ -205,8 +47,8 @@ TEST_F(ServerTest, HealthIsLoadingUntilTheModelIsAttached) {
     EXPECT_EQ(json::parse(r->body)["status"], "ok");
 }
 
-TEST_F(ServerTest, ModelsListsTheAlias) {
-    TestServer s;
+TEST_P(ServerTest, ModelsListsTheAlias) {
+    TestServer s(opts());
     auto c = s.client();
     auto r = c.Get("/v1/models");
     ASSERT_TRUE(r);
@@ -218,7 +60,7 @@ TEST_F(ServerTest, ModelsListsTheAlias) {
     EXPECT_EQ(j["data"][0]["object"], "model");
 }
 
-TEST_F(ServerTest, GreedyCompletionEqualsTandemRun) {
+TEST_P(ServerTest, GreedyCompletionEqualsTandemRun) {
     const std::string prompt = "Once upon a time";
     auto run = test::run_tandem(
         {"run", "-m", test::shared_path(k_model), "-p", prompt, "-n", "40", "--temp", "0", "-t", "1"});
@@ -226,7 +68,7 @@ TEST_F(ServerTest, GreedyCompletionEqualsTandemRun) {
     ASSERT_FALSE(run.out.empty());
     const std::string expected = run.out.substr(0, run.out.size() - 1);  // run ends with a newline
 
-    TestServer s;
+    TestServer s(opts());
     auto c = s.client();
     auto r = post(c, "/v1/completions",
                   {{"model", "stories"}, {"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}});
@@ -267,8 +109,8 @@ TEST_F(ServerTest, GreedyCompletionEqualsTandemRun) {
     EXPECT_EQ(events.back()["usage"]["completion_tokens"], 40);
 }
 
-TEST_F(ServerTest, ChatStreamingAndNotAgree) {
-    TestServer s;
+TEST_P(ServerTest, ChatStreamingAndNotAgree) {
+    TestServer s(opts());
     auto c = s.client();
     json body = {{"messages",
                   {{{"role", "system"}, {"content", "Be brief."}},
@@ -305,8 +147,8 @@ TEST_F(ServerTest, ChatStreamingAndNotAgree) {
     for (const json &e : events) EXPECT_EQ(e["id"], events[0]["id"]);
 }
 
-TEST_F(ServerTest, StopStringEndsTheReplyWithoutIt) {
-    TestServer s;
+TEST_P(ServerTest, StopStringEndsTheReplyWithoutIt) {
+    TestServer s(opts());
     auto c = s.client();
     json body = {{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"temperature", 0}};
     const std::string full = completion_text(c, body);
@@ -327,8 +169,8 @@ TEST_F(ServerTest, StopStringEndsTheReplyWithoutIt) {
     EXPECT_EQ(sfinish, "stop");
 }
 
-TEST_F(ServerTest, ConcurrentClientsGetTheirSoloText) {
-    ServerOptions o;
+TEST_P(ServerTest, ConcurrentClientsGetTheirSoloText) {
+    ServerOptions o = opts();
     o.n_parallel = 4;  // 8 clients over 4 slots: half wait in the queue, prompts are absorbed mid-stream
     TestServer s(o);
     const char *prompts[] = {"Once upon a time", "The cat",     "Lily and Tom went", "A big dog",
@@ -372,10 +214,12 @@ TEST_F(ServerTest, ConcurrentClientsGetTheirSoloText) {
     ASSERT_TRUE(m);
     // Batching happened: fewer steps than tokens generated.
     EXPECT_LT(metric(m->body, "tandem_steps_total"), metric(m->body, "tandem_generated_tokens_total"));
+    // Through 2 workers the batch flows as 2 micro-batches, one per stage.
+    EXPECT_EQ(metric(m->body, "tandem_micro_batches"), cluster() ? 2 : 1);
 }
 
-TEST_F(ServerTest, TokenizeDetokenizeRoundTrip) {
-    TestServer s;
+TEST_P(ServerTest, TokenizeDetokenizeRoundTrip) {
+    TestServer s(opts());
     auto c = s.client();
     auto r = post(c, "/tokenize", {{"content", "Hello world, the cat sat."}});
     ASSERT_TRUE(r);
@@ -395,8 +239,8 @@ TEST_F(ServerTest, TokenizeDetokenizeRoundTrip) {
     EXPECT_EQ(r->status, 400);
 }
 
-TEST_F(ServerTest, MetricsCountRequestsAndTokens) {
-    TestServer s;
+TEST_P(ServerTest, MetricsCountRequestsAndTokens) {
+    TestServer s(opts());
     auto c = s.client();
     ASSERT_EQ(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 8}, {"temperature", 0}}).empty(), false);
     auto bad = post(c, "/v1/completions", {{"prompt", 3.5}});
@@ -418,10 +262,35 @@ TEST_F(ServerTest, MetricsCountRequestsAndTokens) {
     EXPECT_NE(m.find("tandem_requests_finished_total{reason=\"length\"} 1\n"), std::string::npos) << m;
     EXPECT_NE(m.find("tandem_tokens_per_second "), std::string::npos);
     EXPECT_EQ(metric(m, "tandem_time_to_first_token_seconds_count"), 1);
+    EXPECT_EQ(metric(m, "tandem_engine_healthy"), 1);
+    if (!cluster()) {
+        EXPECT_EQ(m.find("tandem_node_"), std::string::npos);
+        return;
+    }
+    // Per-node and per-link counters of the workers (the engine thread probes them every 200 ms). The first
+    // worker computed the prompt chunk and 7 decode steps (the 8th token is not fed back).
+    const std::string a1 = s.workers().first().address(), a2 = s.workers().second().address();
+    const std::string steps1 = "tandem_node_forward_steps_total{node=\"" + a1 + "\",layers=\"0-1\"}";
+    std::string text;
+    for (int i = 0; i < 100; ++i) {
+        auto mr = c.Get("/metrics");
+        ASSERT_TRUE(mr);
+        text = mr->body;
+        if (metric(text, steps1) == 8) break;
+        std::this_thread::sleep_for(50ms);
+    }
+    EXPECT_EQ(metric(text, steps1), 8) << text;
+    for (const std::string &needle :
+         {"tandem_node_forward_steps_total{node=\"" + a2 + "\",layers=\"2-4\"} 8\n",
+          "tandem_node_step_latency_seconds{node=\"" + a1 + "\",layers=\"0-1\"} ",
+          "tandem_link_messages_total{from=\"head\",to=\"" + a1 + "\"} ",
+          "tandem_link_send_latency_seconds{from=\"" + a1 + "\",to=\"" + a2 + "\"} ",
+          "tandem_link_bytes_total{from=\"" + a2 + "\",to=\"head\"} "})
+        EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
 }
 
-TEST_F(ServerTest, LogprobsCoverEveryToken) {
-    TestServer s;
+TEST_P(ServerTest, LogprobsCoverEveryToken) {
+    TestServer s(opts());
     auto c = s.client();
     auto r = post(c, "/v1/chat/completions",
                   {{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
@@ -443,8 +312,8 @@ TEST_F(ServerTest, LogprobsCoverEveryToken) {
     }
 }
 
-TEST_F(ServerTest, DisconnectMidStreamFreesTheSlot) {
-    ServerOptions o;
+TEST_P(ServerTest, DisconnectMidStreamFreesTheSlot) {
+    ServerOptions o = opts();
     o.n_parallel = 1;
     o.n_ctx_slot = 512;
     o.step_delay = 20ms;  // the first request would take 400 * 20 ms = 8 s if it ran to the end
@@ -478,8 +347,8 @@ TEST_F(ServerTest, DisconnectMidStreamFreesTheSlot) {
     EXPECT_LT(metric(m->body, "tandem_generated_tokens_total"), 200);
 }
 
-TEST_F(ServerTest, QueueOverflowGets503WithRetryAfter) {
-    ServerOptions o;
+TEST_P(ServerTest, QueueOverflowGets503WithRetryAfter) {
+    ServerOptions o = opts();
     o.n_parallel = 1;
     o.max_queue = 1;
     o.step_delay = 10ms;
@@ -513,8 +382,8 @@ TEST_F(ServerTest, QueueOverflowGets503WithRetryAfter) {
     EXPECT_EQ(statuses[1], 200);
 }
 
-TEST_F(ServerTest, ContextOverflowNamesBothNumbers) {
-    TestServer s;  // 256 positions per slot
+TEST_P(ServerTest, ContextOverflowNamesBothNumbers) {
+    TestServer s(opts());  // 256 positions per slot
     auto c = s.client();
     auto r = post(c, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 1000}});
     ASSERT_TRUE(r);
@@ -539,8 +408,8 @@ TEST_F(ServerTest, ContextOverflowNamesBothNumbers) {
     }
 }
 
-TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
-    TestServer s;
+TEST_P(ServerTest, BadRequestsGetOpenAiErrors) {
+    TestServer s(opts());
     auto c = s.client();
     const auto expect_status = [&](const std::string &path, const std::string &body, int status,
                                    const std::string &needle) {
@@ -577,8 +446,8 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
     EXPECT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 4}, {"model", "stories"}}).empty());
 }
 
-TEST_F(ServerTest, ApiKeyIsRequiredExceptForHealth) {
-    ServerOptions o;
+TEST_P(ServerTest, ApiKeyIsRequiredExceptForHealth) {
+    ServerOptions o = opts();
     o.api_key = "sekrit";
     TestServer s(o);
     auto c = s.client();
@@ -598,9 +467,9 @@ TEST_F(ServerTest, ApiKeyIsRequiredExceptForHealth) {
     EXPECT_EQ(r->status, 200) << r->body;
 }
 
-TEST_F(ServerTest, FailedStepEndsTheStreamWithAnErrorAndServingGoesOn) {
+TEST_P(ServerTest, FailedStepEndsTheStreamWithAnErrorAndServingGoesOn) {
     std::atomic<int> fail_steps{0};
-    ServerOptions o;
+    ServerOptions o = opts();
     o.fail_steps = &fail_steps;
     TestServer s(o);
     auto c = s.client();

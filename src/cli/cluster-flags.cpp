@@ -1,5 +1,7 @@
 #include "cli/cluster-flags.h"
 
+#include <fmt/format.h>
+
 #include <cstdio>
 
 #include "cluster/cluster-engine.h"
@@ -15,6 +17,14 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
     cmd->add_option("--split", flags.split, "Relative layer shares per worker, e.g. 1,1");
     cmd->add_option("--wire", flags.wire, "Activation encoding between stages: f32, f16 or q8_0")
         ->default_val("f16");
+    cmd->add_option("--head-layers", flags.head_layers,
+                    "Layers the head runs itself before the workers (0: embedding and sampling only)")
+        ->default_val(0)
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--chunk", flags.chunk_rows,
+                    "Rows per pipeline message of a long prompt (0: chosen from the number of stages)")
+        ->default_val(0)
+        ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--stats", flags.stats, "Print per-node and per-link counters at the end (cluster)");
 }
 
@@ -22,8 +32,8 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
                                             const ContextParams &params, ThreadPool &pool,
                                             int32_t n_threads) {
     if (flags.workers.empty()) {
-        if (!flags.layers.empty() || !flags.split.empty())
-            return invalid_input("--layers and --split need --workers");
+        if (!flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0 || flags.chunk_rows > 0)
+            return invalid_input("--layers, --split, --head-layers and --chunk need --workers");
         TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
         return std::unique_ptr<Engine>(std::move(e));
     }
@@ -37,8 +47,34 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
         return invalid_input("--wire must be f32, f16 or q8_0, got '{}'", flags.wire);
     co.context = params;
     co.n_threads = n_threads;
+    co.head_layers = flags.head_layers;
+    co.head_threads = n_threads;
+    co.chunk_rows = flags.chunk_rows;
     TD_ASSIGN_OR_RETURN(auto e, cluster::ClusterEngine::create(std::move(model), co));
     return std::unique_ptr<Engine>(std::move(e));
+}
+
+int engine_stages(const Engine &engine) {
+    const auto *c = dynamic_cast<const cluster::ClusterEngine *>(&engine);
+    return c == nullptr ? 1 : c->n_stages();
+}
+
+std::string engine_placement(const Engine &engine) {
+    const auto *c = dynamic_cast<const cluster::ClusterEngine *>(&engine);
+    if (c == nullptr) return "";
+    std::string out;
+    if (c->head_layers() > 0) out = fmt::format("head 0-{},", c->head_layers() - 1);
+    for (size_t i = 0; i < c->nodes().size(); ++i) {
+        const auto &n = c->nodes()[i];
+        out += fmt::format("{}{}-{}", i == 0 ? "" : ",", n.layers.first, n.layers.second - 1);
+    }
+    return out;
+}
+
+int32_t engine_worker_threads(const Engine &engine) {
+    const auto *c = dynamic_cast<const cluster::ClusterEngine *>(&engine);
+    if (c == nullptr || c->nodes().empty()) return 0;
+    return static_cast<int32_t>(c->nodes().front().hello.n_threads);
 }
 
 void print_cluster_stats(const ClusterFlags &flags, Engine &engine) {

@@ -1,5 +1,5 @@
-// The cluster flags shared by the subcommands that run a model (run; later bench and serve): with
-// --workers the model runs as a pipeline of `tandem worker`s, otherwise on this machine.
+// The cluster flags shared by the subcommands that run a model (run, bench, serve): with --workers the
+// model runs as a pipeline of `tandem worker`s, otherwise on this machine.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -19,15 +19,26 @@ struct ClusterFlags {
     std::string layers;   // "0-7,8-15"
     std::string split;    // "1,1"
     std::string wire = "f16";
+    int32_t head_layers = 0;  // layers the head runs itself before stage 1
+    int32_t chunk_rows = 0;   // rows per message of a long step (0: chosen from the stages and the step)
     bool stats = false;
 };
 
 void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags);
 
-// A ClusterEngine when flags.workers is set (n_threads: threads per worker, 0 = each worker's own), else a
-// LocalEngine on `pool`.
+// A ClusterEngine when flags.workers is set (n_threads: threads per worker, 0 = each worker's own; the head
+// runs its --head-layers on a pool of its own with n_threads threads), else a LocalEngine on `pool`.
 Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shared_ptr<const Model> model,
                                             const ContextParams &params, ThreadPool &pool, int32_t n_threads);
+
+// Pipeline stages of an engine (1 for a local one): how many micro-batches keep every stage busy.
+int engine_stages(const Engine &engine);
+
+// "0-7,8-15" (head layers first as "head 0-1," when it runs any) and the wire, for reports; "" when local.
+std::string engine_placement(const Engine &engine);
+
+// Threads of the first worker (as it reported at the handshake); 0 for a local engine.
+int32_t engine_worker_threads(const Engine &engine);
 
 // With --stats and a cluster engine: the per-node/link table on stderr.
 void print_cluster_stats(const ClusterFlags &flags, Engine &engine);

@@ -2,9 +2,12 @@
 // llama-bench does (same tests, same JSON/CSV fields), so the two are compared with one script.
 //
 // Every list option takes comma-separated values and the run covers their cross product, in llama-bench's
-// order: model, kv type, threads, then the pp tests and the tg tests. A cluster run (--workers ...) is meant
-// to slot in as another BenchTarget factory and another dimension of this product, reported through the
-// same BenchRecord (backends, devices and its own extra fields).
+// order: model, kv type, threads, then tandem's --parallel, then the pp tests and the tg tests. With the
+// cluster flags (--workers, --layers/--split, --head-layers, --wire) the same tests run through a pipeline
+// of workers (-t: threads per worker) and the records say so in their `pipeline` field; everything else is
+// reported exactly as for one machine. --parallel P runs P sequences together (see model/bench.h).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -13,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/cluster-flags.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/log.h"
@@ -37,6 +41,8 @@ struct BenchOptions {
     std::string output = "md";
     bool no_warmup = false;
     uint64_t seed = 1234;
+    std::string parallel = "1";
+    ClusterFlags cluster;
 };
 
 // "512,1024" -> {512, 1024}; every item a whole number in [min, max].
@@ -85,7 +91,7 @@ const char *kv_type_name(KvType t) {
 }
 
 struct Plan {
-    std::vector<int32_t> n_prompt, n_gen, threads;
+    std::vector<int32_t> n_prompt, n_gen, threads, parallel;
     std::vector<KvType> kv_types;
     std::vector<BenchTest> tests;  // the pp tests, then the tg tests (0 entries skipped, as in llama-bench)
 };
@@ -95,8 +101,9 @@ Result<Plan> make_plan(const BenchOptions &opt) {
     TD_ASSIGN_OR_RETURN(plan.n_prompt, parse_int_list("-p/--n-prompt", opt.n_prompt, 0, 1 << 20));
     TD_ASSIGN_OR_RETURN(plan.n_gen, parse_int_list("-n/--n-gen", opt.n_gen, 0, 1 << 20));
     const int32_t n_hw = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+    TD_ASSIGN_OR_RETURN(plan.parallel, parse_int_list("--parallel", opt.parallel, 1, 4096));
     if (opt.threads.empty()) {
-        plan.threads = {n_hw};
+        plan.threads = {opt.cluster.workers.empty() ? n_hw : 0};  // a cluster: each worker's own -t
     } else {
         TD_ASSIGN_OR_RETURN(plan.threads, parse_int_list("-t/--threads", opt.threads, 1, 4096));
     }
@@ -135,27 +142,60 @@ Status bench_model(const std::string &path, const BenchOptions &opt, const Plan 
     rp.warmup = !opt.no_warmup;
     rp.seed = opt.seed;
 
+    int32_t max_tokens = 1;
+    for (const BenchTest &test : plan.tests) max_tokens = std::max(max_tokens, test.n_tokens());
+    const bool cluster = !opt.cluster.workers.empty();
     for (KvType kv_type : plan.kv_types) {
         for (int32_t n_threads : plan.threads) {
-            ThreadPool pool(n_threads);
-            for (const BenchTest &test : plan.tests) {
-                // A context per test sized to it, as llama-bench makes one of n_prompt + n_gen positions.
-                ContextParams cp;
-                cp.n_ctx = test.n_tokens();
-                cp.kv_type = kv_type;
-                TD_ASSIGN_OR_RETURN(auto ctx, Context::create(model, cp, pool));
-                BenchRecord rec = base;
-                rec.n_threads = pool.n_threads();
-                rec.type_k = rec.type_v = kv_type_name(kv_type);
-                rec.n_prompt = test.n_prompt;
-                rec.n_gen = test.n_gen;
-                rec.test_time = bench_time_now();
-                TD_ASSIGN_OR_RETURN(rec.samples_ns, bench_run(bench_target(*ctx, bos), test, rp));
-                rec.peak_rss_bytes = peak_rss_bytes();
-                std::fprintf(stderr, "tandem: bench %s %s threads=%d kv=%s: %.2f ± %.2f t/s\n", path.c_str(),
-                             test.name().c_str(), rec.n_threads, rec.type_k.c_str(), rec.avg_ts(),
-                             rec.stddev_ts());
-                records.push_back(std::move(rec));
+            ThreadPool pool(cluster ? 1 : n_threads);
+            for (int32_t n_par : plan.parallel) {
+                // A cluster: one engine for all tests of this combination (connecting loads every stage).
+                std::unique_ptr<Engine> engine;
+                std::string pipeline;
+                int32_t threads_used = pool.n_threads();
+                if (cluster) {
+                    ContextParams cp;
+                    cp.n_ctx = max_tokens;
+                    cp.n_seq = n_par;
+                    cp.kv_type = kv_type;
+                    TD_ASSIGN_OR_RETURN(engine, make_engine(opt.cluster, model, cp, pool, n_threads));
+                    pipeline = fmt::format("{}-stage {} wire {}", engine_stages(*engine),
+                                           engine_placement(*engine), opt.cluster.wire);
+                    threads_used = n_threads > 0 ? n_threads : engine_worker_threads(*engine);
+                }
+                for (BenchTest test : plan.tests) {
+                    test.n_parallel = n_par;
+                    // Locally a context per test sized to it, as llama-bench makes one of n_prompt + n_gen
+                    // positions.
+                    std::unique_ptr<Context> ctx;
+                    BenchTarget target;
+                    if (cluster) {
+                        target = bench_target(*engine, bos, engine_stages(*engine));
+                    } else {
+                        ContextParams cp;
+                        cp.n_ctx = test.n_tokens();
+                        cp.n_seq = n_par;
+                        cp.kv_type = kv_type;
+                        TD_ASSIGN_OR_RETURN(ctx, Context::create(model, cp, pool));
+                        target = bench_target(*ctx, bos);
+                    }
+                    BenchRecord rec = base;
+                    rec.n_threads = threads_used;
+                    rec.type_k = rec.type_v = kv_type_name(kv_type);
+                    rec.n_prompt = test.n_prompt;
+                    rec.n_gen = test.n_gen;
+                    rec.n_parallel = n_par;
+                    rec.pipeline = pipeline;
+                    rec.test_time = bench_time_now();
+                    TD_ASSIGN_OR_RETURN(rec.samples_ns, bench_run(target, test, rp));
+                    rec.peak_rss_bytes = peak_rss_bytes();
+                    std::fprintf(stderr, "tandem: bench %s %s x%d threads=%d kv=%s%s%s: %.2f ± %.2f t/s\n",
+                                 path.c_str(), test.name().c_str(), n_par, rec.n_threads, rec.type_k.c_str(),
+                                 pipeline.empty() ? "" : " ", pipeline.c_str(), rec.avg_ts(),
+                                 rec.stddev_ts());
+                    records.push_back(std::move(rec));
+                }
+                if (engine) print_cluster_stats(opt.cluster, *engine);
             }
         }
     }
@@ -214,6 +254,10 @@ void register_bench(CLI::App &app, Runners &runners) {
         ->default_val("f16");
     cmd->add_flag("--no-warmup", opt->no_warmup, "Skip the untimed warm-up run of each test");
     cmd->add_option("--seed", opt->seed, "Seed of the random prompt tokens")->default_val(1234);
+    cmd->add_option("--parallel", opt->parallel,
+                    "Sequences run together, comma-separated (t/s counts all their tokens)")
+        ->default_val("1");
+    add_cluster_flags(cmd, opt->cluster);
     runners.push_back([cmd, opt] { return cmd->parsed() ? bench_main(*opt) : -1; });
 }
 

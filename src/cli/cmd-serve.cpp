@@ -1,7 +1,9 @@
-// tandem serve: an OpenAI-compatible HTTP server with continuous batching (see src/server/).
+// tandem serve: an OpenAI-compatible HTTP server with continuous batching (see src/server/), on this machine
+// or, with --workers, through a pipeline of `tandem worker`s (the same cluster flags as `tandem run`).
 //
 // The socket is bound first and "tandem serve listening on http://HOST:PORT" goes to stderr; /health
 // answers 503 {"status":"loading"} until the model is loaded, then 200. SIGINT/SIGTERM stop the server.
+#include <fmt/format.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -10,6 +12,7 @@
 #include <memory>
 #include <thread>
 
+#include "cli/cluster-flags.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "server/http.h"
@@ -32,15 +35,13 @@ struct ServeOptions {
     std::string alias;
     std::string kv_type = "f16";
     std::string chat_template;
-    std::string workers;
+    ClusterFlags cluster;  // --workers etc.: serve through a pipeline of workers
+    int32_t n_micro_batches = 0;
     int timeout_s = 600;
 };
 
 int serve_main(const ServeOptions &opt) {
-    if (!opt.workers.empty())
-        // TODO(cluster): build a ClusterEngine over these workers (ServeParams) once cluster/ lands.
-        return fail(
-            make_error(ErrorKind::unimplemented, "--workers is not implemented yet; serve on one machine"));
+    const bool is_cluster = !opt.cluster.workers.empty();
     auto path = resolve_model(opt.model);
     if (!path.ok()) return fail(path.status());
 
@@ -48,7 +49,13 @@ int serve_main(const ServeOptions &opt) {
     sp.model_path = *path;
     sp.n_parallel = opt.n_parallel;
     sp.n_ctx = opt.n_ctx;
-    sp.n_threads = opt.n_threads;
+    // A cluster head computes nothing: its pool has one thread and -t goes to the workers.
+    sp.n_threads = is_cluster ? 1 : opt.n_threads;
+    sp.n_micro_batches = opt.n_micro_batches;
+    if (opt.n_micro_batches < 0) return fail(invalid_input("--micro-batches must be >= 0"));
+    sp.make_engine = [&opt](std::shared_ptr<const Model> model, const ContextParams &cp, ThreadPool &pool) {
+        return make_engine(opt.cluster, std::move(model), cp, pool, opt.n_threads);
+    };
     sp.n_batch = opt.n_batch;
     sp.max_queue = opt.max_queue;
     sp.chat_template = opt.chat_template;
@@ -99,15 +106,19 @@ int serve_main(const ServeOptions &opt) {
         return fail(model.status());
     }
     http.set_backend((*model)->backend());
-    std::fprintf(stderr,
-                 "tandem serve: model '%s' ready: %d slots of %d positions, %d threads, chat template %s%s\n",
-                 hp.model_id.c_str(), opt.n_parallel, (*model)->n_ctx_slot(), (*model)->n_threads(),
+    const std::string where = is_cluster
+                                  ? fmt::format("{} pipeline stages, {} micro-batches in flight",
+                                                (*model)->n_stages(), (*model)->scheduler().n_micro_batches())
+                                  : fmt::format("{} threads", (*model)->n_threads());
+    std::fprintf(stderr, "tandem serve: model '%s' ready: %d slots of %d positions, %s, chat template %s%s\n",
+                 hp.model_id.c_str(), opt.n_parallel, (*model)->n_ctx_slot(), where.c_str(),
                  std::string(chat_template_name((*model)->chat_template().kind)).c_str(),
                  (*model)->chat_template().fallback ? " (fallback)" : "");
     std::fflush(stderr);
 
     listener.join();
     (*model)->scheduler().stop();
+    print_cluster_stats(opt.cluster, (*model)->engine());
     pthread_kill(signals.native_handle(), SIGTERM);
     signals.join();
     if (!served.ok()) return fail(served);
@@ -132,7 +143,9 @@ void register_serve(CLI::App &app, Runners &runners) {
            "-c,--ctx-size", opt->n_ctx,
            "Context positions shared by all slots, each gets ctx-size/parallel (0: the model's per slot)")
         ->default_val(0);
-    cmd->add_option("-t,--threads", opt->n_threads, "Compute threads (0: all cores)")->default_val(0);
+    cmd->add_option("-t,--threads", opt->n_threads,
+                    "Compute threads (0: all cores); with --workers, threads per worker (0: its own -t)")
+        ->default_val(0);
     cmd->add_option("-b,--batch-size", opt->n_batch, "Rows per engine step (decode rows + prompt chunk)")
         ->default_val(512)
         ->check(CLI::Range(1, 1 << 16));
@@ -146,7 +159,10 @@ void register_serve(CLI::App &app, Runners &runners) {
     cmd->add_option("--alias", opt->alias, "Model id in the API (default: the file name without .gguf)");
     cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
     cmd->add_option("--chat-template", opt->chat_template, "Chat template name (default: the model's)");
-    cmd->add_option("--workers", opt->workers, "Worker addresses for a cluster (not implemented yet)");
+    cmd->add_option("--micro-batches", opt->n_micro_batches,
+                    "Steps kept in flight through a pipeline (0: one per worker)")
+        ->default_val(0);
+    add_cluster_flags(cmd, opt->cluster);
     runners.push_back([cmd, opt] { return cmd->parsed() ? serve_main(*opt) : -1; });
 }
 

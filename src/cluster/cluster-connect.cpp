@@ -64,6 +64,21 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
         e->options_.stage_dir = (std::filesystem::temp_directory_path() / "tandem-stages").string();
     e->started_.assign(options.context.n_seq, false);
     e->want_logits_.assign(options.context.n_seq, false);
+    const int32_t n_workers = static_cast<int32_t>(e->addresses_.size());
+    if (options.head_layers < 0 || options.head_layers > hp.n_layer - n_workers)
+        return invalid_input(
+            "--head-layers {} leaves fewer layers than the {} workers need; the model has {} "
+            "layers, so use 0..{}",
+            options.head_layers, n_workers, hp.n_layer, std::max(0, hp.n_layer - n_workers));
+    if (options.chunk_rows < 0)
+        return invalid_input("chunk rows {} must not be negative", options.chunk_rows);
+    if (options.head_layers > 0) {
+        TD_ASSIGN_OR_RETURN(e->head_model_, Model::load(e->model_->file(), {0, options.head_layers}));
+        e->head_pool_ = std::make_unique<ThreadPool>(options.head_threads);
+        ContextParams cp = options.context;
+        cp.n_ctx = e->n_ctx_;
+        TD_ASSIGN_OR_RETURN(e->head_ctx_, Context::create(e->head_model_, cp, *e->head_pool_));
+    }
     TD_TRY(e->connect());
     return e;
 }
@@ -74,14 +89,16 @@ ClusterEngine::~ClusterEngine() {
 
 Result<std::vector<LayerRange>> ClusterEngine::place() const {
     const int32_t n_layer = model_->hparams().n_layer;
-    if (!options_.layers.empty()) return parse_layer_ranges(options_.layers, addresses_.size(), n_layer);
+    const int32_t first = options_.head_layers;
+    if (!options_.layers.empty())
+        return parse_layer_ranges(options_.layers, addresses_.size(), n_layer, first);
     std::vector<double> weights;
     if (!options_.split.empty()) {
         TD_ASSIGN_OR_RETURN(weights, parse_split(options_.split, addresses_.size()));
     } else {  // default: in proportion to measured speed
         for (const NodeStatus &n : nodes_) weights.push_back(n.hello.gflops > 0 ? n.hello.gflops : 1.0);
     }
-    TD_ASSIGN_OR_RETURN(auto ranges, split_layers(weights, n_layer));
+    TD_ASSIGN_OR_RETURN(auto ranges, split_layers(weights, n_layer, first));
     if (options_.layers.empty() && options_.split.empty()) {
         for (size_t i = 0; i < ranges.size(); ++i) {  // the speed split must still fit in memory
             const uint64_t need =
@@ -139,7 +156,7 @@ Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
     std::FILE *in = std::fopen(path.c_str(), "rb");
     if (in == nullptr) return make_error(ErrorKind::io, "{}: cannot open", path);
     std::vector<uint8_t> chunk(kChunkBytes);
-    uint8_t header[kWeightsChunkHeader];
+    std::vector<uint8_t> header;  // the WeightsChunk fields; the chunk's bytes go as a second part
     uint64_t sent = 0;
     Status s;
     const bool progress = options_.print_placement;
@@ -149,8 +166,9 @@ Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
             s = make_error(ErrorKind::io, "{}: short read at byte {}", path, sent);
             break;
         }
-        encode_weights_chunk_header(sent, total, header);
-        const std::span<const uint8_t> parts[2] = {{header, kWeightsChunkHeader}, {chunk.data(), n}};
+        header.clear();
+        net::encode(net::WeightsChunk{sent, total}, header);
+        const std::span<const uint8_t> parts[2] = {header, {chunk.data(), n}};
         s = name_worker(control_[i]->send(net::MsgType::weights_chunk, 0, 0, parts, 60000), addresses_[i]);
         sent += n;
         if (progress)
@@ -274,7 +292,9 @@ Status ClusterEngine::connect() {
         return s;
     }
     sender_ = std::make_unique<net::AsyncSender>(*data_out_);
-    results_ = std::make_unique<FrameQueue>(static_cast<size_t>(options_.max_in_flight) + 2);
+    // Every message of every step in flight has a frame, so the result reader never blocks on the driver.
+    results_ =
+        std::make_unique<FrameQueue>(static_cast<size_t>(options_.max_in_flight) * kMaxPartsPerStep + 2);
     {
         std::lock_guard lock(mu_);
         broken_ = {};
@@ -289,6 +309,7 @@ Status ClusterEngine::connect() {
     connected_ = true;
     pending_.clear();
     started_.assign(started_.size(), false);
+    if (head_ctx_) head_ctx_->kv().clear();  // the workers start empty: so does the head's part
     if (options_.print_placement) std::fputs(placement_table().c_str(), stderr);
     return {};
 }
@@ -318,11 +339,19 @@ void ClusterEngine::disconnect() {
 }
 
 std::string ClusterEngine::placement_table() const {
-    std::string out =
-        fmt::format("tandem: placement ({} workers, wire {}, n_ctx {}, {} seq):\n", nodes_.size(),
-                    net::wire_type_name(options_.wire), n_ctx_, options_.context.n_seq);
+    std::string out = fmt::format(
+        "tandem: placement ({} workers, head layers {}, wire {}, n_ctx {}, {} seq):\n", nodes_.size(),
+        options_.head_layers, net::wire_type_name(options_.wire), n_ctx_, options_.context.n_seq);
     out += fmt::format("  {:<22} {:<8} {:>11} {:>11} {:>8}  {}\n", "node", "layers", "weights", "KV",
                        "GFLOP/s", "weights from");
+    if (head_ctx_) {
+        const HParams &hp = model_->hparams();
+        out += fmt::format(
+            "  {:<22} {:<8} {:>11} {:>11} {:>8}  {}\n", "head", fmt::format("0-{}", options_.head_layers - 1),
+            fmt_bytes(
+                static_cast<double>(stage_weight_bytes(model_->file(), 0, options_.head_layers, hp.n_layer))),
+            fmt_bytes(static_cast<double>(head_ctx_->kv().bytes())), "-", "the head's model file");
+    }
     for (const NodeStatus &n : nodes_)
         out += fmt::format("  {:<22} {:<8} {:>11} {:>11} {:>8.1f}  {}\n", n.address,
                            fmt::format("{}-{}", n.layers.first, n.layers.second - 1),

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "cluster/wire.h"
 #include "core/log.h"
 #include "net/codec.h"
@@ -75,6 +77,7 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     buf_.clear();
     net::encode(m, buf_);
     TD_TRY(enqueue_data(net::MsgType::seq_start, 0, buf_));
+    if (head_ctx_) head_ctx_->seq_clear(seq);
     started_[seq] = true;
     want_logits_[seq] = want_logits;
     return {};
@@ -83,6 +86,7 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
 Status ClusterEngine::seq_clear(int32_t seq) {
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
+    if (head_ctx_) head_ctx_->seq_clear(seq);
     if (!connected_ || !broken().ok()) {  // the cluster lost every sequence already
         pending_.clear();
         started_[seq] = false;
@@ -97,15 +101,24 @@ Status ClusterEngine::seq_clear(int32_t seq) {
     return {};
 }
 
+int32_t auto_chunk_rows(int32_t n_rows, int32_t n_stages) {
+    const int32_t max_rows = static_cast<int32_t>(net::kMaxBatchRows);
+    const int32_t at_least = (n_rows + kMaxPartsPerStep - 1) / kMaxPartsPerStep;
+    if (n_stages <= 1) return std::max(std::min(n_rows, max_rows), at_least);
+    const int32_t parts = kChunksPerStage * n_stages;
+    const int32_t rows = std::max((n_rows + parts - 1) / parts, kMinChunkRows);
+    return std::max(std::min(rows, max_rows), at_least);
+}
+
 Status ClusterEngine::submit(const Batch &batch) {
     const int32_t n = batch.size();
     if (n == 0) return invalid_input("empty batch");
-    if (static_cast<size_t>(n) > net::kMaxBatchRows)
-        return invalid_input("a batch of {} rows exceeds the cluster limit of {}; use a smaller -b", n,
-                             net::kMaxBatchRows);
     if (batch.token.size() != batch.pos.size() || batch.seq.size() != batch.pos.size() ||
         batch.want_logits.size() != batch.pos.size())
         return invalid_input("batch arrays have different lengths");
+    if (static_cast<size_t>(n) > net::kMaxBatchRows * kMaxPartsPerStep)
+        return invalid_input("a batch of {} rows exceeds the cluster limit of {}", n,
+                             net::kMaxBatchRows * kMaxPartsPerStep);
     for (int32_t i = 0; i < n; ++i) {
         const int32_t s = batch.seq[i];
         if (s < 0 || s >= n_seq())
@@ -122,12 +135,90 @@ Status ClusterEngine::submit(const Batch &batch) {
         return make_error(ErrorKind::failed, "{} steps are already queued; call wait() first",
                           pending_.size());
     TD_TRY(ensure_connected(/*new_request=*/false));
-    const uint64_t id = next_step_++;
-    net::encode_forward(batch.pos, batch.seq, batch.want_logits, batch.token, nullptr,
-                        static_cast<uint32_t>(model_->hparams().n_embd), options_.wire, buf_);
-    TD_TRY(enqueue_data(net::MsgType::forward, id, buf_));
-    pending_.push_back(id);
+    const int32_t at_least = (n + kMaxPartsPerStep - 1) / kMaxPartsPerStep;
+    const int32_t rows =
+        options_.chunk_rows > 0
+            ? std::max({std::min(options_.chunk_rows, static_cast<int32_t>(net::kMaxBatchRows)), at_least})
+            : auto_chunk_rows(n, n_stages());
+    Pending step;
+    step.first_id = next_step_;
+    for (int32_t begin = 0; begin < n; begin += rows) {
+        const int32_t end = std::min(n, begin + rows);
+        Status s = send_part(batch, begin, end, next_step_);
+        if (!s.ok()) {
+            // Nothing of this step left: a clean error. Parts already on their way: the pipeline and the
+            // caller disagree on what was sent, so the cluster starts over on the next request.
+            if (step.n_parts > 0) {
+                fail(s.with_context("a step was sent only in part"));
+                pending_.push_back(step);
+            }
+            return s;
+        }
+        ++next_step_;
+        ++step.n_parts;
+    }
+    pending_.push_back(step);
     return {};
+}
+
+Status ClusterEngine::send_part(const Batch &batch, int32_t begin, int32_t end, uint64_t id) {
+    const uint32_t n_embd = static_cast<uint32_t>(model_->hparams().n_embd);
+    const bool whole = begin == 0 && end == batch.size();
+    if (!whole) {
+        part_.token.assign(batch.token.begin() + begin, batch.token.begin() + end);
+        part_.pos.assign(batch.pos.begin() + begin, batch.pos.begin() + end);
+        part_.seq.assign(batch.seq.begin() + begin, batch.seq.begin() + end);
+        part_.want_logits.assign(batch.want_logits.begin() + begin, batch.want_logits.begin() + end);
+    }
+    const Batch &b = whole ? batch : part_;
+    if (head_ctx_) {
+        TD_TRY(head_ctx_->decode(b));  // validates the rows (positions, slots) before anything is sent
+        net::encode_forward(b.pos, b.seq, b.want_logits, {}, head_ctx_->hidden(), n_embd, options_.wire,
+                            buf_);
+    } else {
+        net::encode_forward(b.pos, b.seq, b.want_logits, b.token, nullptr, n_embd, options_.wire, buf_);
+    }
+    return enqueue_data(net::MsgType::forward, id, buf_);
+}
+
+Status ClusterEngine::take_result(Frame *f, uint64_t id, std::vector<StepOutput> &out) {
+    const auto type = static_cast<net::MsgType>(f->header.type);
+    if (type == net::MsgType::error) {  // a stage failed this step; the pipeline goes on
+        auto e = net::decode_error(f->payload);
+        if (!e.ok()) return e.status();
+        return Status(e->kind >= 1 && e->kind <= 7 ? static_cast<ErrorKind>(e->kind) : ErrorKind::failed,
+                      e->message);
+    }
+    Status s;
+    if (type != net::MsgType::result || f->header.request_id != id) {
+        s = make_error(ErrorKind::failed, "worker {} sent {} for step {} while step {} was expected",
+                       addresses_.back(), net::msg_type_name(type), f->header.request_id, id);
+    } else if (auto r = net::decode_result(f->payload, static_cast<uint32_t>(n_vocab())); !r.ok()) {
+        s = r.status().with_context(fmt::format("worker {}", addresses_.back()));
+    } else {
+        const bool has_logits = (r->flags & net::kResultLogits) != 0;
+        const size_t base = out.size();
+        out.resize(base + r->n_outputs);
+        for (uint32_t i = 0; i < r->n_outputs; ++i) {
+            const net::ResultRow row = r->row(i);
+            if (row.seq < 0 || row.seq >= n_seq()) {
+                s = invalid_input("worker {}: result for sequence {} out of range", addresses_.back(),
+                                  row.seq);
+                break;
+            }
+            StepOutput &o = out[base + i];
+            o.seq = row.seq;
+            o.token = row.token;
+            o.logprob = row.logprob;
+            if (has_logits && want_logits_[row.seq]) {
+                const float *p =
+                    reinterpret_cast<const float *>(r->logits.data()) + static_cast<size_t>(i) * n_vocab();
+                o.logits.assign(p, p + n_vocab());
+            }
+        }
+    }
+    if (!s.ok()) fail(s);  // a confused pipeline: reconnect on the next request
+    return s;
 }
 
 Result<std::vector<StepOutput>> ClusterEngine::wait() {
@@ -136,60 +227,27 @@ Result<std::vector<StepOutput>> ClusterEngine::wait() {
         pending_.clear();
         return b.ok() ? make_error(ErrorKind::disconnected, "the cluster is not connected") : b;
     }
-    bool timed_out = false;
-    Frame *f = results_->pop_for(options_.step_timeout_ms, &timed_out);
-    if (f == nullptr) {
-        if (timed_out)
-            fail(make_error(ErrorKind::failed,
-                            "no result from the last stage ({}) for {:.0f} s; the pipeline is stalled",
-                            addresses_.back(), options_.step_timeout_ms / 1000.0));
-        pending_.clear();
-        return broken();
-    }
-    const uint64_t id = pending_.front();
+    const Pending step = pending_.front();
     pending_.pop_front();
     std::vector<StepOutput> out;
-    Status s;
-    const auto type = static_cast<net::MsgType>(f->header.type);
-    if (type == net::MsgType::error) {  // a stage failed this step; the pipeline goes on
-        auto e = net::decode_error(f->payload);
-        s = e.ok()
-                ? Status(e->kind >= 1 && e->kind <= 7 ? static_cast<ErrorKind>(e->kind) : ErrorKind::failed,
-                         e->message)
-                : e.status();
-    } else if (type != net::MsgType::result || f->header.request_id != id) {
-        s = make_error(ErrorKind::failed, "worker {} sent {} for step {} while step {} was expected",
-                       addresses_.back(), net::msg_type_name(type), f->header.request_id, id);
-    } else {
-        auto r = net::decode_result(f->payload, static_cast<uint32_t>(n_vocab()));
-        if (!r.ok()) {
-            s = r.status().with_context(fmt::format("worker {}", addresses_.back()));
-        } else {
-            const bool has_logits = (r->flags & net::kResultLogits) != 0;
-            out.resize(r->n_outputs);
-            for (uint32_t i = 0; i < r->n_outputs; ++i) {
-                const net::ResultRow row = r->row(i);
-                if (row.seq < 0 || row.seq >= n_seq()) {
-                    s = invalid_input("worker {}: result for sequence {} out of range", addresses_.back(),
-                                      row.seq);
-                    break;
-                }
-                out[i].seq = row.seq;
-                out[i].token = row.token;
-                out[i].logprob = row.logprob;
-                if (has_logits && want_logits_[row.seq]) {
-                    const float *p = reinterpret_cast<const float *>(r->logits.data()) +
-                                     static_cast<size_t>(i) * n_vocab();
-                    out[i].logits.assign(p, p + n_vocab());
-                }
-            }
+    Status first_error;
+    // Every part is consumed even after one failed, so the next step's results stay aligned.
+    for (uint32_t part = 0; part < step.n_parts; ++part) {
+        bool timed_out = false;
+        Frame *f = results_->pop_for(options_.step_timeout_ms, &timed_out);
+        if (f == nullptr) {
+            if (timed_out)
+                fail(make_error(ErrorKind::failed,
+                                "no result from the last stage ({}) for {:.0f} s; the pipeline is stalled",
+                                addresses_.back(), options_.step_timeout_ms / 1000.0));
+            pending_.clear();
+            return broken();
         }
+        Status s = take_result(f, step.first_id + part, out);
+        results_->release(f);
+        if (!s.ok() && first_error.ok()) first_error = s;
     }
-    results_->release(f);
-    if (!s.ok()) {
-        if (type != net::MsgType::error) fail(s);  // a confused pipeline: reconnect on the next request
-        return s;
-    }
+    if (!first_error.ok()) return first_error;
     return out;
 }
 

@@ -5,8 +5,14 @@
 //
 // The head tokenizes and queues steps; the first stage embeds the tokens, the last one samples with the
 // sequence's sampler (set by seq_start, which travels down the ring in order with the steps) and returns
-// token ids. Up to max_in_flight steps travel at once, so prompt chunks and independent sequences overlap
-// across stages.
+// token ids. With head_layers N > 0 the head itself runs layers [0, N) (in submit(), on its own thread
+// pool) and sends hidden rows to stage 1, which then starts at layer N.
+//
+// Overlap: up to max_in_flight steps travel at once, so independent sequences (micro-batches: a driver
+// keeps n_stages() groups of sequences in flight) overlap across stages. A step with many rows (a long
+// prompt) is cut into chunks (auto_chunk_rows) that travel as separate Forward messages back to back, so
+// stage 2 works on chunk k while stage 1 works on chunk k+1; wait() returns the step's outputs in row order
+// as if it had been one message. Results do not depend on the chunking (batch-invariant math).
 //
 // Failure: a worker that disconnects or misses heartbeats for dead_after_ms fails every outstanding step
 // and the next one with an error naming it ("worker 127.0.0.1:41000 disconnected"); the head never waits
@@ -29,6 +35,7 @@
 
 #include "cluster/frame-queue.h"
 #include "cluster/placement.h"
+#include "core/thread-pool.h"
 #include "model/context.h"
 #include "model/engine.h"
 #include "model/model.h"
@@ -45,7 +52,10 @@ struct ClusterOptions {
     ContextParams context;  // n_ctx (0: the model's), n_seq, kv type; every stage uses the same
     int32_t n_threads = 0;  // threads per worker; 0: the worker's own -t
     int max_in_flight = 8;
-    std::string stage_dir;  // where the head writes stage files it streams; "": <temp>/tandem-stages
+    int32_t head_layers = 0;   // layers [0, head_layers) run on the head; the workers run the rest
+    int32_t head_threads = 0;  // the head's thread pool with head_layers > 0 (0: all cores)
+    int32_t chunk_rows = 0;    // rows per Forward message of a long step; 0: auto_chunk_rows
+    std::string stage_dir;     // where the head writes stage files it streams; "": <temp>/tandem-stages
     int connect_timeout_ms = 3000;
     int heartbeat_ms = 500;
     int dead_after_ms = 2000;
@@ -60,6 +70,15 @@ struct NodeStatus {
     std::string source;  // LoadReply.source: "local file ...", "cache ...", "streamed from the head ..."
     net::StageReady ready;
 };
+
+// Rows per Forward message when a step of n_rows rows goes through a pipeline of n_stages stages (the head
+// counts as a stage when it runs layers): one message when n_stages is 1 or the step is short; else about
+// kChunksPerStage chunks per stage, never fewer than kMinChunkRows rows (small matmuls lose efficiency) nor
+// more than net::kMaxBatchRows.
+inline constexpr int32_t kChunksPerStage = 4;
+inline constexpr int32_t kMinChunkRows = 32;
+inline constexpr int32_t kMaxPartsPerStep = 64;  // a step is never cut into more messages than this
+int32_t auto_chunk_rows(int32_t n_rows, int32_t n_stages);
 
 struct ClusterStats {
     std::vector<net::StatsReply> nodes;                // [n_workers], since each stage was loaded
@@ -81,14 +100,19 @@ public:
     int32_t n_seq() const override { return options_.context.n_seq; }
     int32_t n_vocab() const override { return model_->hparams().n_vocab; }
     int max_in_flight() const override { return options_.max_in_flight; }
+    // Pipeline stages: the workers, plus the head when it runs layers. A driver keeps this many
+    // micro-batches (groups of sequences) in flight to keep every stage busy.
+    int n_stages() const { return static_cast<int>(addresses_.size()) + (options_.head_layers > 0 ? 1 : 0); }
     Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false) override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;
     Result<std::vector<StepOutput>> wait() override;
 
+    int32_t head_layers() const { return options_.head_layers; }
+    net::WireType wire() const { return options_.wire; }
     // Current nodes (after a reconnect, the new load sources).
     const std::vector<NodeStatus> &nodes() const { return nodes_; }
-    // node | layers | weights | KV | source, one line per worker.
+    // node | layers | weights | KV | source, one line per worker (and one for the head with head_layers).
     std::string placement_table() const;
     // Asks every worker for its counters (control link) and adds the head's own link counters.
     Result<ClusterStats> stats();
@@ -109,6 +133,11 @@ private:
     Status accept_result_link();
     Result<std::vector<LayerRange>> place() const;
     Status enqueue_data(net::MsgType type, uint64_t request_id, std::span<const uint8_t> payload);
+    // Sends rows [begin, end) of `batch` as one Forward message with step id `id` (running the head's
+    // layers first when it has any).
+    Status send_part(const Batch &batch, int32_t begin, int32_t end, uint64_t id);
+    // Decodes one Result frame of step `id` into `out` (appending). Error frames become their Status.
+    Status take_result(Frame *f, uint64_t id, std::vector<StepOutput> &out);
 
     void control_loop(size_t i);
     void heartbeat_loop();
@@ -139,8 +168,18 @@ private:
     std::vector<net::StatsReply> stats_replies_;                    // [n_workers]
     std::vector<uint64_t> stats_seen_;                              // [n_workers] request id answered
 
+    // The head's own layers [0, head_layers): a model view of that range, its context and thread pool.
+    std::shared_ptr<const Model> head_model_;
+    std::unique_ptr<ThreadPool> head_pool_;
+    std::unique_ptr<Context> head_ctx_;
+
     // Engine state (driver thread).
-    std::deque<uint64_t> pending_;  // step ids in flight
+    struct Pending {
+        uint64_t first_id = 0;  // the step's messages carry ids first_id .. first_id + n_parts - 1
+        uint32_t n_parts = 0;
+    };
+    std::deque<Pending> pending_;  // steps in flight
+    Batch part_;                   // rows of one part (reused)
     uint64_t next_step_ = 1;
     uint64_t next_stats_id_ = 1;
     std::vector<bool> started_, want_logits_;  // [n_seq]

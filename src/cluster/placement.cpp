@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/check.h"
 #include "net/transport.h"
 
 namespace td::cluster {
@@ -43,12 +44,12 @@ Result<std::vector<std::string>> parse_worker_list(const std::string &workers) {
 }
 
 Result<std::vector<LayerRange>> parse_layer_ranges(const std::string &layers, size_t n_workers,
-                                                   int32_t n_layer) {
+                                                   int32_t n_layer, int32_t first) {
     const std::vector<std::string> parts = split_commas(layers);
     if (parts.size() != n_workers)
         return invalid_input("--layers '{}' has {} ranges for {} workers", layers, parts.size(), n_workers);
     std::vector<LayerRange> out;
-    int32_t next = 0;
+    int32_t next = first;
     for (const std::string &p : parts) {
         const size_t dash = p.find('-');
         int32_t a = 0, b = 0;
@@ -62,8 +63,8 @@ Result<std::vector<LayerRange>> parse_layer_ranges(const std::string &layers, si
         next = b + 1;
     }
     if (next != n_layer)
-        return invalid_input("--layers '{}' covers layers 0-{}, the model has layers 0-{}", layers, next - 1,
-                             n_layer - 1);
+        return invalid_input("--layers '{}' covers layers {}-{}, the workers must run layers {}-{}", layers,
+                             first, next - 1, first, n_layer - 1);
     return out;
 }
 
@@ -82,10 +83,17 @@ Result<std::vector<double>> parse_split(const std::string &split, size_t n_worke
     return out;
 }
 
-Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights, int32_t n_layer) {
+Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights, int32_t n_layer,
+                                             int32_t first_layer) {
     const int32_t n = static_cast<int32_t>(weights.size());
     if (n == 0) return invalid_input("no workers to place layers on");
-    if (n_layer < n) return invalid_input("the model has {} layers, fewer than the {} workers", n_layer, n);
+    if (first_layer < 0 || first_layer >= n_layer)
+        return invalid_input("layer {} to start the workers at is outside the model's 0-{}", first_layer,
+                             n_layer - 1);
+    const int32_t n_total = n_layer;
+    n_layer -= first_layer;  // the layers to place
+    if (n_layer < n)
+        return invalid_input("{} layers are left for the workers, fewer than the {} workers", n_layer, n);
     const double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
     // Everyone gets one layer; the rest go by largest remainder of the proportional share.
     std::vector<int32_t> count(n, 1);
@@ -104,11 +112,12 @@ Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights,
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return frac[a] > frac[b]; });
     for (int32_t k = 0; given < rest; ++k, ++given) count[order[k % n]] += 1;
     std::vector<LayerRange> out;
-    int32_t first = 0;
+    int32_t first = first_layer;
     for (int32_t c : count) {
         out.emplace_back(first, first + c);
         first += c;
     }
+    TD_ASSERT(first == n_total, "split_layers placed {} of {} layers", first, n_total);
     return out;
 }
 

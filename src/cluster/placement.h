@@ -1,4 +1,5 @@
-// Which worker runs which layers. Stages are contiguous layer ranges in worker order, covering [0, n_layer).
+// Which worker runs which layers. Stages are contiguous layer ranges in worker order, covering
+// [first, n_layer); layers [0, first) run on the head (--head-layers).
 #pragma once
 
 #include <cstdint>
@@ -15,15 +16,16 @@ using LayerRange = std::pair<int32_t, int32_t>;  // [first, last)
 // "h1:p1,h2:p2" -> addresses. Errors name the bad entry.
 Result<std::vector<std::string>> parse_worker_list(const std::string &workers);
 
-// "0-7,8-15": inclusive ranges, one per worker, in order, contiguous from layer 0 to n_layer - 1.
+// "0-7,8-15": inclusive ranges, one per worker, in order, contiguous from layer `first` to n_layer - 1.
 Result<std::vector<LayerRange>> parse_layer_ranges(const std::string &layers, size_t n_workers,
-                                                   int32_t n_layer);
+                                                   int32_t n_layer, int32_t first = 0);
 
 // "1,1" or "3,1": positive relative shares, one per worker.
 Result<std::vector<double>> parse_split(const std::string &split, size_t n_workers);
 
-// Layers in proportion to `weights` (largest remainder), at least one layer each, in worker order.
-// Error: fewer layers than workers.
-Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights, int32_t n_layer);
+// Layers [first, n_layer) in proportion to `weights` (largest remainder), at least one layer each, in
+// worker order. Error: fewer layers than workers.
+Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights, int32_t n_layer,
+                                             int32_t first = 0);
 
 }  // namespace td::cluster

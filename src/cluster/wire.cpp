@@ -1,19 +1,7 @@
 #include "cluster/wire.h"
 
-#include <cstring>
-
 namespace td::cluster {
 namespace {
-
-uint64_t read_le64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-    return v;
-}
-
-void write_le64(uint64_t v, uint8_t *p) {
-    for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
 
 ErrorKind kind_from_wire(uint32_t k) {
     if (k >= static_cast<uint32_t>(ErrorKind::invalid_input) &&
@@ -55,29 +43,6 @@ Status recv_expect(net::Connection &conn, net::MsgType want, std::vector<uint8_t
         return invalid_input("{}{}expected a {} message, got {}", peer_name, peer_name.empty() ? "" : ": ",
                              net::msg_type_name(want), net::msg_type_name(static_cast<net::MsgType>(h.type)));
     return {};
-}
-
-void encode_weights_chunk_header(uint64_t offset, uint64_t total, uint8_t out[kWeightsChunkHeader]) {
-    write_le64(offset, out);
-    write_le64(total, out + 8);
-}
-
-Result<net::WeightsChunk> decode_weights_chunk(std::span<const uint8_t> payload,
-                                               std::span<const uint8_t> *bytes) {
-    if (payload.size() < kWeightsChunkHeader)
-        return invalid_input("weights_chunk: payload of {} bytes is shorter than its 16-byte header",
-                             payload.size());
-    net::WeightsChunk c;
-    c.offset = read_le64(payload.data());
-    c.total = read_le64(payload.data() + 8);
-    *bytes = payload.subspan(kWeightsChunkHeader);
-    if (c.total > kMaxStageFileBytes)
-        return invalid_input("weights_chunk: total of {} bytes exceeds the limit of {}", c.total,
-                             kMaxStageFileBytes);
-    if (c.offset > c.total || bytes->size() > c.total - c.offset)
-        return invalid_input("weights_chunk: {} bytes at offset {} do not fit in a file of {} bytes",
-                             bytes->size(), c.offset, c.total);
-    return c;
 }
 
 }  // namespace td::cluster

@@ -1,5 +1,6 @@
-// Small helpers over net/ used by both the head and the worker: typed control sends, receiving with peer
-// errors turned into Status, and the WeightsChunk header (the one message whose payload is mostly raw bytes).
+// Small helpers over net/ used by both the head and the worker: typed control sends and receiving with peer
+// errors turned into Status. (Message layouts, WeightsChunk's included, live in net/protocol.h and
+// net/codec.h only.)
 #pragma once
 
 #include <cstdint>
@@ -13,9 +14,7 @@
 
 namespace td::cluster {
 
-inline constexpr int kControlTimeoutMs = 5000;     // a control reply that takes longer means a stuck peer
-inline constexpr size_t kWeightsChunkHeader = 16;  // u64 offset, u64 total
-inline constexpr uint64_t kMaxStageFileBytes = uint64_t(1) << 40;  // 1 TiB: bound before creating a file
+inline constexpr int kControlTimeoutMs = 5000;  // a control reply that takes longer means a stuck peer
 
 template <typename Msg>
 Status send_control(net::Connection &conn, net::MsgType type, const Msg &msg, uint64_t request_id = 0,
@@ -35,11 +34,5 @@ Status recv_frame(net::Connection &conn, net::FrameHeader &header, std::vector<u
 // Receives one frame and checks it is `want` (anything else is invalid_input naming both types).
 Status recv_expect(net::Connection &conn, net::MsgType want, std::vector<uint8_t> &payload, int timeout_ms,
                    const std::string &peer_name);
-
-void encode_weights_chunk_header(uint64_t offset, uint64_t total, uint8_t out[kWeightsChunkHeader]);
-// Parses the chunk header; `bytes` gets the raw bytes after it. Errors on a short payload or a chunk that
-// does not fit in `total` or a total above kMaxStageFileBytes.
-Result<net::WeightsChunk> decode_weights_chunk(std::span<const uint8_t> payload,
-                                               std::span<const uint8_t> *bytes);
 
 }  // namespace td::cluster

@@ -316,16 +316,16 @@ Status Worker::receive_stage_file(net::Connection &conn, const net::LoadStage &l
     do {
         s = recv_expect(conn, net::MsgType::weights_chunk, payload, kChunkTimeoutMs, "head");
         if (!s.ok()) break;
-        std::span<const uint8_t> bytes;
-        auto c = decode_weights_chunk(payload, &bytes);
+        auto c = net::decode_weights_chunk(payload);
         if (!c.ok()) {
             s = c.status();
             break;
         }
-        if (received == 0) total = c->total;
-        if (c->total != total || c->offset != received || total == 0) {
-            s = invalid_input("weights_chunk: got offset {} of {}, expected offset {} of {}", c->offset,
-                              c->total, received, total);
+        const std::span<const uint8_t> bytes = c->bytes;
+        if (received == 0) total = c->header.total;
+        if (c->header.total != total || c->header.offset != received) {
+            s = invalid_input("weights_chunk: got offset {} of {}, expected offset {} of {}",
+                              c->header.offset, c->header.total, received, total);
             break;
         }
         if (std::fwrite(bytes.data(), 1, bytes.size(), out) != bytes.size()) {

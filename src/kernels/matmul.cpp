@@ -4,6 +4,7 @@
 // then every output element y[t][o] is one vec_dot(W row o, x row t). No element is ever split across
 // threads or summed from partial results, so y does not depend on the thread count or on which tokens share
 // the batch: the same token gives the same bits alone or in a batch of 100.
+#include <algorithm>
 #include <cstdint>
 
 #include "core/check.h"
@@ -17,9 +18,9 @@
 namespace td::kernels {
 namespace {
 
-// Output rows per work item: enough to amortise the scheduling, few enough that a chunk of weight rows
-// (16 x 2.3 KB for a 4096-wide q4_0 row) stays in L2 while every token of the batch passes over it.
-constexpr int64_t kRowsPerChunk = 16;
+// Output rows per work item: a multiple of the tile kernels' panels (32 rows for the VNNI kernels), enough
+// to amortise the scheduling; parallel_for makes a chunk about n / (4 threads) of these.
+constexpr int64_t kRowsPerChunk = 32;
 
 }  // namespace
 
@@ -136,8 +137,11 @@ void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, Thr
         job.x = xq;
     }
 
-    pool.parallel_for(
-        n_out, [j = &job](int64_t begin, int64_t end) { matmul_rows(*j, begin, end); }, kRowsPerChunk);
+    // Work items are groups of kRowsPerChunk rows, so every chunk but the last starts and ends on a panel.
+    const int64_t n_groups = (n_out + kRowsPerChunk - 1) / kRowsPerChunk;
+    pool.parallel_for(n_groups, [j = &job](int64_t begin, int64_t end) {
+        matmul_rows(*j, begin * kRowsPerChunk, std::min(end * kRowsPerChunk, j->n_out));
+    });
 }
 
 }  // namespace td::kernels

@@ -36,6 +36,9 @@ void softmax(float *x, int64_t n) {
 }
 
 void swiglu(const float *gate, const float *up, float *out, int64_t n) {
+#if TD_KERNELS_X86
+    if (use_avx2()) return avx2::swiglu(gate, up, out, n);
+#endif
     ref::swiglu(gate, up, out, n);
 }
 

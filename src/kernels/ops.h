@@ -31,6 +31,8 @@ void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopePar
 void softmax(float *x, int64_t n);
 
 // out[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + e^-v).   gate, up, out: [n] (out may alias gate)
+// Call it once per row (n = n_ff): like ggml on AVX-512, e^-v comes from a polynomial for the first
+// n - n % 16 elements and from libm for the rest, so the result depends on an element's place in the row.
 void swiglu(const float *gate, const float *up, float *out, int64_t n);
 
 // y[i] += x[i]   [n]
@@ -39,6 +41,7 @@ void add_inplace(float *y, const float *x, int64_t n);
 // One attention head for one query over n_kv cached positions; causal masking is done by the caller (it
 // passes only positions <= the query's). K and V rows are f16 (kv_f16) or f32, row stride kv_stride elements.
 //   out = sum_j softmax(scale * q.k_j)_j v_j
+// computed with the rounding of ggml's CPU flash attention (ref/ops-ref.cpp says how).
 //   q: [head_dim]   k, v: [n_kv rows, stride]   out: [head_dim]   scores: [n_kv] scratch
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out);

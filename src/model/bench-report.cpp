@@ -32,7 +32,7 @@ uint64_t BenchRecord::stddev_ns() const {
 }
 
 std::vector<double> BenchRecord::samples_ts() const {
-    return bench_samples_ts(samples_ns, n_prompt + n_gen);
+    return bench_samples_ts(samples_ns, (n_prompt + n_gen) * n_parallel);
 }
 double BenchRecord::avg_ts() const {
     return bench_mean(samples_ts());
@@ -91,6 +91,8 @@ std::vector<BenchField> bench_record_fields(const BenchRecord &r) {
         {"stddev_ts", T::floating, f(r.stddev_ts())},
         // tandem's own, after llama-bench's.
         {"peak_rss_bytes", T::integer, u(r.peak_rss_bytes)},
+        {"n_parallel", T::integer, i(r.n_parallel)},
+        {"pipeline", T::string, s(r.pipeline)},
     };
 }
 
@@ -222,14 +224,20 @@ std::string bench_format_markdown(const std::vector<BenchRecord> &records) {
         const char *name;
         int width;
     };
-    bool show_kv = false;
-    for (const BenchRecord &r : records) show_kv |= r.type_k != "f16" || r.type_v != "f16";
+    bool show_kv = false, show_pipeline = false, show_seqs = false;
+    for (const BenchRecord &r : records) {
+        show_kv |= r.type_k != "f16" || r.type_v != "f16";
+        show_pipeline |= !r.pipeline.empty();
+        show_seqs |= r.n_parallel > 1;
+    }
     std::vector<Column> cols = {
         {"model", -30}, {"size", 10}, {"params", 10}, {"backend", -10}, {"threads", 7}};
     if (show_kv) {
         cols.push_back({"type_k", 6});
         cols.push_back({"type_v", 6});
     }
+    if (show_pipeline) cols.push_back({"pipeline", -30});
+    if (show_seqs) cols.push_back({"seqs", 4});
     cols.push_back({"test", 15});
     cols.push_back({"t/s", 20});
 
@@ -254,6 +262,8 @@ std::string bench_format_markdown(const std::vector<BenchRecord> &records) {
             if (name == "threads") v = std::to_string(r.n_threads);
             if (name == "type_k") v = r.type_k;
             if (name == "type_v") v = r.type_v;
+            if (name == "pipeline") v = r.pipeline.empty() ? "local" : r.pipeline;
+            if (name == "seqs") v = std::to_string(r.n_parallel);
             if (name == "test") v = r.test_name();
             if (name == "t/s") {
                 // fmt pads by code points where llama-bench's printf pads bytes (and adds one for the

@@ -1,7 +1,7 @@
 // Benchmark records and their output formats, field for field as llama.cpp's llama-bench writes them (same
 // names, types and order; JSON is an array of records with samples_ns/samples_ts), so scripts written for
-// llama-bench read tandem's output unchanged. tandem adds fields after llama-bench's (peak_rss_bytes); a
-// cluster run will add its own (workers, ...) the same way and leave the rest as they are.
+// llama-bench read tandem's output unchanged. tandem adds fields after llama-bench's (peak_rss_bytes,
+// n_parallel, pipeline) and leaves the rest as they are, so a cluster run reads like one machine's.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,8 @@ struct BenchRecord {
     std::vector<uint64_t> samples_ns;
     // tandem only.
     uint64_t peak_rss_bytes = 0;
+    int32_t n_parallel = 1;  // sequences decoding together; t/s counts the tokens of all of them
+    std::string pipeline;    // cluster runs: "2-stage 0-7,8-15 wire f16" (the head's layers first); "" local
 
     std::string test_name() const;  // "pp512", "tg128"
     uint64_t avg_ns() const;
@@ -59,7 +61,8 @@ std::vector<BenchField> bench_record_fields(const BenchRecord &record);
 
 // The output formats. JSON: `[ {...}, ... ]`; JSONL: one object per line; CSV: a header line, then one quoted
 // row per record; Markdown: llama-bench's table (model, size, params, backend, threads, [type_k, type_v
-// when not f16], test, t/s) and a footer with the build and the peak RSS.
+// when not f16], [pipeline with any cluster record], [seqs with any n_parallel > 1], test, t/s) and a
+// footer with the build and the peak RSS.
 std::string bench_format_json(const std::vector<BenchRecord> &records);
 std::string bench_format_jsonl(const std::vector<BenchRecord> &records);
 std::string bench_format_csv(const std::vector<BenchRecord> &records);

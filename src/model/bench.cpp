@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <random>
 
@@ -22,9 +23,29 @@ std::string BenchTest::name() const {
 
 BenchTarget bench_target(Context &ctx, int32_t bos) {
     BenchTarget t;
-    t.decode = [&ctx](const Batch &batch) { return ctx.decode(batch); };
-    t.clear = [&ctx] { ctx.kv().clear(); };
+    t.submit = [&ctx](const Batch &batch) { return ctx.decode(batch); };
+    t.clear = [&ctx] {
+        ctx.kv().clear();
+        return Status();
+    };
     t.n_vocab = ctx.model().hparams().n_vocab;
+    t.bos = bos;
+    return t;
+}
+
+BenchTarget bench_target(Engine &engine, int32_t bos, int n_stages) {
+    BenchTarget t;
+    t.submit = [&engine](const Batch &batch) { return engine.submit(batch); };
+    t.wait = [&engine]() -> Status { return engine.wait().status(); };
+    t.clear = [&engine]() -> Status {
+        SamplerParams greedy;
+        greedy.temperature = 0.0f;
+        for (int32_t s = 0; s < engine.n_seq(); ++s) TD_TRY(engine.seq_start(s, greedy));
+        return {};
+    };
+    t.max_in_flight = std::max(1, engine.max_in_flight());
+    t.n_stages = std::max(1, n_stages);
+    t.n_vocab = engine.n_vocab();
     t.bos = bos;
     return t;
 }
@@ -36,28 +57,58 @@ public:
     Runner(const BenchTarget &target, const BenchRunParams &params)
         : target_(target), params_(params), rng_(params.seed), pick_(0, target.n_vocab - 1) {}
 
-    // A prompt of n tokens from position 0, in batches of n_batch; logits only for each batch's last row.
-    Status prompt(int32_t n) {
-        for (int32_t start = 0; start < n; start += params_.n_batch) {
-            const int32_t end = std::min(n, start + params_.n_batch);
+    // n_par prompts of n tokens from position 0, their rows back to back in batches of n_batch; logits only
+    // for each batch's last row. Batches are queued up to the target's depth (a pipeline overlaps them).
+    Status prompt(int32_t n, int32_t n_par) {
+        const int64_t total = static_cast<int64_t>(n) * n_par;
+        int in_flight = 0;
+        for (int64_t start = 0; start < total; start += params_.n_batch) {
+            const int64_t end = std::min<int64_t>(total, start + params_.n_batch);
             batch_.clear();
-            for (int32_t i = start; i < end; ++i) batch_.add(token(i == 0), i, 0, i == end - 1);
-            TD_TRY(target_.decode(batch_));
+            for (int64_t r = start; r < end; ++r) {
+                const int32_t i = static_cast<int32_t>(r % n);
+                batch_.add(token(i == 0), i, static_cast<int32_t>(r / n), r == end - 1);
+            }
+            if (in_flight == target_.max_in_flight) {
+                TD_TRY(wait());
+                --in_flight;
+            }
+            TD_TRY(target_.submit(batch_));
+            ++in_flight;
         }
+        for (; in_flight > 0; --in_flight) TD_TRY(wait());
         return {};
     }
 
-    // n single-token steps from position 0.
-    Status gen(int32_t n) {
-        for (int32_t i = 0; i < n; ++i) {
+    // n single-token steps from position 0 for each of n_par sequences. The sequences form
+    // min(n_par, n_stages, max_in_flight) groups (micro-batches); each group submits its next step once its
+    // previous one has returned, and the groups' steps are in flight together.
+    Status gen(int32_t n, int32_t n_par) {
+        const int32_t n_groups =
+            target_.wait ? std::max(1, std::min({n_par, target_.n_stages, target_.max_in_flight})) : 1;
+        std::vector<int32_t> next(n_groups, 0);  // [n_groups] the step each group submits next
+        std::deque<int32_t> queued;              // groups in submission order
+        auto submit = [&](int32_t g) -> Status {
             batch_.clear();
-            batch_.add(token(i == 0), i, 0, true);
-            TD_TRY(target_.decode(batch_));
+            const int32_t first = g * n_par / n_groups, last = (g + 1) * n_par / n_groups;
+            for (int32_t s = first; s < last; ++s) batch_.add(token(next[g] == 0), next[g], s, true);
+            ++next[g];
+            queued.push_back(g);
+            return target_.submit(batch_);
+        };
+        for (int32_t g = 0; g < n_groups; ++g) TD_TRY(submit(g));
+        while (!queued.empty()) {
+            TD_TRY(wait());
+            const int32_t g = queued.front();
+            queued.pop_front();
+            if (next[g] < n) TD_TRY(submit(g));
         }
         return {};
     }
 
 private:
+    Status wait() { return target_.wait ? target_.wait() : Status(); }
+
     int32_t token(bool first) {
         if (first && target_.bos >= 0) return target_.bos;
         return pick_(rng_);
@@ -77,34 +128,36 @@ Result<std::vector<uint64_t>> bench_run(const BenchTarget &target, const BenchTe
     if (test.n_prompt < 0 || test.n_gen < 0 || (test.n_prompt > 0) == (test.n_gen > 0))
         return invalid_input("a benchmark test is either a prompt (pp) or a generation (tg), got pp={} tg={}",
                              test.n_prompt, test.n_gen);
+    if (test.n_parallel < 1)
+        return invalid_input("parallel sequences must be at least 1, got {}", test.n_parallel);
     if (params.n_batch < 1) return invalid_input("the batch size must be at least 1, got {}", params.n_batch);
     if (params.reps < 1) return invalid_input("repetitions must be at least 1, got {}", params.reps);
-    if (target.n_vocab < 1 || !target.decode || !target.clear)
-        return invalid_input("the benchmark target has no vocabulary or no decode function");
+    if (target.n_vocab < 1 || !target.submit || !target.clear)
+        return invalid_input("the benchmark target has no vocabulary or no submit function");
     if (target.bos >= target.n_vocab)
         return invalid_input("BOS token {} is outside the vocabulary of {}", target.bos, target.n_vocab);
 
     using clock = std::chrono::steady_clock;
     Runner run(target, params);
     auto once = [&](bool warmup) -> Status {
-        if (test.n_prompt > 0) return run.prompt(test.n_prompt);
-        return run.gen(warmup ? 1 : test.n_gen);
+        if (test.n_prompt > 0) return run.prompt(test.n_prompt, test.n_parallel);
+        return run.gen(warmup ? 1 : test.n_gen, test.n_parallel);
     };
     if (params.warmup) {
-        target.clear();
+        TD_TRY(target.clear());
         TD_TRY(once(true));
     }
     std::vector<uint64_t> samples_ns;
     samples_ns.reserve(params.reps);
     for (int32_t r = 0; r < params.reps; ++r) {
-        target.clear();
+        TD_TRY(target.clear());
         const auto t0 = clock::now();
         TD_TRY(once(false));
         const auto t1 = clock::now();
         samples_ns.push_back(
             static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count()));
     }
-    target.clear();
+    TD_TRY(target.clear());
     return samples_ns;
 }
 

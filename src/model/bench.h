@@ -5,9 +5,15 @@
 //   tg<N>: N decode calls of one token each from an empty context (the first token is BOS when the model
 //          adds one, then random ids); t/s = N / wall time.
 //
+// With n_parallel P > 1, P sequences run together: pp decodes P prompts of N tokens (their rows back to back
+// in batches of n_batch), tg has P sequences decode N tokens each, and t/s counts all P * N tokens. A
+// pipeline target (n_stages > 1) decodes the P sequences as n_stages micro-batches kept in flight at once,
+// each submitting its next step only once its previous one returned (as real sampling would need), so every
+// stage is busy; a single stage decodes them as one batch of P rows per step.
+//
 // Each test runs a warm-up (a whole pp, or one tg step) and then `reps` timed repetitions, each from a
-// cleared cache. What is benchmarked is a BenchTarget (decode + clear), so the same driver and report serve a
-// local Context today and a cluster pipeline later.
+// cleared cache. What is benchmarked is a BenchTarget (submit, wait, clear): a local Context, or any Engine
+// (a cluster pipeline), through the same driver and report.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +26,7 @@
 #include "gguf/gguf.h"
 #include "model/batch.h"
 #include "model/context.h"
+#include "model/engine.h"
 
 namespace td {
 
@@ -27,21 +34,28 @@ namespace td {
 struct BenchTest {
     int32_t n_prompt = 0;
     int32_t n_gen = 0;
+    int32_t n_parallel = 1;  // sequences run together
 
-    int32_t n_tokens() const { return n_prompt + n_gen; }
-    std::string name() const;  // "pp512" or "tg128", as llama-bench prints it
+    int32_t n_tokens() const { return n_prompt + n_gen; }  // positions per sequence
+    std::string name() const;                              // "pp512" or "tg128", as llama-bench prints it
 };
 
-// What a benchmark drives: token ids in, logits out, over every layer.
+// What a benchmark drives: token ids in, over every layer; outputs are discarded.
 struct BenchTarget {
-    std::function<Status(const Batch &)> decode;  // one forward call over the batch (sequence 0)
-    std::function<void()> clear;                  // forget everything: the next run starts at position 0
+    std::function<Status(const Batch &)> submit;  // queue one step (a synchronous target computes it here)
+    std::function<Status()> wait;                 // complete the oldest queued step; empty: nothing queues
+    std::function<Status()> clear;                // forget every sequence: the next run starts at position 0
+    int max_in_flight = 1;                        // steps that may be queued before a wait
+    int n_stages = 1;  // pipeline stages: parallel sequences decode as this many micro-batches
     int32_t n_vocab = 0;
     int32_t bos = -1;  // first token of every run when >= 0; random ids otherwise
 };
 
-// A target over a local context (sequence slot 0). `ctx` must outlive the target.
+// A target over a local context (synchronous; every sequence slot). `ctx` must outlive the target.
 BenchTarget bench_target(Context &ctx, int32_t bos);
+// A target over an engine (a cluster pipeline of n_stages stages): clear restarts every sequence slot
+// (greedy sampling). `engine` must outlive the target.
+BenchTarget bench_target(Engine &engine, int32_t bos, int n_stages);
 
 struct BenchRunParams {
     int32_t n_batch = 512;  // prompt rows per decode call
@@ -51,7 +65,7 @@ struct BenchRunParams {
 };
 
 // Runs one test: warm-up, then `reps` timed repetitions. Returns the wall time of each repetition in ns.
-// Errors: invalid test or parameters (invalid_input), or the first error decode returns.
+// Errors: invalid test or parameters (invalid_input), or the first error submit/wait/clear returns.
 Result<std::vector<uint64_t>> bench_run(const BenchTarget &target, const BenchTest &test,
                                         const BenchRunParams &params);
 

@@ -343,6 +343,10 @@ Result<WeightsChunkView> decode_weights_chunk(std::span<const uint8_t> payload) 
     if (v.bytes.size() > kMaxWeightsChunk) {
         return invalid_input("weights_chunk: {} bytes, limit {}", v.bytes.size(), kMaxWeightsChunk);
     }
+    if (v.header.total == 0 || v.header.total > kMaxStageFileBytes) {
+        return invalid_input("weights_chunk: a stage file of {} bytes is outside 1..{}", v.header.total,
+                             kMaxStageFileBytes);
+    }
     if (v.header.offset > v.header.total || v.bytes.size() > v.header.total - v.header.offset) {
         return invalid_input("weights_chunk: {} bytes at offset {} run past the total of {} bytes",
                              v.bytes.size(), v.header.offset, v.header.total);

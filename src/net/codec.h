@@ -41,7 +41,8 @@ Result<StatsReply> decode_stats_reply(std::span<const uint8_t> payload);
 Status decode_empty(MsgType type, std::span<const uint8_t> payload);
 
 // WeightsChunk: encode appends the 16 fixed bytes; send the chunk's bytes as a second part (no copy).
-// decode checks the chunk size (<= kMaxWeightsChunk) and that offset + size <= total.
+// decode checks the chunk size (<= kMaxWeightsChunk), total in 1..kMaxStageFileBytes and
+// offset + size <= total.
 struct WeightsChunkView {
     WeightsChunk header;
     std::span<const uint8_t> bytes;  // points into the payload

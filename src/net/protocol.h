@@ -138,8 +138,13 @@ struct LoadReply {
     std::string source;         // "local file /models/x.gguf", "cache <hash>", ...
 };
 
+// A piece of the stage file (a GGUF holding the stage's tensors) streamed to a worker that has no copy:
+// u64 offset, u64 total, then the raw bytes (<= kMaxWeightsChunk) of the file at [offset, offset + size).
+// The head sends the pieces in order from offset 0; total is the same in every piece and at most
+// kMaxStageFileBytes, which a receiver checks before it creates the file.
 inline constexpr size_t kWeightsChunkFixedBytes = 16;
-struct WeightsChunk {  // u64 offset, u64 total, then raw bytes (<= kMaxWeightsChunk)
+inline constexpr uint64_t kMaxStageFileBytes = uint64_t(1) << 40;  // 1 TiB
+struct WeightsChunk {
     uint64_t offset = 0;
     uint64_t total = 0;
     // bytes follow

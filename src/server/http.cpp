@@ -235,6 +235,11 @@ void HttpServer::Impl::handle_generate(const httplib::Request &req, httplib::Res
 void HttpServer::Impl::handle_health(httplib::Response &res) {
     ServerBackend be;
     if (!get_backend(be)) return reply_json(res, 503, {{"status", "loading"}});
+    // A failed engine (a worker down) answers 503 with the cause until it works again.
+    if (Status h = be.scheduler->health(); !h.ok()) {
+        res.set_header("Retry-After", "1");
+        return reply_json(res, 503, {{"status", "error"}, {"message", h.message()}});
+    }
     reply_json(res, 200, {{"status", "ok"}});
 }
 
@@ -274,7 +279,16 @@ void HttpServer::Impl::handle_metrics(httplib::Response &res) {
         metric("tandem_slots_active", "gauge", "Slots holding a request.", s.n_active);
         metric("tandem_slots_total", "gauge", "Sequence slots (--parallel).", s.n_slots);
         metric("tandem_steps_total", "counter", "Batched engine steps.", s.n_steps);
-        metric("tandem_step_seconds_total", "counter", "Time in engine steps.", s.step_seconds);
+        metric("tandem_step_seconds_total", "counter", "Time from each step's submit to its tokens.",
+               s.step_seconds);
+        metric("tandem_micro_batches", "gauge", "Steps kept in flight (pipeline stages).",
+               be.scheduler->n_micro_batches());
+        metric("tandem_busy_seconds_total", "counter", "Time the engine thread had work.", s.busy_seconds);
+        metric("tandem_scheduler_overhead_seconds_total", "counter",
+               "Busy time outside the engine (building steps, detokenizing, dispatching).",
+               s.overhead_seconds);
+        metric("tandem_engine_healthy", "gauge", "1 while the engine works, 0 after a failure (see /health).",
+               be.scheduler->health().ok() ? 1 : 0);
         out += "# HELP tandem_requests_finished_total Generation requests ended, by reason.\n";
         out += "# TYPE tandem_requests_finished_total counter\n";
         for (FinishReason f :

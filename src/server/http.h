@@ -3,7 +3,8 @@
 //   POST /v1/chat/completions   chat (messages -> the model's chat template), stream or not
 //   POST /v1/completions        text completion, stream or not
 //   GET  /v1/models             the one served model
-//   GET  /health                503 {"status":"loading"} until set_backend(), then 200 {"status":"ok"}
+//   GET  /health                503 {"status":"loading"} until set_backend(), then 200 {"status":"ok"};
+//                               503 {"status":"error","message"} while the engine is failing (worker down)
 //   GET  /metrics               Prometheus text
 //   POST /tokenize              {"content", "add_special"?} -> {"tokens"}
 //   POST /detokenize            {"tokens"} -> {"content"}

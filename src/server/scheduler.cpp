@@ -61,17 +61,19 @@ struct Scheduler::Slot {
     Clock::time_point t_submit;
     uint64_t order = 0;       // admission order: prompts are prefilled first come, first served
     int32_t n_prefilled = 0;  // prompt tokens submitted
-    int32_t n_past = 0;       // positions in the cache (after the step in flight)
+    int32_t n_past = 0;       // positions in the cache (after the steps in flight)
     int32_t limit = 0;        // tokens to generate at most
     int32_t n_generated = 0;
     int32_t last_token = -1;  // sampled, not yet decoded
     bool generating = false;  // the prompt is in; one decode row per step
-    bool in_step = false;     // has rows in the step being computed
+    bool ended = false;       // its last event is sent (or it was cancelled): no new rows
+    int32_t n_in_flight = 0;  // steps in flight with rows of this slot; the slot is freed at 0
     std::unique_ptr<Detokenizer> detok;
     std::unique_ptr<StopStringMatcher> stop;
     std::vector<TokenLogprob> pending_lp;
 
     bool active() const { return stream != nullptr; }
+    bool live() const { return active() && !ended; }
 };
 
 Scheduler::Scheduler(Engine &engine, const Tokenizer &tokenizer, const SchedulerParams &params)
@@ -80,10 +82,14 @@ Scheduler::Scheduler(Engine &engine, const Tokenizer &tokenizer, const Scheduler
       params_(params),
       n_ctx_(engine.n_ctx()),
       n_slots_(engine.n_seq()),
+      depth_(std::clamp(params.n_micro_batches, 1, std::max(engine.max_in_flight(), 1))),
       lp_sampler_(SamplerParams{}, engine.n_vocab()) {
     params_.n_batch = std::max(params_.n_batch, n_slots_ + 1);
     params_.max_queue = std::max(params_.max_queue, 0);
+    if (params_.probe_interval.count() <= 0) params_.probe_interval = std::chrono::milliseconds(1000);
     stats_.n_slots = n_slots_;
+    slots_.resize(n_slots_);
+    for (int32_t i = 0; i < n_slots_; ++i) slots_[i].seq = i;
     thread_ = std::thread([this] { engine_main(); });
 }
 
@@ -153,9 +159,19 @@ SchedulerStats Scheduler::stats() const {
     return s;
 }
 
+Status Scheduler::health() const {
+    std::lock_guard lock(mu_);
+    return health_;
+}
+
+std::string Scheduler::engine_metrics() const {
+    std::lock_guard lock(mu_);
+    return engine_metrics_;
+}
+
 // Moves queued requests into free slots (engine thread, under mu_).
-void Scheduler::admit(std::vector<Slot> &slots) {
-    for (Slot &slot : slots) {
+void Scheduler::admit() {
+    for (Slot &slot : slots_) {
         if (queue_.empty()) break;
         if (slot.active()) continue;
         Pending p = std::move(queue_.front());
@@ -165,12 +181,15 @@ void Scheduler::admit(std::vector<Slot> &slots) {
             continue;
         }
         const bool want_logits = p.job.n_logprobs >= 0;
+        // A ClusterEngine that failed reconnects here (seq_start), so the first request after a worker came
+        // back pays for the reconnect.
         if (Status s = engine_.seq_start(slot.seq, p.job.sampling, want_logits); !s.ok()) {
             StreamEvent ev;
             ev.kind = StreamEvent::Kind::error;
             ev.error = s;
             p.stream->push(std::move(ev));
             stats_.n_finished[static_cast<int>(FinishReason::error)]++;
+            if (s.kind() != ErrorKind::invalid_input) health_ = s;
             continue;
         }
         const int32_t n_prompt = static_cast<int32_t>(p.job.prompt.size());
@@ -184,7 +203,8 @@ void Scheduler::admit(std::vector<Slot> &slots) {
         slot.limit = slot.job.max_tokens > 0 ? slot.job.max_tokens : n_ctx_ - n_prompt;
         slot.last_token = -1;
         slot.generating = false;
-        slot.in_step = false;
+        slot.ended = false;
+        slot.n_in_flight = 0;
         slot.detok = std::make_unique<Detokenizer>(tokenizer_, Detokenizer::Start::continuation);
         slot.stop = std::make_unique<StopStringMatcher>(slot.job.stop);
         slot.pending_lp.clear();
@@ -199,28 +219,18 @@ void Scheduler::admit(std::vector<Slot> &slots) {
 }
 
 void Scheduler::engine_main() {
-    std::vector<Slot> slots(n_slots_);
-    for (int32_t i = 0; i < n_slots_; ++i) slots[i].seq = i;
     for (;;) {
+        const auto t_iter = Clock::now();
         {
             std::unique_lock lock(mu_);
-            for (Slot &slot : slots)
-                if (slot.active() && slot.stream->cancelled()) {
-                    stats_.n_finished[static_cast<int>(FinishReason::cancelled)]++;
-                    release(slot);
-                }
-            if (!stopping_) admit(slots);
-            const auto any_active = [&] {
-                return std::any_of(slots.begin(), slots.end(), [](const Slot &s) { return s.active(); });
-            };
-            if (!stopping_ && !any_active()) {
-                cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-                continue;  // admit (or stop) on the next turn
-            }
+            for (Slot &slot : slots_)
+                if (slot.live() && slot.stream->cancelled()) end(slot, FinishReason::cancelled);
+            if (!stopping_ && drain_error_.ok()) admit();
             if (stopping_) {
+                // Steps still in flight are abandoned; the engine is destroyed after the scheduler.
                 const Status bye = make_error(ErrorKind::failed, "the server is shutting down");
-                for (Slot &slot : slots)
-                    if (slot.active()) fail(slot, bye);
+                for (Slot &slot : slots_)
+                    if (slot.live()) fail(slot, bye);
                 for (Pending &p : queue_) {
                     StreamEvent ev;
                     ev.kind = StreamEvent::Kind::error;
@@ -231,80 +241,188 @@ void Scheduler::engine_main() {
                 stats_.n_queued = 0;
                 return;
             }
+            const bool any_live =
+                std::any_of(slots_.begin(), slots_.end(), [](const Slot &s) { return s.live(); });
+            if (!any_live && in_flight_.empty()) {
+                // Idle: wake for a request, or every probe_interval to probe (and retry a failed engine).
+                const bool woken =
+                    cv_.wait_for(lock, params_.probe_interval, [&] { return stopping_ || !queue_.empty(); });
+                if (!woken) {
+                    lock.unlock();
+                    run_probe(/*idle=*/true);
+                }
+                continue;  // admit (or stop) on the next turn
+            }
         }
-        run_step(slots);
+        double engine_seconds = 0.0;
+        fill_pipeline(engine_seconds);
+        // Nothing to run: every live slot was cancelled after the check above; the next turn frees them.
+        if (in_flight_.empty()) continue;
+        complete_step(engine_seconds);
+        const auto t_end = Clock::now();
+        {
+            std::lock_guard lock(mu_);
+            const double iter = std::chrono::duration<double>(t_end - t_iter).count();
+            stats_.busy_seconds += iter;
+            stats_.overhead_seconds += std::max(0.0, iter - engine_seconds);
+        }
+        run_probe(/*idle=*/false);
     }
 }
 
-// Builds, computes and dispatches one step. Returns false when the step failed.
-bool Scheduler::run_step(std::vector<Slot> &slots) {
-    Batch batch;
-    for (Slot &slot : slots) {
-        slot.in_step = false;
-        if (!slot.active() || !slot.generating) continue;
-        batch.add(slot.last_token, slot.n_past, slot.seq, true);
+// Builds the next step into batch_ from the slots not in flight; false when there is nothing to compute.
+bool Scheduler::build_step(InFlight &step) {
+    batch_.clear();
+    step.seqs.clear();
+    step.prompt_done.clear();
+    step.n_prompt_rows = 0;
+    // Decode rows: the generating slots are dealt into depth_ micro-batches of about equal size.
+    int32_t n_generating = 0;
+    for (const Slot &slot : slots_) n_generating += slot.live() && slot.generating;
+    const int32_t quota = (n_generating + depth_ - 1) / depth_;
+    int32_t n_decode = 0;
+    for (Slot &slot : slots_) {
+        if (n_decode >= quota) break;
+        if (!slot.live() || !slot.generating || slot.n_in_flight > 0 || slot.stream->cancelled()) continue;
+        batch_.add(slot.last_token, slot.n_past, slot.seq, true);
         slot.n_past++;
-        slot.in_step = true;
+        slot.n_in_flight++;
+        step.seqs.push_back(slot.seq);
+        n_decode++;
     }
     // Prompt chunks fill the rest of the step, oldest request first.
-    std::vector<Slot *> prefilling;
-    for (Slot &slot : slots)
-        if (slot.active() && !slot.generating) prefilling.push_back(&slot);
-    std::sort(prefilling.begin(), prefilling.end(),
+    prefilling_.clear();
+    for (Slot &slot : slots_)
+        if (slot.live() && !slot.generating && !slot.stream->cancelled() &&
+            slot.n_prefilled < static_cast<int32_t>(slot.job.prompt.size()))
+            prefilling_.push_back(&slot);
+    std::sort(prefilling_.begin(), prefilling_.end(),
               [](const Slot *a, const Slot *b) { return a->order < b->order; });
-    int64_t n_prompt_rows = 0;
-    for (Slot *slot : prefilling) {
-        const int32_t budget = params_.n_batch - batch.size();
+    for (Slot *slot : prefilling_) {
+        const int32_t budget = params_.n_batch - batch_.size();
         if (budget <= 0) break;
         const int32_t n_prompt = static_cast<int32_t>(slot->job.prompt.size());
         const int32_t n = std::min(budget, n_prompt - slot->n_prefilled);
         for (int32_t i = 0; i < n; ++i) {
             const int32_t p = slot->n_prefilled + i;
-            batch.add(slot->job.prompt[p], p, slot->seq, p == n_prompt - 1);
+            batch_.add(slot->job.prompt[p], p, slot->seq, p == n_prompt - 1);
         }
         slot->n_prefilled += n;
         slot->n_past += n;
-        slot->in_step = true;
-        n_prompt_rows += n;
+        slot->n_in_flight++;
+        step.seqs.push_back(slot->seq);
+        if (slot->n_prefilled == n_prompt) step.prompt_done.push_back(slot->seq);
+        step.n_prompt_rows += n;
     }
-    if (batch.empty()) return true;
+    step.n_rows = batch_.size();
+    return !batch_.empty();
+}
 
-    // TODO(perf): with a pipelined engine (max_in_flight() > 1) queue the next step before waiting.
-    const auto t0 = Clock::now();
-    Status status = engine_.submit(batch);
-    std::vector<StepOutput> outputs;
-    if (status.ok()) {
-        auto r = engine_.wait();
-        if (r.ok()) {
-            outputs = std::move(r).value();
+// Submits steps until depth_ are in flight or nothing is left to compute.
+void Scheduler::fill_pipeline(double &engine_seconds) {
+    while (static_cast<int32_t>(in_flight_.size()) < depth_ && drain_error_.ok()) {
+        InFlight step;
+        if (!spare_.empty()) {
+            step = std::move(spare_.back());
+            spare_.pop_back();
+        }
+        if (!build_step(step)) {
+            spare_.push_back(std::move(step));
+            return;
+        }
+        step.t_submit = Clock::now();
+        Status s = engine_.submit(batch_);
+        engine_seconds += std::chrono::duration<double>(Clock::now() - step.t_submit).count();
+        if (!s.ok()) {
+            std::lock_guard lock(mu_);
+            on_step_failed(step, s);
+            spare_.push_back(std::move(step));
+            return;
+        }
+        in_flight_.push_back(std::move(step));
+    }
+}
+
+// A step failed (submit or wait): its requests end with the error, and so do the steps still in flight
+// (drained first, nothing new is submitted meanwhile). Engine thread, under mu_.
+void Scheduler::on_step_failed(InFlight &step, const Status &status) {
+    const Status cause = drain_error_.ok() ? status : drain_error_;
+    if (drain_error_.ok()) {
+        log_warn("server: step of {} rows failed: {}", step.n_rows, cause.message());
+        if (!in_flight_.empty()) drain_error_ = cause;
+    }
+    if (cause.kind() != ErrorKind::invalid_input) health_ = cause;
+    for (int32_t seq : step.seqs) {
+        Slot &slot = slots_[seq];
+        slot.n_in_flight--;
+        if (slot.live()) {
+            fail(slot, cause);
         } else {
-            status = r.status();
+            release_if_idle(slot);
         }
     }
+}
+
+// Collects the oldest step's tokens and hands them to their requests.
+void Scheduler::complete_step(double &engine_seconds) {
+    InFlight &step = in_flight_.front();
+    const auto t0 = Clock::now();
+    auto outputs = engine_.wait();
     const auto t1 = Clock::now();
+    engine_seconds += std::chrono::duration<double>(t1 - t0).count();
 
     std::lock_guard lock(mu_);
     stats_.n_steps++;
-    stats_.step_seconds += std::chrono::duration<double>(t1 - t0).count();
-    if (!status.ok()) {
-        log_warn("server: step of {} rows failed: {}", batch.size(), status.message());
-        for (Slot &slot : slots)
-            if (slot.active() && slot.in_step) fail(slot, status);
-        return false;
+    stats_.step_seconds += std::chrono::duration<double>(t1 - step.t_submit).count();
+    if (!outputs.ok()) {
+        // The record leaves the queue first: on_step_failed looks at the steps still in flight.
+        InFlight failed = std::move(step);
+        in_flight_.pop_front();
+        on_step_failed(failed, outputs.status());
+        spare_.push_back(std::move(failed));
+    } else {
+        if (drain_error_.ok()) health_ = {};
+        stats_.n_prompt_tokens += step.n_prompt_rows;
+        for (int32_t seq : step.prompt_done)
+            if (slots_[seq].live()) slots_[seq].generating = true;
+        for (int32_t seq : step.seqs) slots_[seq].n_in_flight--;
+        int32_t n_sampled = 0;
+        for (const StepOutput &out : *outputs) {
+            if (out.seq < 0 || out.seq >= n_slots_ || !slots_[out.seq].live()) continue;
+            on_token(slots_[out.seq], out);
+            n_sampled++;
+        }
+        for (int32_t seq : step.seqs) release_if_idle(slots_[seq]);
+        stats_.n_generated_tokens += n_sampled;
+        recent_.emplace_back(t1, n_sampled);
+        while (!recent_.empty() && t1 - recent_.front().first > rate_window) recent_.pop_front();
+        spare_.push_back(std::move(step));
+        in_flight_.pop_front();
     }
-    stats_.n_prompt_tokens += n_prompt_rows;
-    for (Slot *slot : prefilling)
-        if (slot->n_prefilled == static_cast<int32_t>(slot->job.prompt.size())) slot->generating = true;
-    int32_t n_sampled = 0;
-    for (const StepOutput &out : outputs) {
-        if (out.seq < 0 || out.seq >= n_slots_ || !slots[out.seq].active()) continue;
-        on_token(slots[out.seq], out);
-        n_sampled++;
+    if (in_flight_.empty()) drain_error_ = {};
+}
+
+// Engine probe and, while idle after a failure, a reconnect attempt. Engine thread, without mu_.
+void Scheduler::run_probe(bool idle) {
+    const auto now = Clock::now();
+    if (now - t_probe_ < params_.probe_interval) return;
+    t_probe_ = now;
+    if (idle && !health().ok()) {
+        // seq_start is where a failed ClusterEngine reconnects; slot 0 is free while idle.
+        Status s = engine_.seq_start(0, SamplerParams{});
+        if (s.ok()) s = engine_.seq_clear(0);
+        std::lock_guard lock(mu_);
+        health_ = s;
+        if (s.ok()) log_info("server: the engine works again");
     }
-    stats_.n_generated_tokens += n_sampled;
-    recent_.emplace_back(t1, n_sampled);
-    while (!recent_.empty() && t1 - recent_.front().first > rate_window) recent_.pop_front();
-    return true;
+    if (!params_.probe) return;
+    auto r = params_.probe(engine_);
+    std::lock_guard lock(mu_);
+    if (r.ok()) {
+        engine_metrics_ = std::move(r).value();
+    } else if (r.status().kind() == ErrorKind::disconnected && health_.ok()) {
+        health_ = r.status();
+    }
 }
 
 // One sampled token for a slot (engine thread, under mu_).
@@ -367,8 +485,7 @@ void Scheduler::finish(Slot &slot, FinishReason reason) {
     }
     ev.logprobs = std::move(slot.pending_lp);
     slot.stream->push(std::move(ev));
-    stats_.n_finished[static_cast<int>(reason)]++;
-    release(slot);
+    end(slot, reason);
 }
 
 void Scheduler::fail(Slot &slot, const Status &status) {
@@ -376,11 +493,18 @@ void Scheduler::fail(Slot &slot, const Status &status) {
     ev.kind = StreamEvent::Kind::error;
     ev.error = status;
     slot.stream->push(std::move(ev));
-    stats_.n_finished[static_cast<int>(FinishReason::error)]++;
-    release(slot);
+    end(slot, FinishReason::error);
 }
 
-void Scheduler::release(Slot &slot) {
+// The request is over (its last event sent, or cancelled); the slot is freed once no step holds it.
+void Scheduler::end(Slot &slot, FinishReason reason) {
+    slot.ended = true;
+    stats_.n_finished[static_cast<int>(reason)]++;
+    release_if_idle(slot);
+}
+
+void Scheduler::release_if_idle(Slot &slot) {
+    if (!slot.active() || !slot.ended || slot.n_in_flight > 0) return;
     // The cache is cleared again by the next seq_start; clearing now returns the memory's meaning at once.
     if (Status s = engine_.seq_clear(slot.seq); !s.ok())
         log_warn("server: clearing slot {} failed: {}", slot.seq, s.message());
@@ -389,7 +513,7 @@ void Scheduler::release(Slot &slot) {
     slot.stop.reset();
     slot.pending_lp.clear();
     slot.generating = false;
-    slot.in_step = false;
+    slot.ended = false;
     stats_.n_active--;
 }
 

@@ -1,24 +1,39 @@
 // Continuous batching: one engine thread drives an Engine for many requests at once.
 //
 // Slots: the engine's n_seq sequence slots; each active request owns one. Every iteration of the engine
-// thread builds ONE Batch:
+// thread builds a step (one Batch):
 //
 //   [ one decode row per generating slot | prompt chunk(s) of slots still prefilling, up to n_batch rows ]
 //
 // submits it, waits for its sampled tokens and hands each token to its request. So running streams get a
 // token per step while new prompts are absorbed a chunk at a time between them. The Engine computes each
-// row independently of the rows beside it (LocalEngine is batch-invariant), so a request's tokens do not
-// depend on what else was running: with a fixed seed it gets the text it gets alone.
+// row independently of the rows beside it (batch-invariant kernels), so a request's tokens do not depend on
+// what else was running: with a fixed seed it gets the text it gets alone.
+//
+// Micro-batches (a pipelined engine, e.g. a ClusterEngine over 2 workers): with n_micro_batches = D > 1 the
+// scheduler keeps up to D steps in flight. The generating slots are dealt into steps of about ceil(G / D)
+// decode rows; a slot is in at most one step at a time (its next row needs the token the step returns), so
+// the groups take turns: while stage 2 computes group A, stage 1 computes group B. Prompt chunks of one slot
+// may travel back to back in consecutive steps (they do not depend on each other's output). D = 1 (one
+// machine) is the plain loop: submit, wait, repeat.
 //
 // Requests beyond the slots wait in a bounded FIFO queue (max_queue); beyond that, submit() returns
 // ErrorKind::overloaded at once (the HTTP layer answers 503 + Retry-After). A request whose client went away
-// (RequestStream::cancel) gives its slot back before the next step is built. A failing step (a worker
-// failure, later) ends every request that had rows in it with an error event; the others keep running.
+// (RequestStream::cancel) takes no new rows and gives its slot back as soon as no step in flight holds it.
+// A failing step (a worker failure) ends every request that had rows in it with an error event; steps still
+// in flight are drained (they fail with the same cause when the engine broke) before anything new is
+// submitted; the others keep running and new requests are served again once the engine works (a
+// ClusterEngine reconnects on the next seq_start).
+//
+// Health: after a failure health() returns it until a step succeeds again; while idle and unhealthy the
+// engine thread tries seq_start/seq_clear on a free slot every probe_interval, which is how a ClusterEngine
+// reconnects without traffic. The optional probe (a cluster's per-node stats) runs on the engine thread
+// about every probe_interval too.
 //
 // Text: the engine thread detokenizes (valid UTF-8 only) and applies the stop strings, so a slot is freed
 // the moment a stop string appears; text that could be the start of a stop string is held back.
 //
-// The scheduler only uses the Engine interface: a LocalEngine or (later) a ClusterEngine.
+// The scheduler only uses the Engine interface: a LocalEngine or a ClusterEngine.
 #pragma once
 
 #include <atomic>
@@ -101,6 +116,11 @@ private:
 struct SchedulerParams {
     int32_t n_batch = 512;   // rows per step (decode rows + prompt chunk); raised to n_seq + 1 if smaller
     int32_t max_queue = 16;  // requests waiting for a slot; 0: none wait (busy slots -> overloaded)
+    int32_t n_micro_batches = 1;  // steps kept in flight (pipeline stages); clipped to engine.max_in_flight()
+    // Engine-specific metrics (Prometheus lines), called on the engine thread about every probe_interval.
+    // An error of kind disconnected marks the engine unhealthy (a worker went away while idle). Optional.
+    std::function<Result<std::string>(Engine &)> probe;
+    std::chrono::milliseconds probe_interval{1000};
 };
 
 struct SchedulerStats {
@@ -110,7 +130,9 @@ struct SchedulerStats {
     int64_t n_prompt_tokens = 0;     // prompt tokens computed
     int64_t n_generated_tokens = 0;  // tokens sampled
     int64_t n_steps = 0;
-    double step_seconds = 0.0;       // total time in submit + wait
+    double step_seconds = 0.0;      // total time from each step's submit to its outputs (overlaps when D > 1)
+    double busy_seconds = 0.0;      // wall time with at least one step in flight
+    double overhead_seconds = 0.0;  // engine thread outside submit/wait while busy (building, dispatching)
     double tokens_per_second = 0.0;  // generated tokens/s over the last few seconds
     int64_t n_finished[4] = {};      // by FinishReason
     double ttft_seconds_sum = 0.0;   // time to first token (from submit), summed over requests
@@ -138,6 +160,11 @@ public:
 
     SchedulerStats stats() const;
     int32_t n_ctx() const { return n_ctx_; }  // positions per slot
+    int32_t n_micro_batches() const { return depth_; }
+    // OK, or the last engine failure (naming the node) until a step or a reconnect attempt succeeds.
+    Status health() const;
+    // The probe's last answer ("" without a probe or before it ran).
+    std::string engine_metrics() const;
 
 private:
     struct Pending {
@@ -146,21 +173,44 @@ private:
         std::chrono::steady_clock::time_point t_submit;
     };
     struct Slot;
+    // A step submitted to the engine whose outputs have not been collected yet.
+    struct InFlight {
+        std::vector<int32_t> seqs;         // slots with rows in the step
+        std::vector<int32_t> prompt_done;  // slots whose last prompt chunk is in the step
+        int64_t n_prompt_rows = 0;
+        int32_t n_rows = 0;
+        std::chrono::steady_clock::time_point t_submit;
+    };
 
     void engine_main();
-    void admit(std::vector<Slot> &slots);
-    bool run_step(std::vector<Slot> &slots);
+    void admit();
+    bool build_step(InFlight &step);
+    void fill_pipeline(double &engine_seconds);
+    void complete_step(double &engine_seconds);
+    void on_step_failed(InFlight &step, const Status &status);
+    void run_probe(bool idle);
     void on_token(Slot &slot, const StepOutput &out);
     void finish(Slot &slot, FinishReason reason);
     void fail(Slot &slot, const Status &status);
-    void release(Slot &slot);
+    void end(Slot &slot, FinishReason reason);
+    void release_if_idle(Slot &slot);
 
     Engine &engine_;
     const Tokenizer &tokenizer_;
     SchedulerParams params_;
     int32_t n_ctx_ = 0;
     int32_t n_slots_ = 0;
+    int32_t depth_ = 1;   // steps kept in flight
     Sampler lp_sampler_;  // only for its const logprob helpers
+
+    // Engine-thread state.
+    std::vector<Slot> slots_;         // [n_slots]
+    std::deque<InFlight> in_flight_;  // oldest first, at most depth_
+    std::vector<InFlight> spare_;     // finished step records, reused (no allocation per step)
+    Batch batch_;                     // the step being built, reused
+    std::vector<Slot *> prefilling_;  // reused
+    Status drain_error_;              // set: a step failed; drain in_flight_ before building more
+    std::chrono::steady_clock::time_point t_probe_{};  // last probe (or reconnect attempt)
 
     mutable std::mutex mu_;
     std::condition_variable cv_;
@@ -169,6 +219,8 @@ private:
     SchedulerStats stats_;
     std::deque<std::pair<std::chrono::steady_clock::time_point, int32_t>> recent_;  // (step end, tokens)
     uint64_t admit_counter_ = 0;
+    Status health_;
+    std::string engine_metrics_;
 
     std::thread thread_;
 };

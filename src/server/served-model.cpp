@@ -1,5 +1,8 @@
 #include "server/served-model.h"
 
+#include <fmt/format.h>
+
+#include "cluster/cluster-engine.h"
 #include "core/log.h"
 #include "model/vocab.h"
 
@@ -35,14 +38,32 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     cp.n_seq = params.n_parallel;
     cp.kv_type = params.kv_type;
     sm->pool_ = std::make_unique<ThreadPool>(params.n_threads);
-    // TODO(cluster): with worker addresses, create a ClusterEngine over them here instead.
-    TD_ASSIGN_OR_RETURN(auto local, LocalEngine::create(sm->model_, cp, *sm->pool_));
-    sm->engine_ = std::move(local);
+    if (params.make_engine) {
+        TD_ASSIGN_OR_RETURN(sm->engine_, params.make_engine(sm->model_, cp, *sm->pool_));
+    } else {
+        TD_ASSIGN_OR_RETURN(auto local, LocalEngine::create(sm->model_, cp, *sm->pool_));
+        sm->engine_ = std::move(local);
+    }
+    auto *cluster = dynamic_cast<cluster::ClusterEngine *>(sm->engine_.get());
     if (params.wrap_engine) sm->engine_ = params.wrap_engine(std::move(sm->engine_));
 
     SchedulerParams sp;
     sp.n_batch = params.n_batch;
     sp.max_queue = params.max_queue >= 0 ? params.max_queue : 4 * params.n_parallel;
+    sp.n_micro_batches = params.n_micro_batches > 0 ? params.n_micro_batches : 1;
+    sp.probe_interval = std::chrono::milliseconds(std::max(params.probe_interval_ms, 10));
+    if (cluster != nullptr) {
+        sm->n_stages_ = cluster->n_stages();  // the workers, plus the head when it runs layers
+        sm->placement_ = cluster->placement_table();
+        // One micro-batch per stage keeps every stage busy: while the last stage computes group A, the
+        // first computes group B.
+        if (params.n_micro_batches <= 0) sp.n_micro_batches = sm->n_stages_;
+        // The probe runs on the engine thread, the only one that may drive the ClusterEngine.
+        sp.probe = [cluster](Engine &) -> Result<std::string> {
+            TD_ASSIGN_OR_RETURN(cluster::ClusterStats st, cluster->stats());
+            return cluster_metrics(*cluster, st);
+        };
+    }
     sm->scheduler_ = std::make_unique<Scheduler>(*sm->engine_, *sm->tokenizer_, sp);
     return sm;
 }
@@ -56,7 +77,91 @@ ServerBackend ServedModel::backend() {
     be.scheduler = scheduler_.get();
     be.tokenizer = tokenizer_.get();
     be.chat_template = template_.kind;
+    Scheduler *sched = scheduler_.get();
+    be.engine_metrics = [sched] { return sched->engine_metrics(); };
     return be;
+}
+
+namespace {
+
+// A Prometheus label value: backslash, quote and newline escaped.
+std::string label(std::string_view v) {
+    std::string out;
+    for (char c : v) {
+        if (c == '\\' || c == '"') out += '\\';
+        if (c == '\n') {
+            out += "\\n";
+            continue;
+        }
+        out += c;
+    }
+    return out;
+}
+
+}  // namespace
+
+std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster::ClusterStats &st) {
+    const auto &nodes = engine.nodes();
+    const size_t n = std::min(nodes.size(), st.nodes.size());
+    std::string out;
+    const auto family = [&](const char *name, const char *type, const char *help) {
+        out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    };
+    const auto node_label = [&](size_t i) {
+        return fmt::format("node=\"{}\",layers=\"{}-{}\"", label(nodes[i].address), nodes[i].layers.first,
+                           nodes[i].layers.second - 1);
+    };
+    family("tandem_node_forward_steps_total", "counter",
+           "Steps a worker computed since its stage was loaded.");
+    for (size_t i = 0; i < n; ++i)
+        out += fmt::format("tandem_node_forward_steps_total{{{}}} {}\n", node_label(i),
+                           st.nodes[i].forward_steps);
+    family("tandem_node_compute_seconds_total", "counter", "Time a worker spent computing its layers.");
+    for (size_t i = 0; i < n; ++i)
+        out += fmt::format("tandem_node_compute_seconds_total{{{}}} {}\n", node_label(i),
+                           st.nodes[i].compute_seconds);
+    family("tandem_node_step_latency_seconds", "gauge", "Mean compute time of one step on a worker.");
+    for (size_t i = 0; i < n; ++i) {
+        const auto &r = st.nodes[i];
+        out +=
+            fmt::format("tandem_node_step_latency_seconds{{{}}} {}\n", node_label(i),
+                        r.forward_steps > 0 ? r.compute_seconds / static_cast<double>(r.forward_steps) : 0.0);
+    }
+    family("tandem_node_wait_seconds_total", "counter", "Time a worker sat idle waiting for input.");
+    for (size_t i = 0; i < n; ++i)
+        out +=
+            fmt::format("tandem_node_wait_seconds_total{{{}}} {}\n", node_label(i), st.nodes[i].wait_seconds);
+
+    // Links: head -> stage 1, stage i -> stage i+1, last stage -> head. A link's counters are its sender's.
+    struct Link {
+        std::string from, to;
+        uint64_t msgs, bytes;
+        double send_seconds;
+    };
+    std::vector<Link> links;
+    if (n > 0)
+        links.push_back(
+            {"head", nodes[0].address, st.head_msgs_sent, st.head_bytes_sent, st.head_send_seconds});
+    for (size_t i = 0; i < n; ++i)
+        links.push_back({nodes[i].address, i + 1 < n ? nodes[i + 1].address : std::string("head"),
+                         st.nodes[i].msgs_out, st.nodes[i].bytes_out, st.nodes[i].send_seconds});
+    const auto link_label = [&](const Link &l) {
+        return fmt::format("from=\"{}\",to=\"{}\"", label(l.from), label(l.to));
+    };
+    family("tandem_link_messages_total", "counter", "Data messages sent over a pipeline link.");
+    for (const Link &l : links)
+        out += fmt::format("tandem_link_messages_total{{{}}} {}\n", link_label(l), l.msgs);
+    family("tandem_link_bytes_total", "counter", "Bytes sent over a pipeline link.");
+    for (const Link &l : links)
+        out += fmt::format("tandem_link_bytes_total{{{}}} {}\n", link_label(l), l.bytes);
+    family("tandem_link_send_seconds_total", "counter", "Time the sender was blocked writing to a link.");
+    for (const Link &l : links)
+        out += fmt::format("tandem_link_send_seconds_total{{{}}} {}\n", link_label(l), l.send_seconds);
+    family("tandem_link_send_latency_seconds", "gauge", "Mean time one message blocked its sender.");
+    for (const Link &l : links)
+        out += fmt::format("tandem_link_send_latency_seconds{{{}}} {}\n", link_label(l),
+                           l.msgs > 0 ? l.send_seconds / static_cast<double>(l.msgs) : 0.0);
+    return out;
 }
 
 }  // namespace td::server

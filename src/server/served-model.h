@@ -1,5 +1,6 @@
 // Everything `tandem serve` generates with, built from the command line: the model, its tokenizer and chat
-// template, the Engine (one LocalEngine with one sequence slot per parallel request) and the Scheduler.
+// template, the Engine (one sequence slot per parallel request; a LocalEngine, or a ClusterEngine over
+// `tandem worker`s) and the Scheduler.
 #pragma once
 
 #include <cstdint>
@@ -30,9 +31,18 @@ struct ServeParams {
     int32_t max_queue = -1;  // requests waiting for a slot; -1: 4 * n_parallel
     KvType kv_type = KvType::f16;
     std::string chat_template;  // "" = the model's (chatml when it has none)
-    // Test hook: wraps the engine (stall or fault injection around a real LocalEngine). Null: none.
+    // Builds the engine over the loaded model with the slots' ContextParams; null: a LocalEngine on the
+    // server's pool. `tandem serve` passes cli::make_engine, so --workers gives a ClusterEngine (then
+    // n_threads should be 1: the head computes nothing).
+    using EngineFactory = std::function<Result<std::unique_ptr<Engine>>(std::shared_ptr<const Model>,
+                                                                        const ContextParams &, ThreadPool &)>;
+    EngineFactory make_engine;
+    // Steps kept in flight (micro-batches); 0: one per pipeline stage of a ClusterEngine, 1 otherwise.
+    int32_t n_micro_batches = 0;
+    // How often the engine thread probes a cluster (per-node stats for /metrics, health while idle).
+    int probe_interval_ms = 1000;
+    // Test hook: wraps the engine (stall or fault injection around a real engine). Null: none.
     std::function<std::unique_ptr<Engine>(std::unique_ptr<Engine>)> wrap_engine;
-    // TODO(cluster): worker addresses (--workers); when set, a ClusterEngine replaces the LocalEngine.
 };
 
 class ServedModel {
@@ -44,10 +54,16 @@ public:
 
     ServerBackend backend();
     Scheduler &scheduler() { return *scheduler_; }
+    // Only once the scheduler is stopped: its engine thread is the one that drives the engine.
+    Engine &engine() { return *engine_; }
     const Tokenizer &tokenizer() const { return *tokenizer_; }
     int32_t n_ctx_slot() const { return scheduler_->n_ctx(); }
     const ChatTemplateChoice &chat_template() const { return template_; }
     int n_threads() const { return pool_->n_threads(); }
+    // Pipeline stages of a ClusterEngine (its workers, plus the head with --head-layers); 0 on one machine.
+    int32_t n_stages() const { return n_stages_; }
+    // The placement table of a ClusterEngine ("" on one machine).
+    const std::string &placement() const { return placement_; }
 
 private:
     ServedModel() = default;
@@ -58,6 +74,21 @@ private:
     ChatTemplateChoice template_;
     std::unique_ptr<Engine> engine_;
     std::unique_ptr<Scheduler> scheduler_;
+    int32_t n_stages_ = 0;
+    std::string placement_;
 };
+
+}  // namespace td::server
+
+namespace td::cluster {
+class ClusterEngine;
+struct ClusterStats;
+}  // namespace td::cluster
+
+namespace td::server {
+
+// Prometheus lines for a cluster's per-node and per-link counters (tandem_node_*, tandem_link_*); the links
+// are head -> stage 1 -> ... -> last stage -> head.
+std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster::ClusterStats &stats);
 
 }  // namespace td::server

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/ref/quants-ref.h"
 #include "tensor/fp16.h"
 
 namespace td::kernels::ref {
@@ -41,8 +42,9 @@ void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopePar
             const int32_t b = p.order == RopeOrder::adjacent ? 2 * i + 1 : i + half;
             const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
             const float x0 = v[a], x1 = v[b];
-            v[a] = x0 * c - x1 * s;
-            v[b] = x0 * s + x1 * c;
+            // One product rounded, the other fused: the rounding gcc gives ggml's x0*c - x1*s, x0*s + x1*c.
+            v[a] = std::fma(x0, c, -(x1 * s));
+            v[b] = std::fma(x0, s, x1 * c);
         }
     }
 }
@@ -59,10 +61,34 @@ void softmax(float *x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+// e^x as ggml_v_expf computes it in one AVX-512 lane: x = n ln2 + b (ln2 in two parts), a degree-5
+// polynomial in b, scaled by 2^n (one rounding, as scalef); |n| > 192 saturates to 0 or infinity.
+static float expf_poly(float x) {
+    const float r = 0x1.8p23f;  // adding it rounds x / ln2 to an integer
+    const float n = std::fma(x, 0x1.715476p+0f, r) - r;
+    const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = std::fma(
+        std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+        u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+    if (std::fabs(n) <= 126.0f) {  // 2^n is a normal float: the product rounds once
+        const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+        float p2;
+        std::memcpy(&p2, &bits, sizeof p2);
+        return j * p2;
+    }
+    if (std::isnan(n)) return n;
+    if (std::fabs(n) > 192.0f) return n > 0.0f ? INFINITY : 0.0f;
+    return std::ldexp(j, static_cast<int>(n));
+}
+
 void swiglu(const float *gate, const float *up, float *out, int64_t n) {
+    // ggml's AVX-512 order: whole groups of 16 use the polynomial e^x, the last n % 16 use libm's expf.
+    const int64_t n_poly = n - n % 16;
     for (int64_t i = 0; i < n; ++i) {
         const float g = gate[i];
-        out[i] = g / (1.0f + std::exp(-g)) * up[i];
+        const float e = i < n_poly ? expf_poly(0.0f - g) : std::exp(-g);
+        out[i] = g / (1.0f + e) * up[i];
     }
 }
 
@@ -70,32 +96,49 @@ void add_inplace(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+// q.k for an f16 cache, ggml_vec_dot_f16's order on AVX-512: 64 lanes a[j][l] take q[64b + 16j + l] *
+// k[...] with fused multiply-adds (exact products of halves), fold like vec_dot_f32_f32, then the last
+// n % 64 products add in double.
+static float dot_f16_q(const float *q, const uint16_t *k, int32_t n) {
+    float a[4][16] = {};  // [accumulator][lane]
+    int32_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 16; ++l)
+                a[j][l] = std::fma(q[i + 16 * j + l], fp16_to_fp32(k[i + 16 * j + l]), a[j][l]);
+    float h[8], r[4];
+    for (int l = 0; l < 16; ++l) a[0][l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
+    for (int l = 0; l < 8; ++l) h[l] = a[0][l] + a[0][l + 8];
+    for (int l = 0; l < 4; ++l) r[l] = h[l] + h[l + 4];
+    double sum = (r[0] + r[2]) + (r[1] + r[3]);
+    for (; i < n; ++i) sum += static_cast<double>(q[i] * fp16_to_fp32(k[i]));
+    return static_cast<float>(sum);
+}
+
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out) {
-    // Flash-attention order (one pass, online softmax), as ggml's CPU kernel does it:
+    // ggml's CPU flash attention (one pass, online softmax), rounding for rounding:
     //   s_j = scale * q.k_j ;  M = running max ;  acc = sum_j e^(s_j - M) v_j ;  S = sum_j e^(s_j - M)
-    //   out = acc / S
-    // With an f16 cache the query is rounded to f16 first and the accumulator is f16 too, so an f16 cache
-    // reproduces llama.cpp's numbers; an f32 cache accumulates in f32.
+    //   out = acc * (1 / S)
+    // q.k in the order of ggml's f16 or f32 dot; acc += v_j * e^(s_j - M) and S = S * e^(M_old - M) + e^(..)
+    // are fused multiply-adds. With an f16 cache the query is rounded to f16 first and the accumulator is
+    // rounded to f16 after every update.
     (void)scores;
     float qr[1024];  // [head_dim] the query at the cache's precision
     TD_ASSERT(head_dim <= 1024, "head_dim {}", head_dim);
     for (int32_t d = 0; d < head_dim; ++d) qr[d] = kv_f16 ? fp16_to_fp32(fp32_to_fp16(q[d])) : q[d];
 
-    float
-        acc[1024];  // [head_dim] running sum of weighted V rows (rounded to f16 after each step when kv_f16)
+    float acc[1024];  // [head_dim] running sum of weighted V rows
     for (int32_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
     float m = -INFINITY, sum = 0.0f;
     for (int32_t j = 0; j < n_kv; ++j) {
-        double dot = 0.0;
+        float dot;
         if (kv_f16) {
-            const uint16_t *kj = static_cast<const uint16_t *>(k) + j * kv_stride;
-            for (int32_t d = 0; d < head_dim; ++d) dot += static_cast<double>(qr[d] * fp16_to_fp32(kj[d]));
+            dot = dot_f16_q(qr, static_cast<const uint16_t *>(k) + j * kv_stride, head_dim);
         } else {
-            const float *kj = static_cast<const float *>(k) + j * kv_stride;
-            for (int32_t d = 0; d < head_dim; ++d) dot += static_cast<double>(qr[d] * kj[d]);
+            vec_dot_f32_f32(head_dim, &dot, static_cast<const float *>(k) + j * kv_stride, qr);
         }
-        const float s = static_cast<float>(dot) * scale;
+        const float s = dot * scale;
         float ms = 1.0f;  // rescales the accumulator when the max grows
         float vs = 1.0f;  // weight of this row: e^(s - M)
         if (s > m) {
@@ -109,14 +152,15 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
         if (kv_f16) {
             const uint16_t *vj = static_cast<const uint16_t *>(v) + j * kv_stride;
             for (int32_t d = 0; d < head_dim; ++d)
-                acc[d] = fp16_to_fp32(fp32_to_fp16(acc[d] + fp16_to_fp32(vj[d]) * vs));
+                acc[d] = fp16_to_fp32(fp32_to_fp16(std::fma(fp16_to_fp32(vj[d]), vs, acc[d])));
         } else {
             const float *vj = static_cast<const float *>(v) + j * kv_stride;
-            for (int32_t d = 0; d < head_dim; ++d) acc[d] += vj[d] * vs;
+            for (int32_t d = 0; d < head_dim; ++d) acc[d] = std::fma(vj[d], vs, acc[d]);
         }
-        sum = sum * ms + vs;
+        sum = std::fma(sum, ms, vs);
     }
-    for (int32_t d = 0; d < head_dim; ++d) out[d] = sum > 0.0f ? acc[d] / sum : 0.0f;
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    for (int32_t d = 0; d < head_dim; ++d) out[d] = acc[d] * inv;
 }
 
 void store_row(const float *src, void *dst, bool to_f16, int64_t n) {

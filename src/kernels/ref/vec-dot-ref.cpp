@@ -1,4 +1,4 @@
-// Reference dot products. Float types accumulate in double (the products of two halves are exact in float).
+// Reference dot products. f32 and f16 use the fixed lane orders described below, bf16 accumulates in double.
 // Block types compute each block's integer sum exactly in int32, scale it once in float, and add it into
 // lane b % 8 of an accumulator (kernels/blocks.h), the order every SIMD variant reproduces bit for bit.
 #include <cmath>
@@ -19,7 +19,7 @@ int64_t n_blocks(int64_t n, const char *name) {
 
 }  // namespace
 
-// s = sum_i x[i] * y[i], in the canonical float order every ISA reproduces bit for bit:
+// The f16 dot order every ISA reproduces bit for bit:
 //   32 lanes accumulate with fused multiply-adds over blocks of 32 (lane l takes i = 32b + l), then whole
 //   blocks of 8 go into lanes 0..7; lanes fold as v[l] = (a[l] + a[l+8]) + (a[l+16] + a[l+24]),
 //   q[l] = v[l] + v[l+4], sum = (q[0] + q[2]) + (q[1] + q[3]); the last n % 8 products add in order.
@@ -40,11 +40,31 @@ static float dot_f32_canonical(int64_t n, LoadX load_x, LoadY load_y) {
     return sum;
 }
 
+// The f32 dot order every ISA reproduces bit for bit. It is the order of ggml_vec_dot_f32 in a llama.cpp
+// built for AVX-512 with gcc (what its CPU backend runs for one-token f32 matmuls), so f32 models give
+// llama.cpp's logits to the last bit:
+//   64 lanes a[j][l] (j < 4, l < 16) accumulate x[64b + 16j + l] * y[...] with fused multiply-adds;
+//   a0 += a2, a1 += a3, a0 += a1 lane by lane; then the 16 lanes fold as a 512-bit reduce-add:
+//   h[l] = a[l] + a[l+8], q[l] = h[l] + h[l+4], sum = (q[0] + q[2]) + (q[1] + q[3]);
+//   of the n % 64 products left, those before the last n % 8 are rounded and added in order (gcc
+//   vectorises that part of ggml's tail loop), the last n % 8 are fused-added in order.
 void vec_dot_f32_f32(int64_t n, float *s, const void *vx, const void *vy) {
     const float *x = static_cast<const float *>(vx);  // [n]
     const float *y = static_cast<const float *>(vy);  // [n]
-    *s = dot_f32_canonical(
-        n, [x](int64_t i) { return x[i]; }, [y](int64_t i) { return y[i]; });
+    float a[4][16] = {};                              // [accumulator][lane]
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 16; ++l) a[j][l] = std::fma(x[i + 16 * j + l], y[i + 16 * j + l], a[j][l]);
+    float h[8], q[4];
+    for (int l = 0; l < 16; ++l) a[0][l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
+    for (int l = 0; l < 8; ++l) h[l] = a[0][l] + a[0][l + 8];
+    for (int l = 0; l < 4; ++l) q[l] = h[l] + h[l + 4];
+    float sum = (q[0] + q[2]) + (q[1] + q[3]);
+    const int64_t fused = n - n % 8;  // first product of the fused tail
+    for (; i < fused; ++i) sum += x[i] * y[i];
+    for (; i < n; ++i) sum = std::fma(x[i], y[i], sum);
+    *s = sum;
 }
 
 void vec_dot_f16_f16(int64_t n, float *s, const void *vx, const void *vy) {

@@ -1,7 +1,7 @@
-// AVX-512 VNNI matrix-matrix tiles for q4_0 and q8_0 weights x q8_0 activations, the same tiles and the
-// same canonical order as gemm-avx2.cpp (see there), with each block's products summed by vpdpbusd (u8 x s8
-// -> int32, exact). Compiled with the AVX-512 F/BW/VL + VNNI flags; matmul calls it only when cpuid reports
-// avx512vnni. Same linkage rule as vec-dot-avx2.cpp.
+// AVX-512 VNNI matrix-matrix kernels for q4_0 and q8_0 weights x q8_0 activations: the panel kernel of
+// gemm-panel.h (layout and canonical order explained there) with 16 rows per zmm and vpdpbusd (u8 x s8 ->
+// int32, exact) as the group multiply-add. Compiled with the AVX-512 F/BW/VL + VNNI flags; matmul calls it
+// only when cpuid reports avx512vnni. Same linkage rule as vec-dot-avx2.cpp.
 //
 // vpdpbusd wants an unsigned first operand, so weights are made unsigned by an offset and the offset is taken
 // back out exactly: sum_j (u_j - c) y_j = sum_j u_j y_j - c * sum_j y_j, with u = q (q4_0, c = 8) or
@@ -12,222 +12,109 @@
 #include <cstdint>
 
 #include "kernels/blocks.h"
+#include "kernels/x86/gemm-panel.h"
 #include "kernels/x86/kernels-x86.h"
+
+// g++ 12 reports the deliberately undefined pass-through operand inside _mm512_cvtepi32_ps (__Y = __Y in
+// avx512fintrin.h) as maybe-uninitialized once the intrinsic is inlined into an unrolled tile.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace td::kernels::avx512 {
 namespace {
 
-constexpr int kTile = 4;  // rows and tokens per tile
-
-// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)), the same tree as dot_lanes_sum().
-inline float hsum_f32x8(__m256 v) {
-    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+inline __m512i load4x128(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3) {
+    __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p0)));
+    z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i *>(p1)), 1);
+    z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i *>(p2)), 2);
+    return _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i *>(p3)), 3);
 }
 
-inline int32_t hsum_i32x8(__m256i v) {
-    __m128i q = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    q = _mm_add_epi32(q, _mm_unpackhi_epi64(q, q));
-    q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 1));
-    return _mm_cvtsi128_si32(q);
+// 16 rows x 16 bytes (at p[r] + off) -> o[g] = [row r: bytes 4g..4g+3] for r < 16, g < 4.
+inline void transpose_16x4(const uint8_t *const p[16], size_t off, __m512i o[4]) {
+    // z[i] holds rows i, 4 + i, 8 + i, 12 + i in its 128-bit quarters; a 4x4 dword transpose inside each
+    // quarter then leaves row 4L + j in lane 4L + j.
+    __m512i z[4];
+    for (int i = 0; i < 4; ++i) z[i] = load4x128(p[i] + off, p[4 + i] + off, p[8 + i] + off, p[12 + i] + off);
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]);
+    const __m512i t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+    const __m512i t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    o[0] = _mm512_unpacklo_epi64(t0, t2);
+    o[1] = _mm512_unpackhi_epi64(t0, t2);
+    o[2] = _mm512_unpacklo_epi64(t1, t3);
+    o[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-// Eight blocks' 8-lane partial sums -> [S0 .. S7], the blocks' totals (exact int32 adds).
-inline __m256i sum_blocks_i32x8(const __m256i s[8]) {
-    const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    const __m256i lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
-    const __m256i hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
-    return _mm256_add_epi32(lo, hi);
-}
+// Vector arithmetic of the panel kernel on zmm: 16 rows per vector, 2 row vectors x 8 tokens per tile
+// (16 accumulators of the 32 registers).
+struct Zmm {
+    using VI = __m512i;
+    using VF = __m512;
+    static constexpr int kLanes = 16;
+    static constexpr int kMaxRowVecs = 2;
+    static constexpr int kMaxTokens = 8;
+    static constexpr int kLinesPerGroup = 1;
 
-// u8 x s8 -> 8 int32 partial sums, exact.
-inline __m256i dot_u8_i8(__m256i u, __m256i s) {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-}
+    static VI dot(VI acc, const VI *w, VI y) { return _mm512_dpbusd_epi32(acc, w[0], y); }
+    static VI set1_i(int32_t v) { return _mm512_set1_epi32(v); }
+    template <typename L>
+    static VI load_i(const L *p) {
+        return _mm512_load_si512(p);
+    }
+    template <typename L>
+    static void store_i(L *p, VI v) {
+        _mm512_store_si512(p, v);
+    }
+    static VF set1_f(float v) { return _mm512_set1_ps(v); }
+    static VF load_f(const float *p) { return _mm512_load_ps(p); }
+    static void store_f(float *p, VF v) { _mm512_store_ps(p, v); }
+    static VF add_f(VF a, VF b) { return _mm512_add_ps(a, b); }
+    static VF mul_f(VF a, VF b) { return _mm512_mul_ps(a, b); }
+    static VF cvt_f(VI v) { return _mm512_cvtepi32_ps(v); }
+    static VF scales_f(const uint16_t *d) {
+        return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i *>(d)));
+    }
+    static void store_rows(float *y, VF v, int n) {
+        _mm512_mask_storeu_ps(y, n >= kLanes ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), v);
+    }
+};
 
-inline __m256i load_i8x32(const int8_t *p) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
-}
-
-// The scales of blocks [b, b + 8) of a row, as floats.
-template <typename B>
-inline __m256 scales8(const B *blocks) {
-    alignas(16) uint16_t d[8];
-    for (int k = 0; k < 8; ++k) d[k] = blocks[k].d;
-    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i *>(d)));
-}
-
-// q4_0 nibbles 0..15 in element order (the -8 offset is applied through the activations' block sums).
-inline __m256i nibbles_q4_0(const uint8_t *qs) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
-}
-
-// One weight type's block arithmetic. prepare() turns 8 weight blocks into unsigned bytes; dot8() gives the
-// 8 exact block sums of a prepared row against 8 activation blocks, taking the offset back out.
-template <int kOffsetLog2>
-inline __m256i token_offsets(const __m256i y[8]) {
-    __m256i s[8];
-    for (int k = 0; k < 8; ++k) s[k] = dot_u8_i8(_mm256_set1_epi8(1), y[k]);
-    return _mm256_slli_epi32(sum_blocks_i32x8(s), kOffsetLog2);  // c * sum_j y_j per block
-}
-
-struct Q4_0 {
+// Group g of a block pairs with activation bytes 4g..4g+3 in both types.
+struct Q4_0 : Zmm {
     using Block = BlockQ4_0;
-    struct Prepared {
-        __m256i u[8];  // nibbles q, 0..15
-    };
-    static void prepare(const Block *w, Prepared &p) {
-        for (int k = 0; k < 8; ++k) p.u[k] = nibbles_q4_0(w[k].qs);
-    }
-    struct TokenExtra {
-        __m256i offset;
-    };
-    static TokenExtra token_extra(const __m256i y[8]) { return {token_offsets<3>(y)}; }
-    static __m256i dot8(const Prepared &p, const Block *, const __m256i y[8], const TokenExtra &e) {
-        __m256i s[8];
-        for (int k = 0; k < 8; ++k) s[k] = dot_u8_i8(p.u[k], y[k]);
-        return _mm256_sub_epi32(sum_blocks_i32x8(s), e.offset);
-    }
-    static int32_t dot1(const Block &w, const BlockQ8_0 &y) {
-        const __m256i yv = load_i8x32(y.qs);
-        const __m256i s = _mm256_sub_epi32(dot_u8_i8(nibbles_q4_0(w.qs), yv),
-                                           _mm256_slli_epi32(dot_u8_i8(_mm256_set1_epi8(1), yv), 3));
-        return hsum_i32x8(s);
+    static constexpr int32_t kOffset = 8;
+    // Low nibbles of qs bytes 4g.. are elements 4g..; high nibbles are elements 16 + 4g.. (group g + 4).
+    static void unpack(const uint8_t *const qs[kLanes], VI out[panel::kGroups]) {
+        VI o[4];
+        transpose_16x4(qs, 0, o);
+        const VI m = _mm512_set1_epi8(0x0F);
+        for (int g = 0; g < 4; ++g) {
+            out[g] = _mm512_and_si512(o[g], m);
+            out[g + 4] = _mm512_and_si512(_mm512_srli_epi16(o[g], 4), m);
+        }
     }
 };
 
-struct Q8_0 {
+struct Q8_0 : Zmm {
     using Block = BlockQ8_0;
-    struct Prepared {
-        __m256i u[8];  // x + 128, 0..255
-    };
-    static void prepare(const Block *w, Prepared &p) {
-        for (int k = 0; k < 8; ++k) p.u[k] = _mm256_xor_si256(load_i8x32(w[k].qs), _mm256_set1_epi8(-128));
-    }
-    struct TokenExtra {
-        __m256i offset;
-    };
-    static TokenExtra token_extra(const __m256i y[8]) { return {token_offsets<7>(y)}; }
-    static __m256i dot8(const Prepared &p, const Block *, const __m256i y[8], const TokenExtra &e) {
-        __m256i s[8];
-        for (int k = 0; k < 8; ++k) s[k] = dot_u8_i8(p.u[k], y[k]);
-        return _mm256_sub_epi32(sum_blocks_i32x8(s), e.offset);
-    }
-    static int32_t dot1(const Block &w, const BlockQ8_0 &y) {
-        const __m256i yv = load_i8x32(y.qs);
-        const __m256i u = _mm256_xor_si256(load_i8x32(w.qs), _mm256_set1_epi8(-128));
-        const __m256i s =
-            _mm256_sub_epi32(dot_u8_i8(u, yv), _mm256_slli_epi32(dot_u8_i8(_mm256_set1_epi8(1), yv), 7));
-        return hsum_i32x8(s);
+    static constexpr int32_t kOffset = 128;
+    static void unpack(const uint8_t *const qs[kLanes], VI out[panel::kGroups]) {
+        transpose_16x4(qs, 0, out);
+        transpose_16x4(qs, 16, out + 4);
+        for (int g = 0; g < panel::kGroups; ++g) out[g] = _mm512_xor_si512(out[g], _mm512_set1_epi8(-128));
     }
 };
-
-template <typename T, int NR, int NT>
-void tile(int64_t nb, const uint8_t *w, size_t w_stride, const uint8_t *x, size_t x_stride, float *y,
-          int64_t y_stride) {
-    using Block = typename T::Block;
-    const Block *wr[NR];      // [NR] rows of nb blocks
-    const BlockQ8_0 *xt[NT];  // [NT] rows of nb blocks
-    for (int r = 0; r < NR; ++r)
-        wr[r] = reinterpret_cast<const Block *>(w + static_cast<size_t>(r) * w_stride);
-    for (int t = 0; t < NT; ++t)
-        xt[t] = reinterpret_cast<const BlockQ8_0 *>(x + static_cast<size_t>(t) * x_stride);
-
-    __m256 acc[NR][NT];  // lane k: blocks b with b % 8 == k
-    for (int r = 0; r < NR; ++r)
-        for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
-
-    int64_t b = 0;
-    for (; b + 8 <= nb; b += 8) {
-        typename T::Prepared prep[NR];
-        __m256 dw[NR];
-        for (int r = 0; r < NR; ++r) {
-            T::prepare(wr[r] + b, prep[r]);
-            dw[r] = scales8(wr[r] + b);
-        }
-        for (int t = 0; t < NT; ++t) {
-            __m256i yv[8];
-            for (int k = 0; k < 8; ++k) yv[k] = load_i8x32(xt[t][b + k].qs);
-            const auto extra = T::token_extra(yv);
-            const __m256 dy = scales8(xt[t] + b);
-            for (int r = 0; r < NR; ++r) {
-                const __m256 sumf = _mm256_cvtepi32_ps(T::dot8(prep[r], wr[r] + b, yv, extra));
-                acc[r][t] = _mm256_add_ps(acc[r][t], _mm256_mul_ps(_mm256_mul_ps(dw[r], dy), sumf));
-            }
-        }
-    }
-    for (int r = 0; r < NR; ++r) {
-        for (int t = 0; t < NT; ++t) {
-            alignas(32) float lanes[kDotLanes];
-            _mm256_store_ps(lanes, acc[r][t]);
-            for (int64_t bt = b; bt < nb; ++bt) {
-                const float sumi = static_cast<float>(T::dot1(wr[r][bt], xt[t][bt]));
-                lanes[bt % kDotLanes] += _cvtsh_ss(wr[r][bt].d) * _cvtsh_ss(xt[t][bt].d) * sumi;
-            }
-            y[t * y_stride + r] = dot_lanes_sum(lanes);
-        }
-    }
-}
-
-template <typename T, int NR>
-void tile_rows(int nt, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *x, size_t xs, float *y,
-               int64_t ys) {
-    switch (nt) {
-        case 1:
-            return tile<T, NR, 1>(nb, w, ws, x, xs, y, ys);
-        case 2:
-            return tile<T, NR, 2>(nb, w, ws, x, xs, y, ys);
-        case 3:
-            return tile<T, NR, 3>(nb, w, ws, x, xs, y, ys);
-        default:
-            return tile<T, NR, 4>(nb, w, ws, x, xs, y, ys);
-    }
-}
-
-template <typename T>
-void gemm(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
-          int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
-    const int64_t nb = n / kQK;
-    const uint8_t *wb = static_cast<const uint8_t *>(w);
-    const uint8_t *xb = static_cast<const uint8_t *>(x);
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTile) {
-        const int nt = static_cast<int>(n_tokens - t0 < kTile ? n_tokens - t0 : kTile);
-        const uint8_t *xt = xb + static_cast<size_t>(t0) * x_stride;
-        float *yt = y + t0 * y_stride;
-        for (int64_t r0 = 0; r0 < n_rows; r0 += kTile) {
-            const int nr = static_cast<int>(n_rows - r0 < kTile ? n_rows - r0 : kTile);
-            const uint8_t *wt = wb + static_cast<size_t>(r0) * w_stride;
-            switch (nr) {
-                case 1:
-                    tile_rows<T, 1>(nt, nb, wt, w_stride, xt, x_stride, yt + r0, y_stride);
-                    break;
-                case 2:
-                    tile_rows<T, 2>(nt, nb, wt, w_stride, xt, x_stride, yt + r0, y_stride);
-                    break;
-                case 3:
-                    tile_rows<T, 3>(nt, nb, wt, w_stride, xt, x_stride, yt + r0, y_stride);
-                    break;
-                default:
-                    tile_rows<T, 4>(nt, nb, wt, w_stride, xt, x_stride, yt + r0, y_stride);
-                    break;
-            }
-        }
-    }
-}
 
 }  // namespace
 
 void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
-    gemm<Q4_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
+    panel::gemm<Q4_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
 }
 
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
-    gemm<Q8_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
+    panel::gemm<Q8_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
 }
 
 }  // namespace td::kernels::avx512

@@ -16,8 +16,9 @@ void vec_dot_f16_f16(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *x, const void *y);
 
-// y[t * y_stride + r] = vec_dot(n, w row r, x row t) for r < n_rows, t < n_tokens, bit for bit, computed in
-// tiles of 4 rows x 4 tokens (gemm-avx2.cpp). w rows are w_stride bytes apart, x (q8_0) rows x_stride.
+// y[t * y_stride + r] = vec_dot(n, w row r, x row t) for r < n_rows, t < n_tokens, bit for bit: panels of 16
+// weight rows unpacked once per call, then tiles of 16 rows x 4 tokens (gemm-avx2.cpp, gemm-panel.h). w rows
+// are w_stride bytes apart, x (q8_0) rows x_stride. Best called with many rows (a multiple of 32) at once.
 void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
@@ -26,15 +27,29 @@ void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, si
 // kernels/ops.h attention_head, bit-identical to the reference (ops-avx2.cpp).
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out);
+// kernels/ops.h swiglu, bit-identical to the reference (ops-avx2.cpp).
+void swiglu(const float *gate, const float *up, float *out, int64_t n);
 
 }  // namespace td::kernels::avx2
 
 namespace td::kernels::avx512 {
 
-// As avx2::gemm_*, with AVX-512 VNNI (gemm-avx512vnni.cpp); only for CPUs with avx512vnni.
+// As avx2::gemm_*, with AVX-512 VNNI: panels of 32 rows, tiles of 32 rows x 8 tokens (gemm-avx512vnni.cpp);
+// only for CPUs with avx512vnni.
 void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+
+// Matrix-vector kernels (one token per pass, 8 weight rows per tile sharing the activation loads), with
+// AVX-512 VNNI (gemv-avx512vnni.cpp); only for CPUs with avx512vnni. Contract of GemmFn (kernels/gemm.h):
+// y[t * y_stride + r] = the reference vec_dot(n, w row r, x row t), bit for bit. Meant for n_tokens == 1.
+// (q8_0 has none: it is memory-bound, and vec_dot streaming one row at a time reads memory faster.)
+void gemv_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemv_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemv_q6_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 
 }  // namespace td::kernels::avx512

@@ -32,43 +32,74 @@ inline float load1(const void *row, int32_t d, bool f16) {
     return f16 ? _cvtsh_ss(static_cast<const uint16_t *>(row)[d]) : static_cast<const float *>(row)[d];
 }
 
-// dots[j] = sum_d double(qr[d] * k_j[d]) for 4 keys, each summed in d order like the reference: the keys go
-// across the double lanes, so every key's sum sees the same additions in the same order.
-inline void dot4(const float *qr, const void *const k[4], bool f16, int32_t head_dim, double *dots) {
-    __m256d acc = _mm256_setzero_pd();
-    int32_t d = 0;
-    for (; d + 8 <= head_dim; d += 8) {
-        __m256 r0 = load8(k[0], d, f16), r1 = load8(k[1], d, f16);
-        __m256 r2 = load8(k[2], d, f16), r3 = load8(k[3], d, f16);
-        // 4x8 -> 8 columns of 4 keys: two 4x4 transposes (one per 128-bit half).
-        const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-        const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-        const __m256 c0 = _mm256_shuffle_ps(t0, t2, 0x44), c1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-        const __m256 c2 = _mm256_shuffle_ps(t1, t3, 0x44), c3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-        const __m256 cols[4] = {c0, c1, c2, c3};  // cols[i] half h = dim d + 4h + i across keys 0..3
-        for (int h = 0; h < 2; ++h) {
-            for (int i = 0; i < 4; ++i) {
-                const __m128 col =
-                    h == 0 ? _mm256_castps256_ps128(cols[i]) : _mm256_extractf128_ps(cols[i], 1);
-                const __m128 prod = _mm_mul_ps(_mm_set1_ps(qr[d + 4 * h + i]), col);
-                acc = _mm256_add_pd(acc, _mm256_cvtps_pd(prod));
-            }
+inline float fma1(float a, float b, float c) {
+    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
+}
+
+// ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)), the reference's fold of eight lanes.
+inline float hsum8(__m256 v) {
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+// q.k for an f16 cache in the reference's order (ref/ops-ref.cpp dot_f16_q): 64 lanes of fused
+// multiply-adds as eight registers (acc[m] = lanes 8m..8m+7), the 16-lane fold, then the rest in double.
+inline float dot_f16_q(const float *q, const uint16_t *k, int32_t n) {
+    __m256 acc[8];
+    for (__m256 &a : acc) a = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int m = 0; m < 8; ++m)
+            acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8 * m), load8(k, i + 8 * m, true), acc[m]);
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    double sum = hsum8(_mm256_add_ps(lo, hi));
+    for (; i < n; ++i) sum += static_cast<double>(q[i] * _cvtsh_ss(k[i]));
+    return static_cast<float>(sum);
+}
+
+// e^x on 8 lanes with the reference's arithmetic (ref/ops-ref.cpp expf_poly); lanes whose 2^n is not a
+// normal float (|n| > 126, NaN) are finished one by one the way the reference does.
+inline __m256 expf_poly8(__m256 x) {
+    const __m256 r = _mm256_set1_ps(0x1.8p23f);
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r), r);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+    const __m256 abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256i p2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 res = _mm256_mul_ps(j, _mm256_castsi256_ps(p2));
+    // Not (|n| <= 126): also true for NaN.
+    const int special = _mm256_movemask_ps(_mm256_cmp_ps(abs_n, _mm256_set1_ps(126.0f), _CMP_NLE_UQ));
+    if (special == 0) return res;
+    alignas(32) float out[8], nv[8], jv[8];
+    _mm256_store_ps(out, res);
+    _mm256_store_ps(nv, n);
+    _mm256_store_ps(jv, j);
+    for (int l = 0; l < 8; ++l) {
+        if (!(special >> l & 1)) continue;
+        if (nv[l] != nv[l]) {
+            out[l] = nv[l];
+        } else if (nv[l] > 192.0f || nv[l] < -192.0f) {
+            out[l] = nv[l] > 0.0f ? INFINITY : 0.0f;
+        } else {
+            out[l] = ldexpf(jv[l], static_cast<int>(nv[l]));
         }
     }
-    for (; d < head_dim; ++d) {
-        const __m128 col =
-            _mm_setr_ps(load1(k[0], d, f16), load1(k[1], d, f16), load1(k[2], d, f16), load1(k[3], d, f16));
-        acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm_mul_ps(_mm_set1_ps(qr[d]), col)));
-    }
-    _mm256_storeu_pd(dots, acc);
+    return _mm256_load_ps(out);
 }
 
 }  // namespace
 
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out) {
-    // The reference's flash-attention order (ref/ops-ref.cpp), with the work moved around: all scores first
-    // (keys across SIMD lanes), then the online softmax over keys with the head dimension across lanes.
+    // The reference's flash-attention arithmetic (ref/ops-ref.cpp), with the work moved around: all scores
+    // first, then the online softmax over keys with the head dimension across lanes.
     float qr[1024];   // [head_dim] the query at the cache's precision
     float acc[1024];  // [head_dim] running weighted sum of V rows
     const size_t elt = kv_f16 ? sizeof(uint16_t) : sizeof(float);
@@ -78,19 +109,20 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
     for (int32_t d = 0; d < head_dim; ++d) qr[d] = kv_f16 ? round_f16(q[d]) : q[d];
     for (int32_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
 
-    // scores[j] = float(sum_d qr[d] k_j[d]) * scale
-    int32_t j = 0;
-    for (; j < n_kv; j += 4) {
-        const void *rows[4];
-        for (int i = 0; i < 4; ++i)
-            rows[i] = kb + static_cast<size_t>(j + (j + i < n_kv ? i : 0)) * row_bytes;
-        double dots[4];
-        dot4(qr, rows, kv_f16, head_dim, dots);
-        for (int i = 0; i < 4 && j + i < n_kv; ++i) scores[j + i] = static_cast<float>(dots[i]) * scale;
+    // scores[j] = (q.k_j) * scale
+    for (int32_t j = 0; j < n_kv; ++j) {
+        const void *kj = kb + static_cast<size_t>(j) * row_bytes;
+        float dot;
+        if (kv_f16) {
+            dot = dot_f16_q(qr, static_cast<const uint16_t *>(kj), head_dim);
+        } else {
+            vec_dot_f32_f32(head_dim, &dot, kj, qr);
+        }
+        scores[j] = dot * scale;
     }
 
     float m = -INFINITY, sum = 0.0f;
-    for (j = 0; j < n_kv; ++j) {
+    for (int32_t j = 0; j < n_kv; ++j) {
         const float s = scores[j];
         float ms = 1.0f;  // rescales the accumulator when the max grows
         float vs = 1.0f;  // weight of this row: e^(s - M)
@@ -111,17 +143,34 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
         const __m256 vvs = _mm256_set1_ps(vs);
         int32_t d = 0;
         for (; d + 8 <= head_dim; d += 8) {
-            const __m256 a =
-                _mm256_add_ps(_mm256_loadu_ps(acc + d), _mm256_mul_ps(load8(vj, d, kv_f16), vvs));
+            const __m256 a = _mm256_fmadd_ps(load8(vj, d, kv_f16), vvs, _mm256_loadu_ps(acc + d));
             _mm256_storeu_ps(acc + d, kv_f16 ? round_f16(a) : a);
         }
         for (; d < head_dim; ++d) {
-            const float a = acc[d] + load1(vj, d, kv_f16) * vs;
+            const float a = fma1(load1(vj, d, kv_f16), vs, acc[d]);
             acc[d] = kv_f16 ? round_f16(a) : a;
         }
-        sum = sum * ms + vs;
+        sum = fma1(sum, ms, vs);
     }
-    for (int32_t d = 0; d < head_dim; ++d) out[d] = sum > 0.0f ? acc[d] / sum : 0.0f;
+    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+    for (int32_t d = 0; d < head_dim; ++d) out[d] = acc[d] * inv;
+}
+
+void swiglu(const float *gate, const float *up, float *out, int64_t n) {
+    // The reference's order: the polynomial e^x for whole groups of 16, libm's expf for the last n % 16.
+    const int64_t n_poly = n - n % 16;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i < n_poly; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = expf_poly8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(out + i,
+                         _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; ++i) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
 }
 
 }  // namespace td::kernels::avx2

@@ -106,19 +106,22 @@ inline float dot_blocks(int64_t n, const BX *x, const BlockQ8_0 *y, BlockDot blo
 void vec_dot_f32_f32(int64_t n, float *s, const void *vx, const void *vy) {
     const float *x = static_cast<const float *>(vx);  // [n]
     const float *y = static_cast<const float *>(vy);  // [n]
-    // Four independent accumulators hide the FMA latency.
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    // The reference's 64 lanes as eight registers: acc[m] holds lanes 8m..8m+7, i.e. x[64b + 8m + 0..7].
+    __m256 acc[8];
+    for (__m256 &a : acc) a = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), acc1);
-        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), acc2);
-        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), acc3);
-    }
-    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
-    float sum = hsum_f32x8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-    for (; i < n; ++i) sum += x[i] * y[i];
+    for (; i + 64 <= n; i += 64)
+        for (int m = 0; m < 8; ++m)
+            acc[m] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * m), _mm256_loadu_ps(y + i + 8 * m), acc[m]);
+    // a0 = (a0 + a2) + (a1 + a3) on 16 lanes (two registers), then hsum_f32x8(lanes 0..7 + lanes 8..15) is
+    // the reference's 16-lane fold.
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+    float sum = hsum_f32x8(_mm256_add_ps(lo, hi));
+    const int64_t fused = n - n % 8;  // first product of the fused tail
+    for (; i < fused; ++i) sum += x[i] * y[i];
+    for (; i < n; ++i)
+        sum = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(x[i]), _mm_set_ss(y[i]), _mm_set_ss(sum)));
     *s = sum;
 }
 

@@ -1,0 +1,175 @@
+// The one-token matmul path (matrix-vector kernels, kernels/gemv.cpp) against the scalar reference vec_dot,
+// bit for bit, on every ISA this build and CPU have: row counts that are not multiples of the kernels' row
+// tile, block counts below, at and above multiples of 8, several thread counts, and weight bytes drawn at
+// random so every level, scale and min a file can hold (q8_0's -128 included) is exercised.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/thread-pool.h"
+#include "kernels/blocks.h"
+#include "kernels/kernels.h"
+#include "tensor/dtype.h"
+#include "tensor/fp16.h"
+#include "tensor/tensor.h"
+#include "test-isa.h"
+
+namespace td {
+namespace {
+
+using kernels::Isa;
+using kernels::TypeKernels;
+
+// Random weight rows: every byte random, then each block's half-precision scales set to finite values of a
+// realistic size (random halves would be NaN or inf). [n_out][row_bytes]
+std::vector<uint8_t> random_weights(DType type, int64_t n_in, int64_t n_out, uint32_t seed) {
+    std::mt19937 rng(seed);
+    const size_t row_bytes = dtype_row_bytes(type, n_in);
+    std::vector<uint8_t> w(row_bytes * static_cast<size_t>(n_out));
+    for (uint8_t &b : w) b = static_cast<uint8_t>(rng());
+    std::uniform_real_distribution<float> scale(-0.02f, 0.02f);
+    auto put_half = [&](uint8_t *p) {
+        const uint16_t h = fp32_to_fp16(scale(rng));
+        std::memcpy(p, &h, sizeof h);
+    };
+    const DTypeTraits &tr = dtype_traits(type);
+    const int64_t n_blocks = n_in / tr.block_size * n_out;
+    for (int64_t i = 0; i < n_blocks; ++i) {
+        uint8_t *blk = w.data() + static_cast<size_t>(i) * tr.block_bytes;
+        switch (type) {
+            case DType::q4_0:
+            case DType::q8_0:
+                put_half(blk);  // d
+                break;
+            case DType::q4_k:
+                put_half(blk + offsetof(kernels::BlockQ4_K, d));
+                put_half(blk + offsetof(kernels::BlockQ4_K, dmin));
+                break;
+            case DType::q6_k:
+                put_half(blk + offsetof(kernels::BlockQ6_K, d));
+                break;
+            default:
+                ADD_FAILURE() << "no scale layout for " << dtype_name(type);
+        }
+    }
+    return w;
+}
+
+// y[o] = reference vec_dot(W row o, reference-quantized x).
+std::vector<float> gemv_ref(DType type, const std::vector<uint8_t> &w, const std::vector<float> &x,
+                            int64_t n_in, int64_t n_out) {
+    const TypeKernels *r = kernels::type_kernels_ref(type);
+    const TypeKernels *rx = kernels::type_kernels_ref(r->vec_dot_type);
+    std::vector<uint8_t> xq(dtype_row_bytes(r->vec_dot_type, n_in));
+    rx->from_float(x.data(), xq.data(), n_in);
+    const size_t w_row = dtype_row_bytes(type, n_in);
+    std::vector<float> y(static_cast<size_t>(n_out));
+    for (int64_t o = 0; o < n_out; ++o) r->vec_dot(n_in, &y[o], w.data() + o * w_row, xq.data());
+    return y;
+}
+
+TensorView matrix_view(DType type, const std::vector<uint8_t> &w, int64_t n_in, int64_t n_out) {
+    TensorView tv;
+    tv.name = "w";
+    tv.type = type;
+    tv.n_dims = 2;
+    tv.ne[0] = n_in;
+    tv.ne[1] = n_out;
+    tv.data = w.data();
+    return tv;
+}
+
+class KernelsGemv : public ::testing::TestWithParam<Isa> {
+protected:
+    void SetUp() override {
+        if (!kernels::isa_force(GetParam()))
+            GTEST_SKIP() << "this CPU or build lacks " << kernels::isa_name(GetParam());
+    }
+    void TearDown() override { kernels::isa_reset(); }
+};
+
+struct Case {
+    DType type;
+    std::vector<int64_t> lengths;
+};
+
+// Every output of a one-token matmul equals the reference's vec_dot of that row, bit for bit.
+TEST_P(KernelsGemv, OneTokenMatmulEqualsReferenceBitForBit) {
+    const Case cases[] = {
+        {DType::q4_0, {32, 96, 256, 288, 2048}},  // 1, 3, 8, 9, 64 blocks
+        {DType::q8_0, {32, 96, 256, 288, 2048}},
+        {DType::q4_k, {256, 768, 2048, 2304}},  // 1, 3, 8, 9 super-blocks
+        {DType::q6_k, {256, 768, 2048, 2304}},
+    };
+    const int64_t outs[] = {1, 5, 8, 13, 19, 64};
+    ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
+    std::vector<uint8_t> scratch;
+    uint32_t seed = 1;
+    for (const Case &c : cases) {
+        for (int64_t n_in : c.lengths) {
+            for (int64_t n_out : outs) {
+                const std::vector<uint8_t> w = random_weights(c.type, n_in, n_out, ++seed);
+                const TensorView tv = matrix_view(c.type, w, n_in, n_out);
+                std::mt19937 rng(++seed);
+                std::normal_distribution<float> dist(0.0f, 2.0f);
+                std::vector<float> x(static_cast<size_t>(n_in));  // [n_in]
+                for (float &v : x) v = dist(rng);
+                const std::vector<float> want = gemv_ref(c.type, w, x, n_in, n_out);
+                for (ThreadPool &pool : pools) {
+                    std::vector<float> y(want.size(), NAN);
+                    kernels::matmul(tv, x.data(), y.data(), 1, pool, scratch);
+                    ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+                        << dtype_name(c.type) << " n_in " << n_in << " n_out " << n_out << " threads "
+                        << pool.n_threads();
+                }
+            }
+        }
+    }
+}
+
+// Activations at the extremes of the 8-bit range (every quantized value +-127) with the largest weight
+// levels: the integer sums must not saturate anywhere.
+TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
+    const int64_t n_in = 2048, n_out = 11;
+    ThreadPool pool(2);
+    std::vector<uint8_t> scratch;
+    for (DType type : {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k}) {
+        std::vector<uint8_t> w = random_weights(type, n_in, n_out, 99);
+        // Row 0: every quant byte all ones (top levels and scales; q8_0 gets -1), the half scales kept
+        // finite.
+        const size_t row_bytes = dtype_row_bytes(type, n_in);
+        const std::vector<uint8_t> w0(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(row_bytes));
+        std::memset(w.data(), 0xFF, row_bytes);
+        const DTypeTraits &tr = dtype_traits(type);
+        for (size_t blk = 0; blk < row_bytes / tr.block_bytes; ++blk) {
+            uint8_t *p = w.data() + blk * tr.block_bytes;
+            const uint8_t *q = w0.data() + blk * tr.block_bytes;
+            if (type == DType::q4_k) {
+                std::memcpy(p, q, 4);  // d, dmin
+            } else if (type == DType::q6_k) {
+                std::memcpy(p + offsetof(kernels::BlockQ6_K, d), q + offsetof(kernels::BlockQ6_K, d), 2);
+            } else {
+                std::memcpy(p, q, 2);  // d
+            }
+        }
+        if (type == DType::q8_0) w[row_bytes + 2] = 0x80;  // row 1, block 0, element 0: -128
+        const TensorView tv = matrix_view(type, w, n_in, n_out);
+        std::vector<float> x(static_cast<size_t>(n_in));  // [n_in], alternating +-1: quantizes to +-127
+        for (int64_t i = 0; i < n_in; ++i) x[i] = (i % 3 == 0) ? -1.0f : 1.0f;
+        const std::vector<float> want = gemv_ref(type, w, x, n_in, n_out);
+        std::vector<float> y(want.size(), NAN);
+        kernels::matmul(tv, x.data(), y.data(), 1, pool, scratch);
+        ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float))) << dtype_name(type);
+        for (float v : y) ASSERT_TRUE(std::isfinite(v)) << dtype_name(type);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsGemv, ::testing::ValuesIn(test::isas_of_this_arch()),
+                         test::isa_param_name);
+
+}  // namespace
+}  // namespace td

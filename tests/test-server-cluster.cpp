@@ -1,0 +1,163 @@
+// tandem serve through a cluster, beyond the shared suite (test-server.cpp runs that over 2 workers too):
+// a worker killed mid-stream, and the `tandem serve --workers` command itself. Real `tandem worker`
+// processes on 127.0.0.1 (port 0); faults are injected by killing one.
+#include "test-server-util.h"
+
+namespace td::server {
+namespace {
+
+using namespace test_server;
+using Clock = std::chrono::steady_clock;
+
+class ServerCluster : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!test::shared_exists(k_model)) GTEST_SKIP() << "missing " << k_model;
+    }
+};
+
+// Polls /health until it answers `status` (or `timeout` passes); returns the last body.
+std::string wait_health(httplib::Client &c, int status, std::chrono::seconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    std::string body;
+    while (Clock::now() < deadline) {
+        auto r = c.Get("/health");
+        if (r) {
+            body = r->body;
+            if (r->status == status) return body;
+        }
+        std::this_thread::sleep_for(50ms);
+    }
+    ADD_FAILURE() << "/health never answered " << status << "; last: " << body;
+    return body;
+}
+
+TEST_F(ServerCluster, KilledWorkerEndsStreamsNamingItAndServingResumes) {
+    ServerOptions o;
+    o.backend = Backend::cluster;
+    o.n_parallel = 2;
+    o.n_ctx_slot = 512;
+    o.step_delay = 20ms;  // a 400-token stream would take 8 s
+    TestServer s(o);
+    auto c = s.client();
+    const json greedy = {{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}};
+    const std::string solo = completion_text(c, greedy);
+    ASSERT_FALSE(solo.empty());
+    test::WorkerProcess &w2 = s.workers().second();
+    const std::string a2 = w2.address();
+    const uint16_t port2 = w2.port();
+
+    // Two streams flowing (one micro-batch each), then the second worker dies.
+    std::atomic<int> n_flowing{0};
+    std::vector<std::string> bodies(2);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+        threads.emplace_back([&, i] {
+            auto cc = s.client();
+            httplib::Request req;
+            req.method = "POST";
+            req.path = "/v1/completions";
+            req.headers = {{"Content-Type", "application/json"}};
+            req.body = json{
+                {"prompt", i == 0 ? "Once upon a time" : "The cat"},
+                {"max_tokens", 400},
+                {"stream", true},
+                {"seed",
+                 i}}.dump();
+            req.content_receiver = [&, i](const char *data, size_t n, uint64_t, uint64_t) {
+                if (bodies[i].empty()) n_flowing++;
+                bodies[i].append(data, n);
+                return true;
+            };
+            httplib::Response res;
+            httplib::Error err = httplib::Error::Success;
+            cc.send(req, res, err);
+        });
+    }
+    for (int k = 0; k < 1000 && n_flowing.load() < 2; ++k) std::this_thread::sleep_for(10ms);
+    ASSERT_EQ(n_flowing.load(), 2);
+    w2.kill();
+    const auto t0 = Clock::now();
+    for (auto &t : threads) t.join();
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+    for (int i = 0; i < 2; ++i) {
+        SCOPED_TRACE(i);
+        bool done = false;
+        auto events = parse_sse(bodies[i], &done);
+        EXPECT_TRUE(done);
+        ASSERT_FALSE(events.empty());
+        ASSERT_TRUE(events.back().contains("error")) << bodies[i];
+        EXPECT_NE(events.back()["error"]["message"].get<std::string>().find(a2), std::string::npos)
+            << events.back().dump();
+    }
+
+    // The server keeps answering: /health names the node; a request fails at once, naming it too.
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 503);
+    json hj = json::parse(h->body);
+    EXPECT_EQ(hj["status"], "error");
+    EXPECT_NE(hj["message"].get<std::string>().find(std::to_string(port2)), std::string::npos) << h->body;
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric(m->body, "tandem_engine_healthy"), 0);
+    const auto t1 = Clock::now();
+    auto r = post(c, "/v1/completions", greedy);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 500) << r->body;
+    EXPECT_NE(r->body.find(std::to_string(port2)), std::string::npos) << r->body;
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t1).count(), 5.0);
+
+    // Back on the same port with the same cache: the server reconnects by itself and serves the same text.
+    w2.start(s.workers().cache(1), port2);
+    ASSERT_TRUE(w2.running()) << w2.log();
+    wait_health(c, 200, std::chrono::seconds(20));
+    EXPECT_EQ(completion_text(c, greedy), solo);
+}
+
+// `tandem serve --workers A,B`: the same cluster flags as `tandem run` build the ClusterEngine.
+TEST_F(ServerCluster, ServeCommandRunsOnWorkers) {
+    const std::string model = test::shared_path(k_model);
+    const std::string prompt = "Once upon a time";
+    auto run = test::run_tandem({"run", "-m", model, "-p", prompt, "-n", "16", "--temp", "0", "-t", "1"});
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const std::string expected = run.out.substr(0, run.out.size() - 1);  // run ends with a newline
+
+    TwoWorkers w;
+    test::ChildProcess serve;
+    serve.start({"serve", "-m", model, "--port", "0", "--parallel", "2", "-c", "512", "--workers",
+                 w.addresses(), "--layers", "0-1,2-4", "--wire", "f32", "--stats", "--alias", "stories"},
+                "listening on http://127.0.0.1:");
+    ASSERT_TRUE(serve.running()) << serve.log();
+    httplib::Client c("127.0.0.1", std::stoi(serve.ready_text()));
+    c.set_read_timeout(60, 0);
+    wait_health(c, 200, std::chrono::seconds(30));
+    EXPECT_EQ(completion_text(c, {{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}}), expected);
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric(m->body, "tandem_micro_batches"), 2);
+    EXPECT_NE(serve.log().find("2 pipeline stages, 2 micro-batches in flight"), std::string::npos)
+        << serve.log();
+    EXPECT_EQ(serve.signal_and_reap(SIGTERM), 0);
+    const std::string log = serve.log();
+    EXPECT_NE(log.find("cluster stats"), std::string::npos) << log;
+    EXPECT_NE(log.find(w.first().address()), std::string::npos) << log;
+}
+
+TEST_F(ServerCluster, ServeCommandNamesAnUnreachableWorker) {
+    // A port nobody listens on: bind one, note it, close it.
+    test::TempDir cache;
+    uint16_t dead_port = 0;
+    {
+        test::WorkerProcess tmp(cache.file("tmp"));
+        ASSERT_TRUE(tmp.running());
+        dead_port = tmp.port();
+    }
+    auto r = test::run_tandem({"serve", "-m", test::shared_path(k_model), "--port", "0", "--workers",
+                               "127.0.0.1:" + std::to_string(dead_port)});
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("127.0.0.1:" + std::to_string(dead_port)), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace td::server

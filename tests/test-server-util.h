@@ -1,0 +1,228 @@
+// Shared by the server tests: a `tandem serve` backend in this process on port 0 (local, or over 2 real
+// `tandem worker` processes), fault injection around the real engine, and small HTTP/SSE helpers.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cluster/cluster-engine.h"
+#include "server/http.h"
+#include "server/served-model.h"
+#include "test-child-process.h"
+#include "test-util.h"
+
+namespace td::server::test_server {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+inline const std::string k_model = "models/stories260K.gguf";
+
+// Delegates to a real engine; can stall each step and fail the next steps on demand.
+class InjectEngine : public Engine {
+public:
+    InjectEngine(std::unique_ptr<Engine> inner, std::chrono::milliseconds delay, std::atomic<int> *fail_steps)
+        : inner_(std::move(inner)), delay_(delay), fail_steps_(fail_steps) {}
+    int32_t n_ctx() const override { return inner_->n_ctx(); }
+    int32_t n_seq() const override { return inner_->n_seq(); }
+    int32_t n_vocab() const override { return inner_->n_vocab(); }
+    int max_in_flight() const override { return inner_->max_in_flight(); }
+    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits) override {
+        return inner_->seq_start(seq, p, want_logits);
+    }
+    Status seq_clear(int32_t seq) override { return inner_->seq_clear(seq); }
+    Status submit(const Batch &batch) override {
+        if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+        if (fail_steps_ != nullptr && fail_steps_->load() > 0) {
+            fail_steps_->fetch_sub(1);
+            return make_error(ErrorKind::disconnected, "worker 1 (127.0.0.1:9999) went away");
+        }
+        return inner_->submit(batch);
+    }
+    Result<std::vector<StepOutput>> wait() override { return inner_->wait(); }
+
+private:
+    std::unique_ptr<Engine> inner_;
+    std::chrono::milliseconds delay_;
+    std::atomic<int> *fail_steps_;
+};
+
+enum class Backend { local, cluster };
+
+struct ServerOptions {
+    Backend backend = Backend::local;
+    int32_t n_parallel = 4;
+    int32_t n_ctx_slot = 256;
+    int32_t max_queue = -1;
+    std::string api_key;
+    std::chrono::milliseconds step_delay{0};
+    std::atomic<int> *fail_steps = nullptr;
+    bool attach = true;  // false: /health stays "loading" until attach()
+};
+
+// Two `tandem worker`s with their own weight caches; stories260K's 5 layers split 0-1 | 2-4.
+class TwoWorkers {
+public:
+    TwoWorkers() : w1_(cache_.file("w1")), w2_(cache_.file("w2")) {
+        EXPECT_TRUE(w1_.running()) << w1_.log();
+        EXPECT_TRUE(w2_.running()) << w2_.log();
+    }
+    test::WorkerProcess &first() { return w1_; }
+    test::WorkerProcess &second() { return w2_; }
+    std::string cache(int i) const { return cache_.file(i == 0 ? "w1" : "w2"); }
+    std::string addresses() const { return w1_.address() + "," + w2_.address(); }
+
+    // The ClusterEngine the server runs on: what cli::make_engine builds for --workers A,B --layers 0-1,2-4
+    // --wire f32 (the f32 wire keeps the logits bit-identical to one machine).
+    ServeParams::EngineFactory factory() const {
+        const std::string workers = addresses();
+        return [workers](std::shared_ptr<const Model> model, const ContextParams &cp,
+                         ThreadPool &) -> Result<std::unique_ptr<Engine>> {
+            cluster::ClusterOptions co;
+            co.workers = workers;
+            co.layers = "0-1,2-4";
+            co.wire = net::WireType::f32;
+            co.context = cp;
+            co.print_placement = false;
+            TD_ASSIGN_OR_RETURN(auto e, cluster::ClusterEngine::create(std::move(model), co));
+            return std::unique_ptr<Engine>(std::move(e));
+        };
+    }
+
+private:
+    test::TempDir cache_;
+    test::WorkerProcess w1_, w2_;
+};
+
+class TestServer {
+public:
+    explicit TestServer(const ServerOptions &o = {}) {
+        ServeParams sp;
+        sp.model_path = test::shared_path(k_model);
+        sp.n_parallel = o.n_parallel;
+        sp.n_ctx = o.n_ctx_slot * o.n_parallel;
+        sp.n_threads = 1;
+        sp.max_queue = o.max_queue;
+        sp.probe_interval_ms = 200;
+        if (o.backend == Backend::cluster) {
+            workers_ = std::make_unique<TwoWorkers>();
+            sp.make_engine = workers_->factory();
+        }
+        if (o.step_delay.count() > 0 || o.fail_steps != nullptr) {
+            sp.wrap_engine = [o](std::unique_ptr<Engine> e) -> std::unique_ptr<Engine> {
+                return std::make_unique<InjectEngine>(std::move(e), o.step_delay, o.fail_steps);
+            };
+        }
+        auto m = ServedModel::load(sp);
+        EXPECT_TRUE(m.ok()) << m.status().message();
+        model_ = std::move(m).value();
+        HttpParams hp;
+        hp.port = 0;
+        hp.model_id = "stories";
+        hp.api_key = o.api_key;
+        hp.n_threads = 24;
+        http_ = std::make_unique<HttpServer>(hp);
+        auto port = http_->bind();
+        EXPECT_TRUE(port.ok()) << port.status().message();
+        port_ = *port;
+        thread_ = std::thread([this] { (void)http_->listen(); });
+        if (o.attach) attach();
+        // Wait until the listener runs, so stop() in the destructor finds it running.
+        httplib::Client c = client();
+        for (int i = 0; i < 200; ++i) {
+            if (c.Get("/health")) break;
+            std::this_thread::sleep_for(10ms);
+        }
+    }
+    ~TestServer() {
+        http_->stop();
+        thread_.join();
+        http_.reset();
+        model_.reset();
+    }
+    void attach() { http_->set_backend(model_->backend()); }
+    httplib::Client client() const {
+        httplib::Client c("127.0.0.1", port_);
+        c.set_read_timeout(60, 0);
+        return c;
+    }
+    ServedModel &model() { return *model_; }
+    int port() const { return port_; }
+    TwoWorkers &workers() { return *workers_; }
+
+private:
+    std::unique_ptr<TwoWorkers> workers_;  // destroyed after the server
+    std::unique_ptr<ServedModel> model_;
+    std::unique_ptr<HttpServer> http_;
+    std::thread thread_;
+    int port_ = 0;
+};
+
+inline httplib::Result post(httplib::Client &c, const std::string &path, const json &body,
+                            const httplib::Headers &h = {}) {
+    return c.Post(path.c_str(), h, body.dump(), "application/json");
+}
+
+// The JSON payloads of an SSE body; `done` tells whether it ended with [DONE].
+inline std::vector<json> parse_sse(const std::string &body, bool *done) {
+    std::vector<json> out;
+    *done = false;
+    size_t pos = 0;
+    while (pos < body.size()) {
+        size_t end = body.find("\n\n", pos);
+        if (end == std::string::npos) break;
+        std::string ev = body.substr(pos, end - pos);
+        pos = end + 2;
+        EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+        std::string data = ev.substr(6);
+        if (data == "[DONE]") {
+            *done = true;
+            continue;
+        }
+        EXPECT_FALSE(*done) << "event after [DONE]";
+        out.push_back(json::parse(data));
+    }
+    EXPECT_EQ(pos, body.size()) << "trailing bytes in the SSE body";
+    return out;
+}
+
+// Text of a streamed response (chat deltas or completion texts) and its finish_reason.
+inline std::string stream_text(const std::vector<json> &events, std::string *finish = nullptr) {
+    std::string text;
+    for (const json &e : events) {
+        if (e.contains("error")) ADD_FAILURE() << e.dump();
+        if (!e.contains("choices") || e["choices"].empty()) continue;
+        const json &ch = e["choices"][0];
+        if (ch.contains("delta")) {
+            if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
+                text += ch["delta"]["content"].get<std::string>();
+        } else {
+            text += ch["text"].get<std::string>();
+        }
+        if (finish && !ch["finish_reason"].is_null()) *finish = ch["finish_reason"].get<std::string>();
+    }
+    return text;
+}
+
+inline std::string completion_text(httplib::Client &c, const json &body, std::string *finish = nullptr) {
+    auto r = post(c, "/v1/completions", body);
+    EXPECT_TRUE(r);
+    if (!r) return "";
+    EXPECT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body);
+    if (finish) *finish = j["choices"][0]["finish_reason"].get<std::string>();
+    return j["choices"][0]["text"].get<std::string>();
+}
+
+inline int64_t metric(const std::string &text, const std::string &name) {
+    size_t pos = text.find("\n" + name + " ");
+    if (pos == std::string::npos) return -1;
+    return std::stoll(text.substr(pos + name.size() + 2));
+}
+
+}  // namespace td::server::test_server
