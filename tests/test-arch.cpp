@@ -288,6 +288,36 @@ TEST(ArchSlidingWindow, ChangesOnlyPositionsBeyondTheWindow) {
     }
 }
 
+// A batch longer than one micro-batch (Context::kMaxUbatch rows) gives the bits of the same rows sent in
+// small batches: the layer loop splits it, and the later part sees the keys the earlier part stored.
+TEST(ArchLongBatch, EqualsTheSameRowsInSmallBatches) {
+    test::TempDir dir;
+    const std::string path = synth_arch(dir, {"qwen2", 0, 0}, DType::q8_0);
+    auto model = Model::load(path);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    ThreadPool pool(2);
+    ContextParams cp;
+    cp.n_ctx = 320;
+    const int32_t n = 300;  // > kMaxUbatch (256)
+    const int32_t nv = (*model)->hparams().n_vocab;
+    auto run = [&](int32_t step) {
+        auto ctx = Context::create(*model, cp, pool);
+        EXPECT_TRUE(ctx.ok());
+        std::vector<float> logits;  // [n][n_vocab]
+        for (int32_t start = 0; start < n; start += step) {
+            Batch b;
+            for (int32_t p = start; p < std::min(n, start + step); ++p) b.add((p * 37 + 11) % nv, p, 0, true);
+            EXPECT_TRUE((*ctx)->decode(b).ok());
+            logits.insert(logits.end(), (*ctx)->logits(),
+                          (*ctx)->logits() + static_cast<size_t>(b.size()) * nv);
+        }
+        return logits;
+    };
+    const std::vector<float> whole = run(n);
+    ASSERT_EQ(whole.size(), static_cast<size_t>(n) * nv);
+    EXPECT_TRUE(whole == run(50));
+}
+
 TEST(ArchSynth, UnknownArchitectureIsRefused) {
     test::TempDir dir;
     SynthParams p;

@@ -79,13 +79,15 @@ void Context::ensure_scratch(int32_t n) {
         if (v.size() < size) v.resize(size);
     };
     grow(x_, rows * hp.n_embd);
-    grow(xn_, rows * hp.n_embd);
-    grow(q_, rows * hp.n_embd_q());
-    grow(k_, rows * hp.n_embd_kv());
-    grow(v_, rows * hp.n_embd_kv());
-    grow(attn_, rows * hp.n_embd_q());
-    grow(gate_, rows * hp.n_ff);
-    grow(up_, rows * hp.n_ff);
+    // Everything else holds one micro-batch of at most kMaxUbatch rows (layer_forward).
+    const size_t ub = std::min<size_t>(rows, kMaxUbatch);
+    grow(xn_, ub * hp.n_embd);
+    grow(q_, ub * hp.n_embd_q());
+    grow(k_, ub * hp.n_embd_kv());
+    grow(v_, ub * hp.n_embd_kv());
+    grow(attn_, ub * hp.n_embd_q());
+    grow(gate_, ub * hp.n_ff);
+    grow(up_, ub * hp.n_ff);
     grow(scores_, static_cast<size_t>(pool_->n_threads()) * n_ctx_);
 }
 
@@ -141,10 +143,18 @@ Status Context::decode(const Batch &batch, const float *hidden_in) {
 }
 
 void Context::layer_forward(int32_t il, const Batch &batch) {
+    const int32_t n = batch.size();
+    for (int32_t r0 = 0; r0 < n; r0 += kMaxUbatch)
+        layer_forward_rows(il, batch, r0, std::min(kMaxUbatch, n - r0));
+}
+
+void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int32_t n) {
     const Model &m = *model_;
     const HParams &hp = m.hparams();
     const LayerWeights &w = m.layer(il);
-    const int32_t n = batch.size();
+    float *x = &x_[static_cast<size_t>(r0) * hp.n_embd];  // [n, n_embd] these rows of the residual stream
+    const int32_t *pos = &batch.pos[r0];                  // [n]
+    const int32_t *seq = &batch.seq[r0];                  // [n]
     const int32_t local = il - m.layer_first();
     const int64_t n_embd = hp.n_embd, n_q = hp.n_embd_q(), n_kv = hp.n_embd_kv(), n_ff = hp.n_ff;
     const int32_t head_dim = hp.head_dim;
@@ -154,7 +164,7 @@ void Context::layer_forward(int32_t il, const Batch &batch) {
     const float *attn_norm = static_cast<const float *>(w.attn_norm.data);
     pool.parallel_for(n, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i)
-            kernels::rmsnorm(&x_[i * n_embd], attn_norm, &xn_[i * n_embd], n_embd, hp.rms_eps);
+            kernels::rmsnorm(&x[i * n_embd], attn_norm, &xn_[i * n_embd], n_embd, hp.rms_eps);
     });
     kernels::matmul(w.wq, xn_.data(), q_.data(), n, pool, mm_scratch_);
     kernels::matmul(w.wk, xn_.data(), k_.data(), n, pool, mm_scratch_);
@@ -177,10 +187,10 @@ void Context::layer_forward(int32_t il, const Batch &batch) {
                     kernels::rmsnorm(k + h * head_dim, static_cast<const float *>(w.k_norm.data),
                                      k + h * head_dim, head_dim, hp.rms_eps);
             }
-            kernels::rope(q, hp.n_head, head_dim, batch.pos[i], rope_);
-            kernels::rope(k, hp.n_head_kv, head_dim, batch.pos[i], rope_);
-            kernels::store_row(k, kv_.k_row(local, batch.seq[i], batch.pos[i]), kv_f16, n_kv);
-            kernels::store_row(v, kv_.v_row(local, batch.seq[i], batch.pos[i]), kv_f16, n_kv);
+            kernels::rope(q, hp.n_head, head_dim, pos[i], rope_);
+            kernels::rope(k, hp.n_head_kv, head_dim, pos[i], rope_);
+            kernels::store_row(k, kv_.k_row(local, seq[i], pos[i]), kv_f16, n_kv);
+            kernels::store_row(v, kv_.v_row(local, seq[i], pos[i]), kv_f16, n_kv);
         }
     });
 
@@ -196,23 +206,21 @@ void Context::layer_forward(int32_t il, const Batch &batch) {
             const int64_t i = job / hp.n_head;
             const int32_t h = static_cast<int32_t>(job % hp.n_head);
             const int32_t kvh = h / n_gqa;
-            const int32_t first = n_swa > 0 ? std::max(0, batch.pos[i] - n_swa + 1) : 0;
-            const uint8_t *k0 =
-                kv_.k_row(local, batch.seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
-            const uint8_t *v0 =
-                kv_.v_row(local, batch.seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
+            const int32_t first = n_swa > 0 ? std::max(0, pos[i] - n_swa + 1) : 0;
+            const uint8_t *k0 = kv_.k_row(local, seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
+            const uint8_t *v0 = kv_.v_row(local, seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
             kernels::attention_head(&q_[i * n_q + h * head_dim], k0, v0, kv_f16, n_kv, head_dim,
-                                    batch.pos[i] + 1 - first, scale, scores, &attn_[i * n_q + h * head_dim]);
+                                    pos[i] + 1 - first, scale, scores, &attn_[i * n_q + h * head_dim]);
         }
     });
     kernels::matmul(w.wo, attn_.data(), xn_.data(), n, pool, mm_scratch_);
-    kernels::add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
+    kernels::add_inplace(x, xn_.data(), static_cast<int64_t>(n) * n_embd);
 
     // --- feed-forward block:  x += W_down · (silu(W_gate·n(x)) * W_up·n(x)) ---
     const float *ffn_norm = static_cast<const float *>(w.ffn_norm.data);
     pool.parallel_for(n, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i)
-            kernels::rmsnorm(&x_[i * n_embd], ffn_norm, &xn_[i * n_embd], n_embd, hp.rms_eps);
+            kernels::rmsnorm(&x[i * n_embd], ffn_norm, &xn_[i * n_embd], n_embd, hp.rms_eps);
     });
     kernels::matmul(w.w_gate, xn_.data(), gate_.data(), n, pool, mm_scratch_);
     kernels::matmul(w.w_up, xn_.data(), up_.data(), n, pool, mm_scratch_);
@@ -228,7 +236,7 @@ void Context::layer_forward(int32_t il, const Batch &batch) {
         }
     });
     kernels::matmul(w.w_down, gate_.data(), xn_.data(), n, pool, mm_scratch_);
-    kernels::add_inplace(x_.data(), xn_.data(), static_cast<int64_t>(n) * n_embd);
+    kernels::add_inplace(x, xn_.data(), static_cast<int64_t>(n) * n_embd);
 }
 
 }  // namespace td

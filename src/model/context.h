@@ -53,7 +53,12 @@ public:
 private:
     Context() = default;
     Status validate(const Batch &batch, const float *hidden_in) const;
+    // A layer over the whole batch, in micro-batches of at most kMaxUbatch rows so the scratch stays small
+    // for long prompts (rows of one sequence are in position order, so a later micro-batch sees the keys
+    // an earlier one stored). The math per row does not depend on the split.
     void layer_forward(int32_t il, const Batch &batch);
+    void layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int32_t n);
+    static constexpr int32_t kMaxUbatch = 256;
     void ensure_scratch(int32_t n_tokens);
 
     std::shared_ptr<const Model> model_;
@@ -64,13 +69,13 @@ private:
 
     // Scratch, grown to the largest batch seen and reused.
     std::vector<float> x_;         // [n, n_embd] residual stream
-    std::vector<float> xn_;        // [n, n_embd] normed
-    std::vector<float> q_;         // [n, n_embd_q]
-    std::vector<float> k_;         // [n, n_embd_kv]
-    std::vector<float> v_;         // [n, n_embd_kv]
-    std::vector<float> attn_;      // [n, n_embd_q]
-    std::vector<float> gate_;      // [n, n_ff]
-    std::vector<float> up_;        // [n, n_ff]
+    std::vector<float> xn_;        // [ub, n_embd] normed (ub: rows of one micro-batch)
+    std::vector<float> q_;         // [ub, n_embd_q]
+    std::vector<float> k_;         // [ub, n_embd_kv]
+    std::vector<float> v_;         // [ub, n_embd_kv]
+    std::vector<float> attn_;      // [ub, n_embd_q]
+    std::vector<float> gate_;      // [ub, n_ff]
+    std::vector<float> up_;        // [ub, n_ff]
     std::vector<float> scores_;    // [n_threads, n_ctx] attention scores per thread
     std::vector<float> logits_;    // [n_outputs, n_vocab]
     std::vector<float> out_rows_;  // [n_outputs, n_embd]
