@@ -94,14 +94,20 @@ private:
     std::string ready_text_;
 };
 
-// `tandem worker --listen 127.0.0.1:PORT --cache-dir DIR -t 1` (port 0: any free one).
+// `tandem worker --listen 127.0.0.1:PORT --cache-dir DIR -t 1 [--model MODEL]` (port 0: any free one), with
+// `extra_env` added to the environment.
 class WorkerProcess {
 public:
-    explicit WorkerProcess(const std::string &cache_dir, uint16_t port = 0) { start(cache_dir, port); }
-    void start(const std::string &cache_dir, uint16_t port) {
-        proc_.start(
-            {"worker", "--listen", "127.0.0.1:" + std::to_string(port), "--cache-dir", cache_dir, "-t", "1"},
-            "listening on ");
+    explicit WorkerProcess(const std::string &cache_dir, uint16_t port = 0, const std::string &model = "",
+                           const std::vector<std::string> &extra_env = {}) {
+        start(cache_dir, port, model, extra_env);
+    }
+    void start(const std::string &cache_dir, uint16_t port, const std::string &model = "",
+               const std::vector<std::string> &extra_env = {}) {
+        std::vector<std::string> args = {
+            "worker", "--listen", "127.0.0.1:" + std::to_string(port), "--cache-dir", cache_dir, "-t", "1"};
+        if (!model.empty()) args.insert(args.end(), {"--model", model});
+        proc_.start(args, "listening on ", extra_env);
         address_ = proc_.ready_text();
         port_ =
             address_.empty() ? 0 : static_cast<uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1)));

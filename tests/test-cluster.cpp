@@ -17,6 +17,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "test-child-process.h"
 #include "test-util.h"
 
 namespace td::cluster {
@@ -26,80 +27,7 @@ using Clock = std::chrono::steady_clock;
 
 const std::string kModel = "models/stories260K.gguf";
 
-// A `tandem worker` child process. The destructor kills and reaps it.
-class WorkerProcess {
-public:
-    WorkerProcess(const std::string &cache_dir, uint16_t port = 0, const std::string &model = "",
-                  const std::vector<std::string> &extra_env = {}) {
-        start(cache_dir, port, model, extra_env);
-    }
-    ~WorkerProcess() { kill(); }
-
-    void start(const std::string &cache_dir, uint16_t port, const std::string &model,
-               const std::vector<std::string> &extra_env) {
-        err_path_ = log_dir_.file("stderr");
-        std::vector<std::string> args = {
-            test::tandem_bin(), "worker",  "--listen", "127.0.0.1:" + std::to_string(port),
-            "--cache-dir",      cache_dir, "-t",       "1"};
-        if (!model.empty()) args.insert(args.end(), {"--model", model});
-        std::vector<char *> argv;
-        for (auto &a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        std::vector<std::string> env_strings;
-        for (char **e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
-        env_strings.insert(env_strings.end(), extra_env.begin(), extra_env.end());
-        std::vector<char *> envp;
-        for (auto &e : env_strings) envp.push_back(e.data());
-        envp.push_back(nullptr);
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-        posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-        posix_spawn_file_actions_addopen(&fa, 2, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        const int rc = posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), envp.data());
-        posix_spawn_file_actions_destroy(&fa);
-        if (rc != 0) {
-            pid_ = -1;
-            return;
-        }
-        // Wait for "tandem worker listening on 127.0.0.1:PORT".
-        const auto deadline = Clock::now() + std::chrono::seconds(20);
-        while (Clock::now() < deadline) {
-            const std::string err = test::read_file(err_path_);
-            const size_t at = err.find("listening on ");
-            const size_t eol = err.find('\n', at);
-            if (at != std::string::npos && eol != std::string::npos) {
-                address_ = err.substr(at + 13, eol - at - 13);
-                port_ = static_cast<uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1)));
-                return;
-            }
-            int status = 0;
-            if (waitpid(pid_, &status, WNOHANG) == pid_) {
-                pid_ = -1;
-                return;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-    }
-    void kill() {
-        if (pid_ <= 0) return;
-        ::kill(pid_, SIGKILL);
-        int status = 0;
-        waitpid(pid_, &status, 0);
-        pid_ = -1;
-    }
-    bool running() const { return pid_ > 0 && !address_.empty(); }
-    const std::string &address() const { return address_; }
-    uint16_t port() const { return port_; }
-    std::string log() const { return test::read_file(err_path_); }
-
-private:
-    test::TempDir log_dir_;
-    std::string err_path_;
-    pid_t pid_ = -1;
-    std::string address_;
-    uint16_t port_ = 0;
-};
+using test::WorkerProcess;
 
 std::shared_ptr<const Model> load_model() {
     auto m = Model::load(test::shared_path(kModel));

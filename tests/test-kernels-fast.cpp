@@ -23,46 +23,11 @@ namespace {
 
 using kernels::Isa;
 using kernels::TypeKernels;
+using test::matmul_ref;
+using test::quantize_rows;
+using test::randn;
 
-std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float &x : v) x = dist(rng);
-    return v;
-}
-
-// Rows of n floats quantized with the reference: [rows][row_bytes].
-std::vector<uint8_t> quantize_rows(DType type, const std::vector<float> &x, int64_t rows, int64_t n) {
-    const TypeKernels *r = kernels::type_kernels_ref(type);
-    const size_t row_bytes = dtype_row_bytes(type, n);
-    std::vector<uint8_t> q(row_bytes * static_cast<size_t>(rows));
-    for (int64_t i = 0; i < rows; ++i) r->from_float(x.data() + i * n, q.data() + i * row_bytes, n);
-    return q;
-}
-
-// y[t][o] = reference vec_dot(W row o, reference-quantized x row t).
-std::vector<float> matmul_ref(DType type, const std::vector<uint8_t> &w, const std::vector<float> &x,
-                              int64_t n_in, int64_t n_out, int64_t n_tokens) {
-    const TypeKernels *r = kernels::type_kernels_ref(type);
-    const std::vector<uint8_t> xq = quantize_rows(r->vec_dot_type, x, n_tokens, n_in);
-    const size_t w_row = dtype_row_bytes(type, n_in);
-    const size_t x_row = dtype_row_bytes(r->vec_dot_type, n_in);
-    std::vector<float> y(static_cast<size_t>(n_tokens * n_out));
-    for (int64_t t = 0; t < n_tokens; ++t)
-        for (int64_t o = 0; o < n_out; ++o)
-            r->vec_dot(n_in, &y[t * n_out + o], w.data() + o * w_row, xq.data() + t * x_row);
-    return y;
-}
-
-class KernelsFast : public ::testing::TestWithParam<Isa> {
-protected:
-    void SetUp() override {
-        if (!kernels::isa_force(GetParam()))
-            GTEST_SKIP() << "this CPU or build lacks " << kernels::isa_name(GetParam());
-    }
-    void TearDown() override { kernels::isa_reset(); }
-};
+class KernelsFast : public test::IsaTest {};
 
 // Every (row, token) of matmul equals the reference's single vec_dot, for tile remainders in both
 // directions, block counts below, at and above multiples of 8, and any thread count. The q4_0/q8_0 kernels

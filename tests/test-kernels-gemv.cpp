@@ -23,6 +23,8 @@ namespace {
 
 using kernels::Isa;
 using kernels::TypeKernels;
+using test::matmul_ref;
+using test::weight_view;
 
 // Random weight rows: every byte random, then each block's half-precision scales set to finite values of a
 // realistic size (random halves would be NaN or inf). [n_out][row_bytes]
@@ -59,38 +61,7 @@ std::vector<uint8_t> random_weights(DType type, int64_t n_in, int64_t n_out, uin
     return w;
 }
 
-// y[o] = reference vec_dot(W row o, reference-quantized x).
-std::vector<float> gemv_ref(DType type, const std::vector<uint8_t> &w, const std::vector<float> &x,
-                            int64_t n_in, int64_t n_out) {
-    const TypeKernels *r = kernels::type_kernels_ref(type);
-    const TypeKernels *rx = kernels::type_kernels_ref(r->vec_dot_type);
-    std::vector<uint8_t> xq(dtype_row_bytes(r->vec_dot_type, n_in));
-    rx->from_float(x.data(), xq.data(), n_in);
-    const size_t w_row = dtype_row_bytes(type, n_in);
-    std::vector<float> y(static_cast<size_t>(n_out));
-    for (int64_t o = 0; o < n_out; ++o) r->vec_dot(n_in, &y[o], w.data() + o * w_row, xq.data());
-    return y;
-}
-
-TensorView matrix_view(DType type, const std::vector<uint8_t> &w, int64_t n_in, int64_t n_out) {
-    TensorView tv;
-    tv.name = "w";
-    tv.type = type;
-    tv.n_dims = 2;
-    tv.ne[0] = n_in;
-    tv.ne[1] = n_out;
-    tv.data = w.data();
-    return tv;
-}
-
-class KernelsGemv : public ::testing::TestWithParam<Isa> {
-protected:
-    void SetUp() override {
-        if (!kernels::isa_force(GetParam()))
-            GTEST_SKIP() << "this CPU or build lacks " << kernels::isa_name(GetParam());
-    }
-    void TearDown() override { kernels::isa_reset(); }
-};
+class KernelsGemv : public test::IsaTest {};
 
 struct Case {
     DType type;
@@ -113,12 +84,12 @@ TEST_P(KernelsGemv, OneTokenMatmulEqualsReferenceBitForBit) {
         for (int64_t n_in : c.lengths) {
             for (int64_t n_out : outs) {
                 const std::vector<uint8_t> w = random_weights(c.type, n_in, n_out, ++seed);
-                const TensorView tv = matrix_view(c.type, w, n_in, n_out);
+                const TensorView tv = weight_view(c.type, w, n_in, n_out);
                 std::mt19937 rng(++seed);
                 std::normal_distribution<float> dist(0.0f, 2.0f);
                 std::vector<float> x(static_cast<size_t>(n_in));  // [n_in]
                 for (float &v : x) v = dist(rng);
-                const std::vector<float> want = gemv_ref(c.type, w, x, n_in, n_out);
+                const std::vector<float> want = matmul_ref(c.type, w, x, n_in, n_out, 1);
                 for (ThreadPool &pool : pools) {
                     std::vector<float> y(want.size(), NAN);
                     kernels::matmul(tv, x.data(), y.data(), 1, pool, scratch);
@@ -157,10 +128,10 @@ TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
             }
         }
         if (type == DType::q8_0) w[row_bytes + 2] = 0x80;  // row 1, block 0, element 0: -128
-        const TensorView tv = matrix_view(type, w, n_in, n_out);
+        const TensorView tv = weight_view(type, w, n_in, n_out);
         std::vector<float> x(static_cast<size_t>(n_in));  // [n_in], alternating +-1: quantizes to +-127
         for (int64_t i = 0; i < n_in; ++i) x[i] = (i % 3 == 0) ? -1.0f : 1.0f;
-        const std::vector<float> want = gemv_ref(type, w, x, n_in, n_out);
+        const std::vector<float> want = matmul_ref(type, w, x, n_in, n_out, 1);
         std::vector<float> y(want.size(), NAN);
         kernels::matmul(tv, x.data(), y.data(), 1, pool, scratch);
         ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float))) << dtype_name(type);

@@ -24,6 +24,7 @@ namespace {
 
 using kernels::Isa;
 using kernels::TypeKernels;
+using test::randn;
 
 }  // namespace
 
@@ -83,14 +84,6 @@ const TypeKernels &active_kernels(DType type) {
     const TypeKernels *k = kernels::type_kernels(type);
     EXPECT_NE(k, nullptr) << dtype_name(type);
     return *k;
-}
-
-std::vector<float> randn(int64_t n, uint32_t seed, float scale = 1.0f) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float &x : v) x = dist(rng);
-    return v;
 }
 
 std::vector<uint8_t> quantize(const TypeKernels &k, const std::vector<float> &x) {
@@ -237,14 +230,7 @@ TEST(KernelsDispatch, ForceResetAndEnvironment) {
 // ---- per-ISA checks
 // -------------------------------------------------------------------------------------------
 
-class KernelsIsa : public ::testing::TestWithParam<Isa> {
-protected:
-    void SetUp() override {
-        if (!kernels::isa_force(GetParam()))
-            GTEST_SKIP() << "this CPU or build lacks " << kernels::isa_name(GetParam());
-    }
-    void TearDown() override { kernels::isa_reset(); }
-};
+class KernelsIsa : public test::IsaTest {};
 
 TEST_P(KernelsIsa, RoundTripErrorWithinBound) {
     const int64_t n = 2048;

@@ -193,14 +193,7 @@ TEST(KQuantsDispatch, EveryKTypeDotsWithQ8_K) {
 
 // ---- per-ISA checks ---------------------------------------------------------------------------------------
 
-class KQuantsIsa : public ::testing::TestWithParam<Isa> {
-protected:
-    void SetUp() override {
-        if (!kernels::isa_force(GetParam()))
-            GTEST_SKIP() << "this CPU or build lacks " << kernels::isa_name(GetParam());
-    }
-    void TearDown() override { kernels::isa_reset(); }
-};
+class KQuantsIsa : public test::IsaTest {};
 
 // RMS(error) / RMS(x) on smooth_data(8192, 3), measured: q2_k 0.2895, q3_k 0.1454, q4_k 0.0686, q5_k 0.0350,
 // q6_k 0.0169, q8_k 0.00615 (d = amax / 127 over 256 values). Bounds ~12% above; each must also stay above a

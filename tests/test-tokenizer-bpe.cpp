@@ -13,112 +13,39 @@
 #include "model/unicode.h"
 #include "model/vocab.h"
 #include "test-util.h"
+#include "test-vocab-cases.h"
 
 namespace td {
 namespace {
 
-std::string read_file(const std::string &path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-std::vector<int32_t> parse_ids(const std::string &line) {
-    std::vector<int32_t> ids;
-    std::istringstream in(line);
-    int32_t id;
-    while (in >> id) ids.push_back(id);
-    return ids;
-}
-
-std::string ids_str(const std::vector<int32_t> &ids) {
-    std::string s;
-    for (int32_t id : ids) s += fmt::format(" {}", id);
-    return s;
-}
-
-struct Loaded {
-    std::shared_ptr<const Vocab> vocab;
-    std::unique_ptr<Tokenizer> tok;
-};
-
-Loaded load_gguf(const std::string &rel) {
-    auto file = gguf::File::open(test::shared_path(rel));
-    EXPECT_TRUE(file.ok()) << file.status().message();
-    if (!file.ok()) return {};
-    auto vocab = Vocab::from_gguf(*file);
-    EXPECT_TRUE(vocab.ok()) << vocab.status().message();
-    if (!vocab.ok()) return {};
-    auto shared = std::make_shared<const Vocab>(std::move(vocab).value());
-    auto tok = Tokenizer::create(shared);
-    EXPECT_TRUE(tok.ok()) << tok.status().message();
-    if (!tok.ok()) return {};
-    return {shared, std::move(tok).value()};
-}
-
-std::vector<std::string> read_cases(const std::string &path) {
-    const std::string inp = read_file(path);
-    const std::string sep = "\n__ggml_vocab_test__\n";
-    std::vector<std::string> cases;
-    for (size_t pos = 0; pos < inp.size();) {
-        size_t end = inp.find(sep, pos);
-        EXPECT_NE(end, std::string::npos) << "unterminated case at byte " << pos;
-        if (end == std::string::npos) break;
-        cases.push_back(inp.substr(pos, end - pos));
-        pos = end + sep.size();
-    }
-    return cases;
-}
-
-// --- llama.cpp's test vectors (.inp / .out): no BOS/EOS, special tokens not parsed ---
-
-void check_vocab_cases(const std::string &name, const std::string &pre) {
-    const std::string base = "vocab/ggml-vocab-" + name + ".gguf";
-    if (!test::shared_exists(base)) GTEST_SKIP() << "missing " << test::shared_path(base);
-    Loaded l = load_gguf(base);
-    ASSERT_TRUE(l.tok);
-    EXPECT_EQ(l.vocab->kind(), VocabKind::bpe);
-    EXPECT_EQ(l.vocab->pre(), pre);
-
-    const std::vector<std::string> cases = read_cases(test::shared_path(base + ".inp"));
-    std::vector<std::string> lines;
-    std::istringstream out(read_file(test::shared_path(base + ".out")));
-    for (std::string line; std::getline(out, line);) lines.push_back(line);
-    ASSERT_EQ(cases.size(), lines.size());
-    ASSERT_GE(cases.size(), 40u);
-
-    int n_fail = 0;
-    for (size_t i = 0; i < cases.size(); ++i) {
-        std::vector<int32_t> got = l.tok->encode(cases[i], /*add_special=*/false, /*parse_special=*/false);
-        std::vector<int32_t> want = parse_ids(lines[i]);
-        if (got != want) ++n_fail;
-        EXPECT_EQ(ids_str(got), ids_str(want)) << name << " case " << i << ": '" << cases[i] << "'";
-        EXPECT_EQ(detokenize(*l.tok, got), cases[i]) << name << " case " << i;
-    }
-    EXPECT_EQ(n_fail, 0) << name << ": " << n_fail << " of " << cases.size() << " cases differ";
-}
+using test::check_vocab_cases;
+using test::ids_str;
+using test::load_gguf;
+using test::Loaded;
+using test::parse_ids;
+using test::read_cases;
+using test::read_file;
 
 TEST(BpeVectors, Gpt2) {
-    check_vocab_cases("gpt-2", "gpt-2");
+    check_vocab_cases("gpt-2", VocabKind::bpe, "gpt-2");
 }
 TEST(BpeVectors, DeepseekCoder) {
-    check_vocab_cases("deepseek-coder", "deepseek-coder");
+    check_vocab_cases("deepseek-coder", VocabKind::bpe, "deepseek-coder");
 }
 TEST(BpeVectors, DeepseekLlm) {
-    check_vocab_cases("deepseek-llm", "deepseek-llm");
+    check_vocab_cases("deepseek-llm", VocabKind::bpe, "deepseek-llm");
 }
 TEST(BpeVectors, Falcon) {
-    check_vocab_cases("falcon", "falcon");
+    check_vocab_cases("falcon", VocabKind::bpe, "falcon");
 }
 TEST(BpeVectors, Starcoder) {
-    check_vocab_cases("starcoder", "starcoder");
+    check_vocab_cases("starcoder", VocabKind::bpe, "starcoder");
 }
 TEST(BpeVectors, Refact) {
-    check_vocab_cases("refact", "refact");
+    check_vocab_cases("refact", VocabKind::bpe, "refact");
 }
 TEST(BpeVectors, Mpt) {
-    check_vocab_cases("mpt", "mpt");
+    check_vocab_cases("mpt", VocabKind::bpe, "mpt");
 }
 
 // gpt-neox has no tokenizer.ggml.pre (llama.cpp's default rules) and no test pair: check round trips and a

@@ -10,6 +10,7 @@
 #include "model/tokenizer.h"
 #include "model/vocab.h"
 #include "test-util.h"
+#include "test-vocab-cases.h"
 
 namespace td {
 namespace {
@@ -17,88 +18,19 @@ namespace {
 const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 const std::string kFffd = "\xEF\xBF\xBD";   // U+FFFD
 
-std::string read_file(const std::string &path) {
-    std::ifstream in(path, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
-std::vector<int32_t> parse_ids(const std::string &line) {
-    std::vector<int32_t> ids;
-    std::istringstream in(line);
-    int32_t id;
-    while (in >> id) ids.push_back(id);
-    return ids;
-}
-
-std::string ids_str(const std::vector<int32_t> &ids) {
-    std::string s;
-    for (int32_t id : ids) s += fmt::format(" {}", id);
-    return s;
-}
-
-struct Loaded {
-    std::shared_ptr<const Vocab> vocab;
-    std::unique_ptr<Tokenizer> tok;
-};
-
-Loaded load_gguf(const std::string &rel) {
-    auto file = gguf::File::open(test::shared_path(rel));
-    EXPECT_TRUE(file.ok()) << file.status().message();
-    if (!file.ok()) return {};
-    auto vocab = Vocab::from_gguf(*file);
-    EXPECT_TRUE(vocab.ok()) << vocab.status().message();
-    if (!vocab.ok()) return {};
-    auto shared = std::make_shared<const Vocab>(std::move(vocab).value());
-    auto tok = Tokenizer::create(shared);
-    EXPECT_TRUE(tok.ok()) << tok.status().message();
-    if (!tok.ok()) return {};
-    return {shared, std::move(tok).value()};
-}
-
-// --- llama.cpp's test vectors: .inp cases separated by "\n__ggml_vocab_test__\n", one .out line each ---
-
-void check_vocab_cases(const std::string &name) {
-    const std::string base = "vocab/ggml-vocab-" + name + ".gguf";
-    if (!test::shared_exists(base)) GTEST_SKIP() << "missing " << test::shared_path(base);
-    Loaded l = load_gguf(base);
-    ASSERT_TRUE(l.tok);
-    EXPECT_EQ(l.vocab->kind(), VocabKind::spm);
-
-    const std::string inp = read_file(test::shared_path(base + ".inp"));
-    const std::string sep = "\n__ggml_vocab_test__\n";
-    std::vector<std::string> cases;
-    for (size_t pos = 0; pos < inp.size();) {
-        size_t end = inp.find(sep, pos);
-        ASSERT_NE(end, std::string::npos) << "unterminated case at byte " << pos;
-        cases.push_back(inp.substr(pos, end - pos));
-        pos = end + sep.size();
-    }
-    std::vector<std::string> lines;
-    std::istringstream out(read_file(test::shared_path(base + ".out")));
-    for (std::string line; std::getline(out, line);) lines.push_back(line);
-    ASSERT_EQ(cases.size(), lines.size());
-    ASSERT_GE(cases.size(), 40u);
-
-    int n_fail = 0;
-    for (size_t i = 0; i < cases.size(); ++i) {
-        // As llama.cpp's test-tokenizer-0: no BOS/EOS, special tokens not parsed.
-        std::vector<int32_t> got = l.tok->encode(cases[i], /*add_special=*/false, /*parse_special=*/false);
-        std::vector<int32_t> want = parse_ids(lines[i]);
-        if (got != want) ++n_fail;
-        EXPECT_EQ(ids_str(got), ids_str(want)) << name << " case " << i << ": '" << cases[i] << "'";
-        // And the text comes back.
-        EXPECT_EQ(detokenize(*l.tok, got), cases[i]) << name << " case " << i;
-    }
-    EXPECT_EQ(n_fail, 0);
-}
+using test::check_vocab_cases;
+using test::ids_str;
+using test::load_gguf;
+using test::Loaded;
+using test::parse_ids;
+using test::read_cases;
+using test::read_file;
 
 TEST(TokenizerVectors, LlamaSpm) {
-    check_vocab_cases("llama-spm");
+    check_vocab_cases("llama-spm", VocabKind::spm);
 }
 TEST(TokenizerVectors, Phi3) {
-    check_vocab_cases("phi-3");
+    check_vocab_cases("phi-3", VocabKind::spm);
 }
 
 // --- stories260K: the reference llama.cpp run ---

@@ -155,6 +155,18 @@ Isa isa_detected() {
 #endif
 }
 
+bool avx512_vnni_active() {
+#if TD_KERNELS_X86
+    static const bool vnni = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512vnni") != 0;
+    }();
+    return vnni && isa_active() == Isa::avx512;
+#else
+    return false;
+#endif
+}
+
 Isa isa_active() {
     int isa = g_active_isa.load(std::memory_order_relaxed);
     if (isa == kUnset) {

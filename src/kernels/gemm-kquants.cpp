@@ -13,11 +13,7 @@ GemmFn gemm_kquants_for(DType type) {
 #if TD_KERNELS_X86
     const Isa isa = isa_active();
     if (isa != Isa::avx2 && isa != Isa::avx512) return nullptr;
-    static const bool vnni = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512vnni") != 0;
-    }();
-    if (isa == Isa::avx512 && vnni) {
+    if (avx512_vnni_active()) {
         switch (type) {
             case DType::q4_k:
                 return avx512::gemm_q4_k_q8_k;

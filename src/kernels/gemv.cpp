@@ -13,11 +13,7 @@ namespace td::kernels {
 
 GemmFn gemv_for(DType type) {
 #if TD_KERNELS_X86
-    static const bool vnni = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512vnni") != 0;
-    }();
-    if (isa_active() == Isa::avx512 && vnni) {
+    if (avx512_vnni_active()) {
         switch (type) {
             case DType::q4_0:
                 return avx512::gemv_q4_0_q8_0;

@@ -27,6 +27,9 @@ Isa isa_active();
 bool isa_force(Isa isa);
 // Forgets isa_force: the next isa_active() reads TANDEM_ISA again.
 void isa_reset();
+// True when the active ISA is avx512 and the CPU also has AVX-512 VNNI, so the x86/*-avx512vnni.cpp kernels
+// may run (not every AVX-512 CPU has it).
+bool avx512_vnni_active();
 
 using ToFloatFn = void (*)(const void *src, float *dst, int64_t n);
 using FromFloatFn = void (*)(const float *src, void *dst, int64_t n);

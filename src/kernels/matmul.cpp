@@ -29,11 +29,7 @@ GemmFn gemm_for(DType type) {
 #if TD_KERNELS_X86
     const Isa isa = isa_active();
     if (isa != Isa::avx2 && isa != Isa::avx512) return nullptr;
-    static const bool vnni = [] {
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512vnni") != 0;
-    }();
-    if (isa == Isa::avx512 && vnni) {
+    if (avx512_vnni_active()) {
         if (type == DType::q4_0) return avx512::gemm_q4_0_q8_0;
         if (type == DType::q8_0) return avx512::gemm_q8_0_q8_0;
     }
