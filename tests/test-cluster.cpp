@@ -128,7 +128,7 @@ TEST(ClusterStageFile, LoadsAndHashesLikeTheOriginal) {
     for (LayerRange r : {LayerRange(0, 2), LayerRange(2, 4), LayerRange(3, n_layer)}) {
         const std::string path = dir.file("stage.gguf");
         ASSERT_TRUE(write_stage_file(f, r.first, r.second, n_layer, path).ok());
-        auto stage = Model::load(path, {r.first, r.second});
+        auto stage = Model::load(path, {r.first, r.second, ""});
         ASSERT_TRUE(stage.ok()) << stage.status().message();
         EXPECT_EQ((*stage)->hparams().n_vocab, model->hparams().n_vocab);
         EXPECT_EQ(stage_fingerprint((*stage)->file(), r.first, r.second, n_layer),

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "cli/common.h"
 #include "cluster/cluster-engine.h"
 #include "net/protocol.h"
 
@@ -26,6 +27,9 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
         ->default_val(0)
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--stats", flags.stats, "Print per-node and per-link counters at the end (cluster)");
+    cmd->add_flag("--no-repack", flags.no_repack,
+                  "Do not pack q4_0 weights for the fast kernels (the packed copy is cached in "
+                  "~/.cache/tandem/packed, or $TANDEM_CACHE_DIR/packed)");
 }
 
 Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shared_ptr<const Model> model,
@@ -50,6 +54,7 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.head_layers = flags.head_layers;
     co.head_threads = n_threads;
     co.chunk_rows = flags.chunk_rows;
+    co.pack_dir = pack_dir(flags.no_repack);
     TD_ASSIGN_OR_RETURN(auto e, cluster::ClusterEngine::create(std::move(model), co));
     return std::unique_ptr<Engine>(std::move(e));
 }

@@ -22,6 +22,7 @@ struct ClusterFlags {
     int32_t head_layers = 0;  // layers the head runs itself before stage 1
     int32_t chunk_rows = 0;   // rows per message of a long step (0: chosen from the stages and the step)
     bool stats = false;
+    bool no_repack = false;  // keep q4_0 matrices in the GGUF's row layout (no packed copy)
 };
 
 void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags);

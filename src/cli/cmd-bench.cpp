@@ -121,7 +121,9 @@ Result<Plan> make_plan(const BenchOptions &opt) {
 // Runs every test of the plan on one model file, appending one record per test.
 Status bench_model(const std::string &path, const BenchOptions &opt, const Plan &plan,
                    std::vector<BenchRecord> &records) {
-    TD_ASSIGN_OR_RETURN(auto model, Model::load(path));
+    ModelLoadOptions mo;
+    if (opt.cluster.workers.empty()) mo.pack_dir = pack_dir(opt.cluster.no_repack);
+    TD_ASSIGN_OR_RETURN(auto model, Model::load(path, mo));
     TD_ASSIGN_OR_RETURN(Vocab vocab, Vocab::from_gguf(model->file()));
     const int32_t bos = vocab.add_bos() ? vocab.bos() : -1;
     const BenchModelInfo info = bench_model_info(model->file(), model->hparams().arch);

@@ -43,7 +43,9 @@ struct RunOptions {
 int run_main(const RunOptions &opt) {
     auto path = resolve_model(opt.model);
     if (!path.ok()) return fail(path.status());
-    auto model = Model::load(*path);
+    ModelLoadOptions mo;
+    if (opt.cluster.workers.empty()) mo.pack_dir = pack_dir(opt.cluster.no_repack);
+    auto model = Model::load(*path, mo);
     if (!model.ok()) return fail(model.status());
     auto vocab_r = Vocab::from_gguf((*model)->file());
     if (!vocab_r.ok()) return fail(vocab_r.status());

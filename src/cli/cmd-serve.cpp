@@ -47,6 +47,7 @@ int serve_main(const ServeOptions &opt) {
 
     server::ServeParams sp;
     sp.model_path = *path;
+    if (!is_cluster) sp.pack_dir = pack_dir(opt.cluster.no_repack);
     sp.n_parallel = opt.n_parallel;
     sp.n_ctx = opt.n_ctx;
     // A cluster head computes nothing: its pool has one thread and -t goes to the workers.

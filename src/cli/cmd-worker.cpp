@@ -17,15 +17,8 @@ struct WorkerCliOptions {
     int32_t n_threads = 0;
     std::string model;
     std::string cache_dir;
+    bool no_repack = false;
 };
-
-std::string default_cache_dir() {
-    if (const char *x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
-        return std::string(x) + "/tandem/stages";
-    if (const char *h = std::getenv("HOME"); h != nullptr && *h != '\0')
-        return std::string(h) + "/.cache/tandem/stages";
-    return "/tmp/tandem-stages";
-}
 
 int worker_main(const WorkerCliOptions &opt) {
     cluster::WorkerOptions wo;
@@ -33,7 +26,9 @@ int worker_main(const WorkerCliOptions &opt) {
         return fail(s.with_context("--listen"));
     wo.n_threads = opt.n_threads;
     wo.model_path = opt.model;
-    wo.cache_dir = opt.cache_dir.empty() ? default_cache_dir() : opt.cache_dir;
+    wo.cache_dir = opt.cache_dir.empty() ? tandem_cache_dir() + "/stages" : opt.cache_dir;
+    // Packed weights beside the stage files when --cache-dir is given, else in the user cache.
+    wo.pack_dir = opt.no_repack ? "" : opt.cache_dir.empty() ? pack_dir(false) : opt.cache_dir + "/packed";
     auto worker = cluster::Worker::create(wo);
     if (!worker.ok()) return fail(worker.status());
     std::fprintf(stderr, "tandem worker listening on %s\n", (*worker)->address().c_str());
@@ -55,6 +50,9 @@ void register_worker(CLI::App &app, Runners &runners) {
                     "Local copy of the model (used when its weights match the head's)");
     cmd->add_option("--cache-dir", opt->cache_dir,
                     "Where streamed stage files are kept (default: ~/.cache/tandem/stages)");
+    cmd->add_flag(
+        "--no-repack", opt->no_repack,
+        "Do not pack q4_0 weights for the fast kernels (packed copies are cached in the cache dir)");
     runners.push_back([cmd, opt] { return cmd->parsed() ? worker_main(*opt) : -1; });
 }
 

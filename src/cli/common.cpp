@@ -20,14 +20,6 @@ constexpr const char *kDefaultModel = "stories260K.gguf";
 constexpr const char *kDefaultModelUrl =
     "https://huggingface.co/ggml-org/tiny-llamas/resolve/main/stories260K.gguf";
 
-fs::path cache_dir() {
-    if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-        return fs::path(xdg) / "tandem" / "models";
-    if (const char *home = std::getenv("HOME"); home && *home)
-        return fs::path(home) / ".cache" / "tandem" / "models";
-    return fs::temp_directory_path() / "tandem" / "models";
-}
-
 // The source tree's parent, found from the binary (build/<preset>/tandem), for ../shared beside the checkout.
 std::vector<fs::path> shared_candidates() {
     std::vector<fs::path> out;
@@ -77,7 +69,7 @@ Result<std::string> resolve_model(const std::string &arg) {
     std::error_code ec;
     for (const fs::path &p : shared_candidates())
         if (fs::is_regular_file(p, ec)) return fs::weakly_canonical(p, ec).string();
-    const fs::path cached = cache_dir() / kDefaultModel;
+    const fs::path cached = fs::path(tandem_cache_dir()) / "models" / kDefaultModel;
     if (fs::is_regular_file(cached, ec)) return cached.string();
     TD_TRY(download(kDefaultModelUrl, cached));
     return cached.string();
@@ -96,6 +88,19 @@ std::string human_bytes(double bytes) {
         ++u;
     }
     return u == 0 ? fmt::format("{:.0f} {}", bytes, units[u]) : fmt::format("{:.2f} {}", bytes, units[u]);
+}
+
+std::string tandem_cache_dir() {
+    if (const char *dir = std::getenv("TANDEM_CACHE_DIR"); dir && *dir) return dir;
+    if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+        return (fs::path(xdg) / "tandem").string();
+    if (const char *home = std::getenv("HOME"); home && *home)
+        return (fs::path(home) / ".cache" / "tandem").string();
+    return (fs::temp_directory_path() / "tandem").string();
+}
+
+std::string pack_dir(bool no_repack) {
+    return no_repack ? std::string() : (fs::path(tandem_cache_dir()) / "packed").string();
 }
 
 }  // namespace td::cli

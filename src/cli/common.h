@@ -19,4 +19,10 @@ int fail(const Status &status);
 
 std::string human_bytes(double bytes);
 
+// tandem's cache root: $TANDEM_CACHE_DIR, else ($XDG_CACHE_HOME or ~/.cache)/tandem. Downloaded models,
+// streamed stage files and packed weights live in subfolders.
+std::string tandem_cache_dir();
+// Where packed weights are cached (model/weight-pack.h): <cache root>/packed, or "" with --no-repack.
+std::string pack_dir(bool no_repack);
+
 }  // namespace td::cli

@@ -73,7 +73,7 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     if (options.chunk_rows < 0)
         return invalid_input("chunk rows {} must not be negative", options.chunk_rows);
     if (options.head_layers > 0) {
-        TD_ASSIGN_OR_RETURN(e->head_model_, Model::load(e->model_->file(), {0, options.head_layers}));
+        TD_ASSIGN_OR_RETURN(e->head_model_, Model::load(e->model_->file(), {0, options.head_layers, options.pack_dir}));
         e->head_pool_ = std::make_unique<ThreadPool>(options.head_threads);
         ContextParams cp = options.context;
         cp.n_ctx = e->n_ctx_;

@@ -56,6 +56,7 @@ struct ClusterOptions {
     int32_t head_threads = 0;  // the head's thread pool with head_layers > 0 (0: all cores)
     int32_t chunk_rows = 0;    // rows per Forward message of a long step; 0: auto_chunk_rows
     std::string stage_dir;     // where the head writes stage files it streams; "": <temp>/tandem-stages
+    std::string pack_dir;      // packed weights of the head's layers (ModelLoadOptions::pack_dir); "": none
     int connect_timeout_ms = 3000;
     int heartbeat_ms = 500;
     int dead_after_ms = 2000;

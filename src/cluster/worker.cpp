@@ -263,7 +263,7 @@ Status Worker::load_stage(net::Connection &conn, const net::LoadStage &ls) {
 
 Result<std::shared_ptr<Model>> Worker::obtain_weights(net::Connection &conn, const net::LoadStage &ls,
                                                       std::string *source) {
-    const ModelLoadOptions range{ls.layer_first, ls.layer_last};
+    const ModelLoadOptions range{ls.layer_first, ls.layer_last, opt_.pack_dir};
     const std::string me = listener_->address();
     net::LoadReply reply;
     if (local_model_) {  // our own copy must hold exactly the head's weights

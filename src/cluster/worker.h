@@ -38,6 +38,7 @@ struct WorkerOptions {
     int32_t n_threads = 0;   // 0: all cores
     std::string model_path;  // optional local copy of the model
     std::string cache_dir;   // where streamed stage files are kept (created when missing)
+    std::string pack_dir;    // where packed weights are cached (ModelLoadOptions::pack_dir); "": none
 };
 
 class Worker {

@@ -20,5 +20,8 @@ GemmFn gemm_kquants_for(DType type);
 // The active ISA's matrix-vector kernel for a weight type (n_tokens == 1), or nullptr: vec_dot per row
 // (gemv.cpp).
 GemmFn gemv_for(DType type);
+// The active ISA's kernel on packed weights (kernels/pack.h) for a batch of n_tokens, or nullptr: matmul then
+// unpacks each chunk of rows and runs gemm_for / gemv_for on it (gemv.cpp).
+GemmFn gemm_packed_for(DType type, int64_t n_tokens);
 
 }  // namespace td::kernels

@@ -1,9 +1,11 @@
-// Matrix-vector (one token) kernel choice for matmul(). nullptr means vec_dot per weight row, which streams
-// each row once in one linear stream; a specialised kernel processes 8 rows per pass (sharing the activation
-// loads and the per-block float work) where that is faster: the 4-bit and K-quant types, whose dot products
-// are compute-bound. q8_0 stays on vec_dot: it is memory-bound, and one linear stream reads faster.
+// Kernel choice for matmul() beyond the tile GEMM: on row-major weights, the matrix-vector (one token) kernel;
+// nullptr means vec_dot per weight row, which streams each row once in one linear stream; a specialised
+// kernel processes 8 rows per pass (sharing the activation loads and the per-block float work) where that is
+// faster: the 4-bit and K-quant types, whose dot products are compute-bound. q8_0 stays on vec_dot: it is
+// memory-bound, and one linear stream reads faster. On packed weights (kernels/pack.h), the packed kernels.
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
+#include "kernels/pack.h"
 
 #if TD_KERNELS_X86
 #include "kernels/x86/kernels-x86.h"
@@ -29,6 +31,33 @@ GemmFn gemv_for(DType type) {
     (void)type;
 #endif
     return nullptr;
+}
+
+// Up to how many tokens the AVX2 packed kernel beats unpacking a chunk and running the panel GEMM (tandem
+// bench pp on the 1B q4_0 synth model, 1 thread: 84 against 69 t/s at 16 tokens, 88 against 93 at 64). The
+// AVX-512 VNNI one wins at every batch size measured (1 to 512 tokens).
+constexpr int64_t kPackedMaxTokensAvx2 = 32;
+
+GemmFn gemm_packed_for(DType type, int64_t n_tokens) {
+#if TD_KERNELS_X86
+    // K-quants: packed only with VNNI (measured 1.2-4x faster than unpacking into the tile GEMM at 16-512
+    // tokens; the AVX2 machines keep the rows).
+    if (type == DType::q4_k) return avx512_vnni_active() ? avx512::gemm_q4_kx16_q8_k : nullptr;
+    if (type == DType::q6_k) return avx512_vnni_active() ? avx512::gemm_q6_kx16_q8_k : nullptr;
+    if (type != DType::q4_0) return nullptr;
+    if (avx512_vnni_active()) return avx512::gemm_q4_0x16_q8_0;
+    const Isa isa = isa_active();
+    if (isa == Isa::avx2 || isa == Isa::avx512)
+        return n_tokens <= kPackedMaxTokensAvx2 ? avx2::gemm_q4_0x16_q8_0 : nullptr;
+#else
+    (void)type;
+    (void)n_tokens;
+#endif
+    return nullptr;
+}
+
+bool pack_pays(DType type) {
+    return gemm_packed_for(type, 1) != nullptr;
 }
 
 }  // namespace td::kernels

@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
+#include "kernels/pack.h"
 
 #if TD_KERNELS_X86
 #include "kernels/x86/kernels-x86.h"
@@ -21,6 +22,7 @@ namespace {
 // Output rows per work item: a multiple of the tile kernels' panels (32 rows for the VNNI kernels), enough
 // to amortise the scheduling; parallel_for makes a chunk about n / (4 threads) of these.
 constexpr int64_t kRowsPerChunk = 32;
+static_assert(kRowsPerChunk % kPackRows == 0);
 
 }  // namespace
 
@@ -49,6 +51,9 @@ struct MatmulJob {
     GemmFn gemm;       // nullptr: vec_dot per element
     const uint8_t *w;  // [n_out][w_row_bytes]
     size_t w_row_bytes;
+    // Packed weights (kernels/pack.h) with no packed kernel for this batch: each chunk of rows is unpacked
+    // into a per-thread buffer first, then `gemm` (a row-major kernel) runs on it.
+    bool unpack;
     const uint8_t *x;  // [n_tokens][x_row_bytes], in kernels->vec_dot_type
     size_t x_row_bytes;
     float *y;  // [n_tokens][n_out]
@@ -57,10 +62,11 @@ struct MatmulJob {
     int64_t n_tokens;
 };
 
-void matmul_rows(const MatmulJob &job, int64_t row_begin, int64_t row_end) {
+// Rows [row_begin, row_end) of y from row-major weight rows; w points at row row_begin.
+void compute_rows(const MatmulJob &job, const uint8_t *w, int64_t row_begin, int64_t row_end) {
     if (job.gemm != nullptr) {
-        job.gemm(job.n_in, job.w + static_cast<size_t>(row_begin) * job.w_row_bytes, job.w_row_bytes, job.x,
-                 job.x_row_bytes, job.y + row_begin, job.n_out, row_end - row_begin, job.n_tokens);
+        job.gemm(job.n_in, w, job.w_row_bytes, job.x, job.x_row_bytes, job.y + row_begin, job.n_out,
+                 row_end - row_begin, job.n_tokens);
         return;
     }
     // Token-outer: the chunk's weight rows are reused from cache by every token.
@@ -68,7 +74,24 @@ void matmul_rows(const MatmulJob &job, int64_t row_begin, int64_t row_end) {
         const uint8_t *xt = job.x + static_cast<size_t>(t) * job.x_row_bytes;
         float *yt = job.y + t * job.n_out;  // [n_out]
         for (int64_t o = row_begin; o < row_end; ++o)
-            job.kernels->vec_dot(job.n_in, &yt[o], job.w + static_cast<size_t>(o) * job.w_row_bytes, xt);
+            job.kernels->vec_dot(job.n_in, &yt[o], w + static_cast<size_t>(o - row_begin) * job.w_row_bytes,
+                                 xt);
+    }
+}
+
+void matmul_rows(const MatmulJob &job, int64_t row_begin, int64_t row_end) {
+    if (!job.unpack) {
+        compute_rows(job, job.w + static_cast<size_t>(row_begin) * job.w_row_bytes, row_begin, row_end);
+        return;
+    }
+    // Row chunks start on a packed group (kRowsPerChunk is a multiple of kPackRows); one chunk at a time
+    // keeps the buffer in cache. It grows once per thread, then is reused.
+    thread_local std::vector<uint8_t> rows;  // [kRowsPerChunk][w_row_bytes]
+    if (rows.size() < kRowsPerChunk * job.w_row_bytes) rows.resize(kRowsPerChunk * job.w_row_bytes);
+    for (int64_t r = row_begin; r < row_end; r += kRowsPerChunk) {
+        const int64_t n = std::min(kRowsPerChunk, row_end - r);
+        unpack_rows(job.kernels->type, job.w, job.n_in, r, n, rows.data());
+        compute_rows(job, rows.data(), r, r + n);
     }
 }
 
@@ -97,6 +120,14 @@ void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, Thr
     // One token: a matrix-vector kernel (or vec_dot per row); a tile kernel only pays when rows are reused.
     job.gemm = n_tokens > 1 ? gemm_for(w.type) : gemv_for(w.type);
     job.w = static_cast<const uint8_t *>(w.data);
+    if (w.packed != nullptr) {
+        TD_ASSERT(packable(w.type, n_in, n_out), "matmul: {} is packed but {} [{} rows] has no packed layout",
+                  w.name, dtype_name(w.type), n_out);
+        job.w = static_cast<const uint8_t *>(w.packed);
+        const GemmFn packed = gemm_packed_for(w.type, n_tokens);
+        job.unpack = packed == nullptr;
+        if (packed != nullptr) job.gemm = packed;
+    }
     job.w_row_bytes = w.row_bytes();
     job.y = y;
     job.n_in = n_in;

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <chrono>
 #include <cmath>
 
+#include "core/log.h"
 #include "kernels/kernels.h"
 
 namespace td {
@@ -80,6 +82,7 @@ Result<std::shared_ptr<Model>> Model::load(gguf::File file, const ModelLoadOptio
     std::shared_ptr<Model> model(new Model());
     model->file_ = std::move(file);
     TD_TRY(model->bind(options));
+    if (!options.pack_dir.empty()) model->pack_matrices(options.pack_dir);
     return model;
 }
 
@@ -154,6 +157,30 @@ Status Model::bind(const ModelLoadOptions &options) {
         rope_freqs_ = llama3_freq_factors(hp_);
     }
     return {};
+}
+
+void Model::pack_matrices(const std::string &dir) {
+    std::vector<TensorView *> views;
+    // The output head, unless it is the embedding (whose rows are looked up in the GGUF layout).
+    if (output_.data != nullptr && output_.name != "token_embd.weight") views.push_back(&output_);
+    for (int32_t il = layer_first_; il < layer_last_; ++il) {
+        LayerWeights &l = layers_[il];
+        for (TensorView *v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) views.push_back(v);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = pack_weights(file_, views, dir);
+    if (!r.ok()) {
+        log_warn("{}; running on the unpacked rows (slower)", r.status().message());
+        return;
+    }
+    pack_ = std::move(r).value();
+    if (pack_.n_tensors == 0) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (pack_.reused)
+        log_debug("packed weights: {} matrices from {}", pack_.n_tensors, pack_.path);
+    else
+        log_info("packed {} matrices ({:.1f} MiB) into {} in {:.1f} s", pack_.n_tensors,
+                 static_cast<double>(pack_.n_bytes) / (1 << 20), pack_.path, s);
 }
 
 size_t Model::layer_weight_bytes(int32_t il) const {

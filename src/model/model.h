@@ -12,6 +12,7 @@
 #include "gguf/gguf.h"
 #include "model/arch/arch.h"
 #include "model/hparams.h"
+#include "model/weight-pack.h"
 #include "tensor/tensor.h"
 
 namespace td {
@@ -31,6 +32,9 @@ struct LayerWeights {
 struct ModelLoadOptions {
     int32_t layer_first = 0;
     int32_t layer_last = -1;  // -1: through the last layer
+    // Where packed copies of the range's q4_0 matrices are cached (model/weight-pack.h); empty: no packing,
+    // matmul reads the GGUF rows. Packing that fails (read-only disk, full disk) is logged, not an error.
+    std::string pack_dir;
 };
 
 class Model {
@@ -57,10 +61,13 @@ public:
     // Bytes of weights of one layer / of the embedding and output head (for info and placement).
     size_t layer_weight_bytes(int32_t il) const;
     size_t tensor_bytes_total() const;
+    // What packing did (n_tensors == 0: nothing packed).
+    const PackResult &pack() const { return pack_; }
 
 private:
     Model() = default;
     Status bind(const ModelLoadOptions &options);
+    void pack_matrices(const std::string &dir);
 
     gguf::File file_;
     const Architecture *arch_ = nullptr;
@@ -69,6 +76,7 @@ private:
     TensorView tok_embd_, output_norm_, output_;
     std::vector<LayerWeights> layers_;  // [n_layer]; only the range is bound
     std::vector<float> rope_freqs_;     // [n_rot/2] llama3 frequency factors, or empty
+    PackResult pack_;                   // owns the mapping the views' packed pointers point into
 };
 
 }  // namespace td

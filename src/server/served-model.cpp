@@ -19,7 +19,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     if (params.n_batch < 1) return invalid_input("--batch-size must be >= 1, got {}", params.n_batch);
 
     std::unique_ptr<ServedModel> sm(new ServedModel());
-    TD_ASSIGN_OR_RETURN(sm->model_, Model::load(params.model_path));
+    TD_ASSIGN_OR_RETURN(sm->model_, Model::load(params.model_path, {0, -1, params.pack_dir}));
     TD_ASSIGN_OR_RETURN(Vocab vocab, Vocab::from_gguf(sm->model_->file()));
     TD_ASSIGN_OR_RETURN(sm->tokenizer_, Tokenizer::create(std::make_shared<const Vocab>(std::move(vocab))));
     TD_ASSIGN_OR_RETURN(sm->template_, chat_template_for_model(sm->model_->file(), params.chat_template));

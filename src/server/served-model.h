@@ -22,6 +22,7 @@ namespace td::server {
 
 struct ServeParams {
     std::string model_path;
+    std::string pack_dir;  // ModelLoadOptions::pack_dir ("" with --no-repack or through a cluster)
     int32_t n_parallel = 4;  // sequence slots
     // Context: like llama-server, n_ctx is the total over all slots and each slot gets n_ctx / n_parallel
     // positions. 0: each slot gets the model's training context.

@@ -17,6 +17,9 @@ struct TensorView {
     int n_dims = 0;
     int64_t ne[4] = {1, 1, 1, 1};  // [ne0 = row length, ne1 = rows, ne2, ne3]
     const void *data = nullptr;
+    // The same matrix in the packed layout of kernels/pack.h (faster matmul), or nullptr. data stays valid:
+    // row lookups, hashing and streaming read the GGUF bytes.
+    const void *packed = nullptr;
 
     int64_t n_elements() const { return ne[0] * ne[1] * ne[2] * ne[3]; }
     int64_t n_rows() const { return ne[1] * ne[2] * ne[3]; }

@@ -23,6 +23,11 @@ void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, si
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+// The same contract on packed q4_0 weights (kernels/pack.h): w is the packed matrix at the call's first row
+// (a multiple of 16), w_stride the row size of the unpacked matrix, n_rows a multiple of 16
+// (gemm-packed-avx2.cpp). Group-outer, token-inner: for a few tokens.
+void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 
 // kernels/ops.h attention_head, bit-identical to the reference (ops-avx2.cpp).
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
@@ -51,5 +56,14 @@ void gemv_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, si
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemv_q6_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+// As avx2::gemm_q4_0x16_q8_0 with vpdpbusd on 16 rows per zmm, two tokens per pass over a block
+// (gemm-packed-avx512vnni.cpp); only for CPUs with avx512vnni. The q4_k and q6_k ones take packed K-quant
+// weights and q8_k activations.
+void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q4_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q6_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 
 }  // namespace td::kernels::avx512

@@ -1,0 +1,126 @@
+// Packed q4_0 weights (kernels/pack.h): packing round-trips, and matmul on a packed matrix equals the
+// reference on the row-major one bit for bit, on every ISA, for one token (the packed matrix-vector kernel),
+// a few (the packed small-batch kernel) and many (chunks unpacked into the row kernels).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/thread-pool.h"
+#include "kernels/kernels.h"
+#include "kernels/pack.h"
+#include "test-isa.h"
+
+namespace td {
+namespace {
+
+using test::matmul_ref;
+using test::quantize_rows;
+using test::randn;
+using test::weight_view;
+
+TEST(KernelsPack, Only4BitTypesWithWholeGroupsArePackable) {
+    EXPECT_TRUE(kernels::packable(DType::q4_0, 64, 16));
+    EXPECT_TRUE(kernels::packable(DType::q4_k, 512, 32));
+    EXPECT_FALSE(kernels::packable(DType::q4_k, 128, 32));  // not whole super-blocks
+    EXPECT_TRUE(kernels::packable(DType::q4_0, 2048, 5632));
+    EXPECT_FALSE(kernels::packable(DType::q4_0, 64, 24));  // not whole groups of 16 rows
+    EXPECT_FALSE(kernels::packable(DType::q4_0, 48, 16));  // not whole blocks
+    EXPECT_FALSE(kernels::packable(DType::q8_0, 64, 16));
+    EXPECT_FALSE(kernels::packable(DType::f32, 64, 16));
+}
+
+TEST(KernelsPack, PackThenUnpackGivesTheRowsBack) {
+    for (auto [type, n] : {std::pair{DType::q4_0, int64_t{96}}, std::pair{DType::q4_k, int64_t{768}},
+                           std::pair{DType::q6_k, int64_t{768}}}) {
+        const int64_t rows = 48;
+        const std::vector<uint8_t> w = quantize_rows(type, randn(n * rows, 3), rows, n);
+        std::vector<uint8_t> packed(w.size()), back(w.size());
+        kernels::pack_rows(type, w.data(), n, rows, packed.data());
+        EXPECT_NE(packed, w) << dtype_name(type);  // really regrouped
+        kernels::unpack_rows(type, packed.data(), n, 0, rows, back.data());
+        EXPECT_EQ(back, w) << dtype_name(type);
+        // A later group alone: rows 16..47.
+        std::vector<uint8_t> tail(w.size() / 3 * 2);
+        kernels::unpack_rows(type, packed.data(), n, 16, 32, tail.data());
+        EXPECT_TRUE(
+            std::equal(tail.begin(), tail.end(), w.begin() + static_cast<std::ptrdiff_t>(w.size() / 3)))
+            << dtype_name(type);
+    }
+}
+
+class KernelsPacked : public test::IsaTest {};
+
+// y from the packed matrix equals the reference on the rows, for every batch size the kernels treat
+// differently (1, pairs and an odd one, around the small-batch limit, and far above it).
+TEST_P(KernelsPacked, MatmulEqualsReferenceBitForBit) {
+    struct Case {
+        DType type;
+        std::vector<int64_t> lengths;
+    };
+    const Case cases[] = {
+        {DType::q4_0, {32, 96, 256, 288, 2048}},  // 1, 3, 8, 9, 64 blocks
+        {DType::q4_k, {256, 768, 2048, 2304}},    // 1, 3, 8, 9 super-blocks
+        {DType::q6_k, {256, 768, 2048, 2304}},
+    };
+    const int64_t outs[] = {16, 48, 160};
+    const int64_t batches[] = {1, 2, 3, 5, 16, 17, 40};
+    ThreadPool pools[] = {ThreadPool(1), ThreadPool(3)};
+    std::vector<uint8_t> scratch;
+    uint32_t seed = 7;
+    for (const Case &c : cases) {
+        for (int64_t n_in : c.lengths) {
+            for (int64_t n_out : outs) {
+                const std::vector<uint8_t> w =
+                    quantize_rows(c.type, randn(n_in * n_out, ++seed), n_out, n_in);
+                std::vector<uint8_t> packed(w.size());
+                kernels::pack_rows(c.type, w.data(), n_in, n_out, packed.data());
+                TensorView tv = weight_view(c.type, w, n_in, n_out);
+                tv.packed = packed.data();
+                for (int64_t n_tokens : batches) {
+                    const std::vector<float> x = randn(n_in * n_tokens, ++seed, 2.0f);  // [n_tokens][n_in]
+                    const std::vector<float> want = matmul_ref(c.type, w, x, n_in, n_out, n_tokens);
+                    for (ThreadPool &pool : pools) {
+                        std::vector<float> y(want.size(), NAN);
+                        kernels::matmul(tv, x.data(), y.data(), n_tokens, pool, scratch);
+                        ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+                            << dtype_name(c.type) << " n_in " << n_in << " n_out " << n_out << " tokens "
+                            << n_tokens << " threads " << pool.n_threads();
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The top nibble everywhere and activations of +-127: the integer sums must not saturate (AVX2 adds eight
+// vpmaddubsw results in int16 before widening).
+TEST_P(KernelsPacked, ExtremeValuesDoNotSaturate) {
+    const int64_t n_in = 2048, n_out = 32;
+    std::vector<uint8_t> w = quantize_rows(DType::q4_0, randn(n_in * n_out, 5), n_out, n_in);
+    for (size_t blk = 0; blk < w.size() / 18; ++blk) {
+        std::memset(w.data() + blk * 18 + 2, blk % 2 ? 0xFF : 0x00, 16);  // all 15 or all 0 (-8)
+    }
+    std::vector<uint8_t> packed(w.size());
+    kernels::pack_rows(DType::q4_0, w.data(), n_in, n_out, packed.data());
+    TensorView tv = weight_view(DType::q4_0, w, n_in, n_out);
+    tv.packed = packed.data();
+    ThreadPool pool(2);
+    std::vector<uint8_t> scratch;
+    for (int64_t n_tokens : {1, 4}) {
+        std::vector<float> x(static_cast<size_t>(n_in * n_tokens));  // +-1: quantizes to +-127
+        for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 32) % 2 ? -1.0f : 1.0f;
+        const std::vector<float> want = matmul_ref(DType::q4_0, w, x, n_in, n_out, n_tokens);
+        std::vector<float> y(want.size(), NAN);
+        kernels::matmul(tv, x.data(), y.data(), n_tokens, pool, scratch);
+        ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float))) << n_tokens;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsPacked, ::testing::ValuesIn(test::isas_of_this_arch()),
+                         test::isa_param_name);
+
+}  // namespace
+}  // namespace td
