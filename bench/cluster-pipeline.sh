@@ -57,7 +57,7 @@ start_worker 0 "$tmp/a.log"
 start_worker 1 "$tmp/b.log"
 a=$(worker_address "$tmp/a.log")
 b=$(worker_address "$tmp/b.log")
-cluster=(--workers "$a,$b" --split 1,1 --wire "$wire" --head-layers "$head_layers" --chunk "$chunk")
+cluster=(--workers "$a,$b" --split "${SPLIT:-1,1}" --wire "$wire" --head-layers "$head_layers" --chunk "$chunk")
 
 # tandem bench -o jsonl -> "avg_ts" per line, in test order.
 ts() { python3 -c 'import json,sys; print(" ".join("%.3f" % json.loads(l)["avg_ts"] for l in sys.stdin if l.strip()))'; }

@@ -115,6 +115,15 @@ TEST(ClusterPlacement, ParsesAndSplits) {
     EXPECT_EQ(t->back().second, 5);
     for (const auto &range : *t) EXPECT_GE(range.second - range.first, 1);
     EXPECT_FALSE(split_layers({1.0, 1.0, 1.0}, 2).ok());
+    // Equal shares of the work when the last stage also runs an output head worth 1.45 layers (a 1B model's
+    // 32000-token head): 9 + (7 + 1.45) layers, not 8 + 8.
+    auto h = split_layers({1.0, 1.0}, 16, 0, 1.45);
+    ASSERT_TRUE(h.ok());
+    EXPECT_EQ((*h)[0], LayerRange(0, 9));
+    EXPECT_EQ((*h)[1], LayerRange(9, 16));
+    auto big = split_layers({1.0, 1.0}, 2, 0, 50.0);  // a huge head still leaves the last worker one layer
+    ASSERT_TRUE(big.ok());
+    EXPECT_EQ((*big)[1], LayerRange(1, 2));
     EXPECT_FALSE(parse_split("1,0", 2).ok());
     EXPECT_FALSE(parse_worker_list("127.0.0.1").ok());
 }

@@ -73,7 +73,8 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     if (options.chunk_rows < 0)
         return invalid_input("chunk rows {} must not be negative", options.chunk_rows);
     if (options.head_layers > 0) {
-        TD_ASSIGN_OR_RETURN(e->head_model_, Model::load(e->model_->file(), {0, options.head_layers, options.pack_dir}));
+        TD_ASSIGN_OR_RETURN(e->head_model_,
+                            Model::load(e->model_->file(), {0, options.head_layers, options.pack_dir}));
         e->head_pool_ = std::make_unique<ThreadPool>(options.head_threads);
         ContextParams cp = options.context;
         cp.n_ctx = e->n_ctx_;
@@ -98,7 +99,18 @@ Result<std::vector<LayerRange>> ClusterEngine::place() const {
     } else {  // default: in proportion to measured speed
         for (const NodeStatus &n : nodes_) weights.push_back(n.hello.gflops > 0 ? n.hello.gflops : 1.0);
     }
-    TD_ASSIGN_OR_RETURN(auto ranges, split_layers(weights, n_layer, first));
+    // Placed by speed, the last stage's output head (a matrix-vector product per generated token) counts as
+    // layers of the average size, so equal nodes get equal decoding work. An explicit --split shares layers.
+    double layers_bytes = 0;
+    for (int32_t il = 0; il < n_layer; ++il)
+        layers_bytes += static_cast<double>(model_->layer_weight_bytes(il));
+    const gguf::TensorInfo *out = model_->file().find_tensor("output.weight");
+    if (out == nullptr) out = model_->file().find_tensor("token_embd.weight");  // tied
+    const double head_layers = out != nullptr && layers_bytes > 0
+                                   ? static_cast<double>(out->n_bytes) / (layers_bytes / n_layer)
+                                   : 0.0;
+    TD_ASSIGN_OR_RETURN(auto ranges,
+                        split_layers(weights, n_layer, first, options_.split.empty() ? head_layers : 0.0));
     if (options_.layers.empty() && options_.split.empty()) {
         for (size_t i = 0; i < ranges.size(); ++i) {  // the speed split must still fit in memory
             const uint64_t need =

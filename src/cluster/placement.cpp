@@ -84,7 +84,7 @@ Result<std::vector<double>> parse_split(const std::string &split, size_t n_worke
 }
 
 Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights, int32_t n_layer,
-                                             int32_t first_layer) {
+                                             int32_t first_layer, double tail_extra) {
     const int32_t n = static_cast<int32_t>(weights.size());
     if (n == 0) return invalid_input("no workers to place layers on");
     if (first_layer < 0 || first_layer >= n_layer)
@@ -95,13 +95,24 @@ Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights,
     if (n_layer < n)
         return invalid_input("{} layers are left for the workers, fewer than the {} workers", n_layer, n);
     const double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
-    // Everyone gets one layer; the rest go by largest remainder of the proportional share.
+    // Each worker's ideal load is its share of all the work (the layers plus the last stage's output head,
+    // tail_extra layers' worth); the last worker's layers are its load less the head.
+    const double units = n_layer + std::max(0.0, tail_extra);
+    std::vector<double> want(n);  // layers beyond the first one each worker should get
+    double want_sum = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        double ideal = units * (sum > 0 ? weights[i] / sum : 1.0 / n);
+        if (i == n - 1) ideal -= std::max(0.0, tail_extra);
+        want[i] = std::max(0.0, ideal - 1.0);
+        want_sum += want[i];
+    }
+    // Everyone gets one layer; the rest go by largest remainder of what each wants beyond it.
     std::vector<int32_t> count(n, 1);
     const int32_t rest = n_layer - n;
     std::vector<double> frac(n);
     int32_t given = 0;
     for (int32_t i = 0; i < n; ++i) {
-        const double share = rest * (sum > 0 ? weights[i] / sum : 1.0 / n);
+        const double share = rest * (want_sum > 0 ? want[i] / want_sum : 1.0 / n);
         const int32_t whole = static_cast<int32_t>(std::floor(share));
         count[i] += whole;
         given += whole;

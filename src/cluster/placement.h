@@ -24,8 +24,9 @@ Result<std::vector<LayerRange>> parse_layer_ranges(const std::string &layers, si
 Result<std::vector<double>> parse_split(const std::string &split, size_t n_workers);
 
 // Layers [first, n_layer) in proportion to `weights` (largest remainder), at least one layer each, in
-// worker order. Error: fewer layers than workers.
+// worker order. The last worker also runs the output head, which costs `tail_extra` layers: the work (its
+// layers plus the head) is what goes in proportion. Error: fewer layers than workers.
 Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights, int32_t n_layer,
-                                             int32_t first = 0);
+                                             int32_t first = 0, double tail_extra = 0.0);
 
 }  // namespace td::cluster

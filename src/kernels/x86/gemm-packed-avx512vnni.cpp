@@ -42,6 +42,14 @@ inline int32_t load_i32(const int8_t *p) {
     return v;
 }
 
+// Prefetches block b (block_bytes long) of the group at pf into L2; pf == nullptr: nothing.
+inline void prefetch_block(const uint8_t *pf, int64_t b, size_t block_bytes) {
+    if (pf == nullptr) return;
+    const uint8_t *p = pf + b * block_bytes;
+    for (size_t off = 0; off < block_bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char *>(p + off), _MM_HINT_T1);
+}
+
 // Block b of one group for NT tokens: lanes[t][lane] += (dw * dx) * sumi for 16 rows at once.
 template <int NT>
 inline void group_block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
@@ -68,17 +76,22 @@ inline void group_block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512
 
 // All blocks of one group (16 rows starting at `g`) for NT tokens; writes y rows [row, row + 16).
 template <int NT>
-void group_tokens(int64_t nb, const uint8_t *g, const TokenRow *tok, int64_t row) {
+void group_tokens(int64_t nb, const uint8_t *g, const TokenRow *tok, int64_t row, const uint8_t *pf) {
     __m512 acc[NT][kDotLanes];
     for (auto &a : acc)
         for (auto &l : a) l = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + kDotLanes <= nb; b += kDotLanes) {
 #pragma GCC unroll 8
-        for (int l = 0; l < kDotLanes; ++l)
+        for (int l = 0; l < kDotLanes; ++l) {
+            prefetch_block(pf, b + l, kGroupBlockBytes);
             group_block<NT>(g + (b + l) * kGroupBlockBytes, b + l, tok, acc, l);
+        }
     }
-    for (int l = 0; b < nb; ++b, ++l) group_block<NT>(g + b * kGroupBlockBytes, b, tok, acc, l);
+    for (int l = 0; b < nb; ++b, ++l) {
+        prefetch_block(pf, b, kGroupBlockBytes);
+        group_block<NT>(g + b * kGroupBlockBytes, b, tok, acc, l);
+    }
     for (int t = 0; t < NT; ++t) {
         const __m512 *a = acc[t];
         const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
@@ -122,8 +135,13 @@ void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
         const uint8_t *g = wb + static_cast<size_t>(r / kPackRows) * group_bytes;
         // Tokens in pairs (the group's block then stays in registers for both), then a last single one.
         int64_t t = 0;
-        for (; t + 2 <= n_tokens; t += 2) group_tokens<2>(nb, g, tokens.data() + t, r);
-        if (t < n_tokens) group_tokens<1>(nb, g, tokens.data() + t, r);
+        // With several passes over this group (more than 2 tokens), the first also fetches the next group, a
+        // block's worth per block, so its bytes arrive while this group is computed (the later passes read
+        // this group from cache). One pass streams faster on the hardware prefetchers alone.
+        const uint8_t *next = n_tokens > 2 && r + kPackRows < n_rows ? g + group_bytes : nullptr;
+        for (; t + 2 <= n_tokens; t += 2)
+            group_tokens<2>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
+        if (t < n_tokens) group_tokens<1>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
     }
 }
 
@@ -201,17 +219,22 @@ inline void group_superblock(const uint8_t *g, int64_t b, const TokenRowK *tok, 
 }
 
 template <int NT>
-void group_tokens_k(int64_t nb, const uint8_t *g, const TokenRowK *tok, int64_t row) {
+void group_tokens_k(int64_t nb, const uint8_t *g, const TokenRowK *tok, int64_t row, const uint8_t *pf) {
     __m512 acc[NT][kDotLanes];
     for (auto &a : acc)
         for (auto &l : a) l = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + kDotLanes <= nb; b += kDotLanes) {
 #pragma GCC unroll 8
-        for (int l = 0; l < kDotLanes; ++l)
+        for (int l = 0; l < kDotLanes; ++l) {
+            prefetch_block(pf, b + l, kGroupSuperBytes);
             group_superblock<NT>(g + (b + l) * kGroupSuperBytes, b + l, tok, acc, l);
+        }
     }
-    for (int l = 0; b < nb; ++b, ++l) group_superblock<NT>(g + b * kGroupSuperBytes, b, tok, acc, l);
+    for (int l = 0; b < nb; ++b, ++l) {
+        prefetch_block(pf, b, kGroupSuperBytes);
+        group_superblock<NT>(g + b * kGroupSuperBytes, b, tok, acc, l);
+    }
     for (int t = 0; t < NT; ++t) {
         const __m512 *a = acc[t];
         const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
@@ -251,9 +274,11 @@ void gemm_q4_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x,
     const size_t group_bytes = kPackRows * w_stride;
     for (int64_t r = 0; r < n_rows; r += kPackRows) {
         const uint8_t *g = wb + static_cast<size_t>(r / kPackRows) * group_bytes;
+        const uint8_t *next = n_tokens > 2 && r + kPackRows < n_rows ? g + group_bytes : nullptr;  // as q4_0
         int64_t t = 0;
-        for (; t + 2 <= n_tokens; t += 2) group_tokens_k<2>(nb, g, tokens.data() + t, r);
-        if (t < n_tokens) group_tokens_k<1>(nb, g, tokens.data() + t, r);
+        for (; t + 2 <= n_tokens; t += 2)
+            group_tokens_k<2>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
+        if (t < n_tokens) group_tokens_k<1>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
     }
 }
 
@@ -334,17 +359,22 @@ inline void group_superblock6(const uint8_t *g, int64_t b, const TokenRow6 *tok,
 }
 
 template <int NT>
-void group_tokens6(int64_t nb, const uint8_t *g, const TokenRow6 *tok, int64_t row) {
+void group_tokens6(int64_t nb, const uint8_t *g, const TokenRow6 *tok, int64_t row, const uint8_t *pf) {
     __m512 acc[NT][kDotLanes];
     for (auto &a : acc)
         for (auto &l : a) l = _mm512_setzero_ps();
     int64_t b = 0;
     for (; b + kDotLanes <= nb; b += kDotLanes) {
 #pragma GCC unroll 8
-        for (int l = 0; l < kDotLanes; ++l)
+        for (int l = 0; l < kDotLanes; ++l) {
+            prefetch_block(pf, b + l, kGroupSuper6Bytes);
             group_superblock6<NT>(g + (b + l) * kGroupSuper6Bytes, b + l, tok, acc, l);
+        }
     }
-    for (int l = 0; b < nb; ++b, ++l) group_superblock6<NT>(g + b * kGroupSuper6Bytes, b, tok, acc, l);
+    for (int l = 0; b < nb; ++b, ++l) {
+        prefetch_block(pf, b, kGroupSuper6Bytes);
+        group_superblock6<NT>(g + b * kGroupSuper6Bytes, b, tok, acc, l);
+    }
     for (int t = 0; t < NT; ++t) {
         const __m512 *a = acc[t];
         const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
@@ -383,9 +413,11 @@ void gemm_q6_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x,
     const size_t group_bytes = kPackRows * w_stride;
     for (int64_t r = 0; r < n_rows; r += kPackRows) {
         const uint8_t *g = wb + static_cast<size_t>(r / kPackRows) * group_bytes;
+        const uint8_t *next = n_tokens > 2 && r + kPackRows < n_rows ? g + group_bytes : nullptr;  // as q4_0
         int64_t t = 0;
-        for (; t + 2 <= n_tokens; t += 2) group_tokens6<2>(nb, g, tokens.data() + t, r);
-        if (t < n_tokens) group_tokens6<1>(nb, g, tokens.data() + t, r);
+        for (; t + 2 <= n_tokens; t += 2)
+            group_tokens6<2>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
+        if (t < n_tokens) group_tokens6<1>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
     }
 }
 
