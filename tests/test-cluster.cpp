@@ -458,7 +458,7 @@ TEST(ClusterPlacement, HeadLayersAndAutomaticChunks) {
     EXPECT_EQ(auto_chunk_rows(512, 1), 512);  // one stage: nothing to overlap
     EXPECT_EQ(auto_chunk_rows(1, 2), 32);     // a decode step stays one message
     EXPECT_EQ(auto_chunk_rows(16, 3), 32);
-    EXPECT_EQ(auto_chunk_rows(512, 2), 64);  // 8 chunks through 2 stages
+    EXPECT_EQ(auto_chunk_rows(512, 2), 32);  // 16 chunks through 2 stages
     EXPECT_EQ(auto_chunk_rows(512, 4), 32);
     const int32_t huge = 300000;  // more than one message holds: at most kMaxPartsPerStep messages
     EXPECT_LE(auto_chunk_rows(huge, 1), static_cast<int32_t>(net::kMaxBatchRows));

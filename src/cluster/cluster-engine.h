@@ -74,9 +74,9 @@ struct NodeStatus {
 
 // Rows per Forward message when a step of n_rows rows goes through a pipeline of n_stages stages (the head
 // counts as a stage when it runs layers): one message when n_stages is 1 or the step is short; else about
-// kChunksPerStage chunks per stage, never fewer than kMinChunkRows rows (small matmuls lose efficiency) nor
-// more than net::kMaxBatchRows.
-inline constexpr int32_t kChunksPerStage = 4;
+// kChunksPerStage chunks per stage (8: the pipeline fill and drain cost 1/17 of a 2-stage prompt), never fewer
+// than kMinChunkRows rows (small matmuls lose efficiency) nor more than net::kMaxBatchRows.
+inline constexpr int32_t kChunksPerStage = 8;
 inline constexpr int32_t kMinChunkRows = 32;
 inline constexpr int32_t kMaxPartsPerStep = 64;  // a step is never cut into more messages than this
 int32_t auto_chunk_rows(int32_t n_rows, int32_t n_stages);
