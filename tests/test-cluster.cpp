@@ -310,6 +310,14 @@ TEST(Cluster, KilledWorkerFailsFastAndTheHeadRecoversWhenItIsBack) {
     // Back on the same port with the same cache: the same engine works again, nothing streamed.
     w2.start(cache.file("w2"), port2, "", {});
     ASSERT_TRUE(w2.running()) << w2.log();
+    // A step continuing a sequence begun before the failure cannot silently run on empty state: it fails,
+    // naming the original failure, and the sequence works again once started anew.
+    Batch next;
+    next.add(5, 3, 0, true);
+    Status cont = (*e)->submit(next);
+    ASSERT_FALSE(cont.ok());
+    EXPECT_NE(cont.message().find("sequence 0 lost its state"), std::string::npos) << cont.message();
+    EXPECT_NE(cont.message().find(std::to_string(port2)), std::string::npos) << cont.message();
     auto again = greedy(**e);
     ASSERT_TRUE(again.ok()) << again.status().message() << "\nworker 1 log:\n"
                             << w1.log() << "\nworker 2 log:\n"

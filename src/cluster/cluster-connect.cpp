@@ -63,6 +63,7 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     if (e->options_.stage_dir.empty())
         e->options_.stage_dir = (std::filesystem::temp_directory_path() / "tandem-stages").string();
     e->started_.assign(options.context.n_seq, false);
+    e->lost_.assign(options.context.n_seq, false);
     e->want_logits_.assign(options.context.n_seq, false);
     const int32_t n_workers = static_cast<int32_t>(e->addresses_.size());
     if (options.head_layers < 0 || options.head_layers > hp.n_layer - n_workers)

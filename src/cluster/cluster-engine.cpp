@@ -43,6 +43,12 @@ Status ClusterEngine::ensure_connected(bool new_request) {
         pending_.clear();
         if (!new_request && !b.ok()) return b;
     }
+    // Whatever the workers held is lost with the connection: remember which sequences had state.
+    for (size_t s = 0; s < started_.size(); ++s)
+        if (started_[s]) {
+            lost_[s] = true;
+            lost_reason_ = b.ok() ? Status(ErrorKind::disconnected, "the cluster was reconnected") : b;
+        }
     if (connected_) disconnect();
     return connect();
 }
@@ -79,6 +85,7 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     TD_TRY(enqueue_data(net::MsgType::seq_start, 0, buf_));
     if (head_ctx_) head_ctx_->seq_clear(seq);
     started_[seq] = true;
+    lost_[seq] = false;
     want_logits_[seq] = want_logits;
     return {};
 }
@@ -87,6 +94,7 @@ Status ClusterEngine::seq_clear(int32_t seq) {
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     if (head_ctx_) head_ctx_->seq_clear(seq);
+    lost_[seq] = false;
     if (!connected_ || !broken().ok()) {  // the cluster lost every sequence already
         pending_.clear();
         started_[seq] = false;
@@ -135,6 +143,12 @@ Status ClusterEngine::submit(const Batch &batch) {
         return make_error(ErrorKind::failed, "{} steps are already queued; call wait() first",
                           pending_.size());
     TD_TRY(ensure_connected(/*new_request=*/false));
+    for (int32_t i = 0; i < n; ++i)
+        if (lost_[batch.seq[i]])
+            return Status(
+                ErrorKind::disconnected,
+                fmt::format("sequence {} lost its state when the cluster failed ({}); start it again",
+                            batch.seq[i], lost_reason_.message()));
     const int32_t at_least = (n + kMaxPartsPerStep - 1) / kMaxPartsPerStep;
     const int32_t rows =
         options_.chunk_rows > 0

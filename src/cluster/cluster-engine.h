@@ -74,8 +74,8 @@ struct NodeStatus {
 
 // Rows per Forward message when a step of n_rows rows goes through a pipeline of n_stages stages (the head
 // counts as a stage when it runs layers): one message when n_stages is 1 or the step is short; else about
-// kChunksPerStage chunks per stage (8: the pipeline fill and drain cost 1/17 of a 2-stage prompt), never fewer
-// than kMinChunkRows rows (small matmuls lose efficiency) nor more than net::kMaxBatchRows.
+// kChunksPerStage chunks per stage (8: the pipeline fill and drain cost 1/17 of a 2-stage prompt), never
+// fewer than kMinChunkRows rows (small matmuls lose efficiency) nor more than net::kMaxBatchRows.
 inline constexpr int32_t kChunksPerStage = 8;
 inline constexpr int32_t kMinChunkRows = 32;
 inline constexpr int32_t kMaxPartsPerStep = 64;  // a step is never cut into more messages than this
@@ -184,7 +184,11 @@ private:
     uint64_t next_step_ = 1;
     uint64_t next_stats_id_ = 1;
     std::vector<bool> started_, want_logits_;  // [n_seq]
-    std::vector<uint8_t> buf_;                 // encoded outgoing payload
+    // [n_seq] sequences started before the cluster was reconnected: their KV state is gone, so any step
+    // of theirs fails with lost_reason_ until seq_start (or seq_clear) begins them again.
+    std::vector<bool> lost_;
+    Status lost_reason_;
+    std::vector<uint8_t> buf_;  // encoded outgoing payload
 };
 
 }  // namespace td::cluster
