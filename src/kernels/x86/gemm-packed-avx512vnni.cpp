@@ -1,13 +1,14 @@
-// q4_0 x q8_0 on packed weights (kernels/pack.h) with AVX-512 VNNI: one zmm holds a 4-byte slice of each of
-// the 16 rows of a group, so vpdpbusd with a broadcast 4-byte slice of the activations adds each row's
-// products into its own int32 lane: no horizontal sums, no gathers, and the weights are one linear stream.
+// q4_0 x q8_0, q4_k x q8_k and q6_k x q8_k on packed weights (kernels/pack.h) with AVX-512 VNNI: one zmm
+// holds a 4-byte slice of each of the 16 rows of a group, so vpdpbusd with a broadcast 4-byte slice of the
+// activations adds each row's products into its own int32 lane: no horizontal sums, no gathers, and the
+// weights are one linear stream.
 // Compiled with the AVX-512 + VNNI flags; matmul calls it only when cpuid reports avx512vnni. Same linkage
 // rule as vec-dot-avx2.cpp: no inline function with external linkage from a shared header here.
 //
-// Bit-exact with the reference vec_dot: a block's integer sum is exact whatever the order; the unsigned
-// nibbles' offset comes back out as -8 * (sum of the activation block); the scaled sum of block b is
-// (dw * dx) * float(sumi), added into accumulator lane b % 8 of its row, and the lanes are folded in the
-// reference's tree.
+// Bit-exact with the reference vec_dot: a block's integer sum is exact whatever the order; offsets of
+// unsigned levels come back out through the activation block sums; the scaled sum of (super-)block b is
+// formed with the reference's float expression and added into accumulator lane b % 8 of its row, and the
+// lanes are folded in the reference's tree.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -26,16 +27,6 @@
 namespace td::kernels::avx512 {
 namespace {
 
-constexpr size_t kGroupBlockBytes = kPackRows * sizeof(BlockQ4_0);  // 288: 16 scales, 4 slices of 64 bytes
-
-// One token's activations: its q8_0 blocks, and per block -8 * sum(qs) and the scale as float.
-struct TokenRow {
-    const BlockQ8_0 *x;
-    const int32_t *offset;  // [nb]
-    const float *dx;        // [nb]
-    float *y;               // the token's output row, at the call's first row
-};
-
 inline int32_t load_i32(const int8_t *p) {
     int32_t v;
     std::memcpy(&v, p, sizeof(v));
@@ -50,57 +41,59 @@ inline void prefetch_block(const uint8_t *pf, int64_t b, size_t block_bytes) {
         _mm_prefetch(reinterpret_cast<const char *>(p + off), _MM_HINT_T1);
 }
 
-// Block b of one group for NT tokens: lanes[t][lane] += (dw * dx) * sumi for 16 rows at once.
-template <int NT>
-inline void group_block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
-                        int lane) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    __m512i lo[4], hi[4];
-    for (int k = 0; k < 4; ++k) {
-        const __m512i q = _mm512_loadu_si512(g + 32 + 64 * k);
-        lo[k] = _mm512_and_si512(q, m4);                        // elements 4k..4k+3 of each row
-        hi[k] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);  // elements 16+4k..16+4k+3
-    }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
-    for (int t = 0; t < NT; ++t) {
-        const int8_t *xq = tok[t].x[b].qs;
-        __m512i s = _mm512_set1_epi32(tok[t].offset[b]);
+// Two int16 values as one int32 (lo in the low half), for vpdpwssd's pairs.
+inline int32_t pair16(int32_t lo, int32_t hi) {
+    return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
+                                (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
+}
+
+// ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) per row (dot_lanes_sum), stored to y[0..16).
+inline void fold_store(const __m512 *a, float *y) {
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                     _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+    _mm512_storeu_ps(y, sum);
+}
+
+// ---- q4_0
+// --------------------------------------------------------------------------------------------------
+
+constexpr size_t kGroupBlockBytes = kPackRows * sizeof(BlockQ4_0);  // 288: 16 scales, 4 slices of 64 bytes
+
+// One token's activations: its q8_0 blocks, and per block -8 * sum(qs) and the scale as float.
+struct TokenRow {
+    const BlockQ8_0 *x;
+    const int32_t *offset;  // [nb]
+    const float *dx;        // [nb]
+    float *y;               // the token's output row, at the call's first row
+};
+
+struct Q4_0 {
+    using Token = TokenRow;
+    static constexpr size_t kBlockBytes = kGroupBlockBytes;
+
+    template <int NT>
+    static void block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
+                      int lane) {
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        __m512i lo[4], hi[4];
         for (int k = 0; k < 4; ++k) {
-            s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
-            s = _mm512_dpbusd_epi32(s, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
+            const __m512i q = _mm512_loadu_si512(g + 32 + 64 * k);
+            lo[k] = _mm512_and_si512(q, m4);                        // elements 4k..4k+3 of each row
+            hi[k] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);  // elements 16+4k..16+4k+3
         }
-        const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
-        acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)));
-    }
-}
-
-// All blocks of one group (16 rows starting at `g`) for NT tokens; writes y rows [row, row + 16).
-template <int NT>
-void group_tokens(int64_t nb, const uint8_t *g, const TokenRow *tok, int64_t row, const uint8_t *pf) {
-    __m512 acc[NT][kDotLanes];
-    for (auto &a : acc)
-        for (auto &l : a) l = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + kDotLanes <= nb; b += kDotLanes) {
-#pragma GCC unroll 8
-        for (int l = 0; l < kDotLanes; ++l) {
-            prefetch_block(pf, b + l, kGroupBlockBytes);
-            group_block<NT>(g + (b + l) * kGroupBlockBytes, b + l, tok, acc, l);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
+        for (int t = 0; t < NT; ++t) {
+            const int8_t *xq = tok[t].x[b].qs;
+            __m512i s = _mm512_set1_epi32(tok[t].offset[b]);
+            for (int k = 0; k < 4; ++k) {
+                s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
+                s = _mm512_dpbusd_epi32(s, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
+            }
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
+            acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)));
         }
     }
-    for (int l = 0; b < nb; ++b, ++l) {
-        prefetch_block(pf, b, kGroupBlockBytes);
-        group_block<NT>(g + b * kGroupBlockBytes, b, tok, acc, l);
-    }
-    for (int t = 0; t < NT; ++t) {
-        const __m512 *a = acc[t];
-        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                         _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
-        _mm512_storeu_ps(tok[t].y + row, sum);
-    }
-}
-
-}  // namespace
+};
 
 // R groups (16R rows: group r at g + r * group_bytes) x NT tokens at once, for batches: each unpacked weight
 // vector feeds NT tokens and each broadcast activation slice feeds R groups, which takes about a quarter of
@@ -151,10 +144,7 @@ void tile_tokens(int64_t nb, const uint8_t *g, size_t group_bytes, const TokenRo
         for (int t = 0; t < NT; ++t) {
             __m512 l[kDotLanes];
             for (int i = 0; i < kDotLanes; ++i) l[i] = _mm512_load_ps(acc[r][t][i]);
-            const __m512 sum =
-                _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(l[0], l[4]), _mm512_add_ps(l[2], l[6])),
-                              _mm512_add_ps(_mm512_add_ps(l[1], l[5]), _mm512_add_ps(l[3], l[7])));
-            _mm512_storeu_ps(tok[t].y + row + r * kPackRows, sum);
+            fold_store(l, tok[t].y + row + r * kPackRows);
         }
 }
 
@@ -171,6 +161,239 @@ void tile_all_tokens(int64_t nb, const uint8_t *g, size_t group_bytes, const Tok
     }
     if (t < n_tokens) tile_tokens<R, 1>(nb, g, group_bytes, tok + t, row, t == 0 ? pf : nullptr);
 }
+
+// ---- K-quants
+// -----------------------------------------------------------------------------------------------
+
+// One token's q8_K activations and, per super-block, activation sums as int16 pairs for vpdpwssd (the layout
+// is the kernel's: K::kPairs per super-block).
+struct TokenRowK {
+    const BlockQ8_K *x;
+    const int32_t *pairs;  // [nb][K::kPairs]
+    float *y;
+};
+
+struct Q4_K {
+    using Token = TokenRowK;
+    static constexpr size_t kBlockBytes = kPackRows * sizeof(BlockQ4_K);  // 2304
+    static constexpr int kPairs = 4;
+    // Sums of the eight 32-element runs (|.| <= 32 * 127: int16), paired as (0, 2), (1, 3), (4, 6), (5, 7) to
+    // match the min vectors built in block().
+    static void pairs(const BlockQ8_K &x, int32_t *pr) {
+        int32_t run[8];
+        for (int j = 0; j < 8; ++j) run[j] = x.bsums[2 * j] + x.bsums[2 * j + 1];
+        pr[0] = pair16(run[0], run[2]);
+        pr[1] = pair16(run[1], run[3]);
+        pr[2] = pair16(run[4], run[6]);
+        pr[3] = pair16(run[5], run[7]);
+    }
+
+    // Super-block b of one group for NT tokens: lane b % 8 += dall * sumi - dmin * summ for 16 rows.
+    template <int NT>
+    static void block(const uint8_t *g, int64_t b, const TokenRowK *tok, __m512 (&acc)[NT][kDotLanes],
+                      int lane) {
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        const __m512i low6 = _mm512_set1_epi8(0x3F);
+        const __m512i top2 = _mm512_set1_epi8(0x30);
+        const __m512i byte0 = _mm512_set1_epi32(0xFF);
+        const __m512i even16 = _mm512_set1_epi32(0x00FF00FF);
+        // The 12 scale bytes of each row, as three dwords across the 16 lanes (get_scale_min_k4, lane-wise).
+        const __m512i u0 = _mm512_loadu_si512(g + 64), u1 = _mm512_loadu_si512(g + 128),
+                      u2 = _mm512_loadu_si512(g + 192);
+        const __m512i sc03 = _mm512_and_si512(u0, low6);
+        const __m512i sc47 =
+            _mm512_or_si512(_mm512_and_si512(u2, m4), _mm512_and_si512(_mm512_srli_epi32(u0, 2), top2));
+        const __m512i mn03 = _mm512_and_si512(u1, low6);
+        const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
+                                             _mm512_and_si512(_mm512_srli_epi32(u1, 2), top2));
+        __m512i sumi[NT];
+        for (int t = 0; t < NT; ++t) sumi[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) {
+            const __m512i scv = c < 2 ? sc03 : sc47;
+            const __m512i sc_lo = _mm512_and_si512(_mm512_srli_epi32(scv, 16 * (c % 2)), byte0);  // run 2c
+            const __m512i sc_hi =
+                _mm512_and_si512(_mm512_srli_epi32(scv, 16 * (c % 2) + 8), byte0);  // run 2c+1
+            __m512i lo_sum[NT], hi_sum[NT];
+            for (int t = 0; t < NT; ++t) lo_sum[t] = hi_sum[t] = _mm512_setzero_si512();
+            for (int k = 0; k < 8; ++k) {
+                const __m512i q = _mm512_loadu_si512(g + 256 + 64 * (8 * c + k));
+                const __m512i lo = _mm512_and_si512(q, m4);  // elements 64c + 4k ..
+                const __m512i hi =
+                    _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);  // elements 64c + 32 + 4k ..
+                for (int t = 0; t < NT; ++t) {
+                    const int8_t *xq = tok[t].x[b].qs + 64 * c + 4 * k;
+                    lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, _mm512_set1_epi32(load_i32(xq)));
+                    hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, _mm512_set1_epi32(load_i32(xq + 32)));
+                }
+            }
+            for (int t = 0; t < NT; ++t)
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(sc_lo, lo_sum[t]),
+                                                                     _mm512_mullo_epi32(sc_hi, hi_sum[t])));
+        }
+        // Mins as int16 pairs: (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane.
+        const __m512i m02 = _mm512_and_si512(mn03, even16),
+                      m13 = _mm512_and_si512(_mm512_srli_epi32(mn03, 8), even16);
+        const __m512i m46 = _mm512_and_si512(mn47, even16),
+                      m57 = _mm512_and_si512(_mm512_srli_epi32(mn47, 8), even16);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
+        const __m512 dminw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g + 32)));
+        for (int t = 0; t < NT; ++t) {
+            const int32_t *pr = tok[t].pairs + 4 * b;
+            __m512i summ = _mm512_dpwssd_epi32(_mm512_setzero_si512(), m02, _mm512_set1_epi32(pr[0]));
+            summ = _mm512_dpwssd_epi32(summ, m13, _mm512_set1_epi32(pr[1]));
+            summ = _mm512_dpwssd_epi32(summ, m46, _mm512_set1_epi32(pr[2]));
+            summ = _mm512_dpwssd_epi32(summ, m57, _mm512_set1_epi32(pr[3]));
+            const __m512 yd = _mm512_set1_ps(tok[t].x[b].d);
+            const __m512 dall = _mm512_mul_ps(dw, yd), dmin = _mm512_mul_ps(dminw, yd);
+            const __m512 v = _mm512_sub_ps(_mm512_mul_ps(dall, _mm512_cvtepi32_ps(sumi[t])),
+                                           _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)));
+            acc[t][lane] = _mm512_add_ps(acc[t][lane], v);
+        }
+    }
+};
+
+struct Q6_K {
+    using Token = TokenRowK;
+    static constexpr size_t kBlockBytes = kPackRows * sizeof(BlockQ6_K);  // 3360
+    static constexpr int kPairs = 8;
+    // The 16 group sums (|.| <= 16 * 127), paired as (4w, 4w + 2), (4w + 1, 4w + 3) for w < 4.
+    static void pairs(const BlockQ8_K &x, int32_t *pr) {
+        for (int w = 0; w < 4; ++w) {
+            pr[2 * w] = pair16(x.bsums[4 * w], x.bsums[4 * w + 2]);
+            pr[2 * w + 1] = pair16(x.bsums[4 * w + 1], x.bsums[4 * w + 3]);
+        }
+    }
+
+    // Super-block b of one group for NT tokens: lane b % 8 += (d * dy) * sumi, where
+    // sumi = sum_g scale_g * (sum_e q_e y_e) - 32 * sum_g scale_g * bsum_g (levels q_e = 0..63).
+    template <int NT>
+    static void block(const uint8_t *g, int64_t b, const TokenRowK *tok, __m512 (&acc)[NT][kDotLanes],
+                      int lane) {
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        const __m512i m30 = _mm512_set1_epi8(0x30);
+        __m512i scw[4];  // lane r: the signed scales 4w..4w+3 of row r
+        for (int w = 0; w < 4; ++w) scw[w] = _mm512_loadu_si512(g + 32 + 64 * w);
+        __m512i sumi[NT];
+        // The offset part first: -32 * sum_g scale_g bsum_g, with the scales as sign-extended int16 pairs.
+        for (int t = 0; t < NT; ++t) {
+            const int32_t *pr = tok[t].pairs + 8 * b;
+            __m512i s = _mm512_setzero_si512();
+            for (int w = 0; w < 4; ++w) {
+                const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(scw[w], 8), 8);  // scales 4w, 4w+2
+                const __m512i odd = _mm512_srai_epi16(scw[w], 8);                         // scales 4w+1, 4w+3
+                s = _mm512_dpwssd_epi32(s, even, _mm512_set1_epi32(pr[2 * w]));
+                s = _mm512_dpwssd_epi32(s, odd, _mm512_set1_epi32(pr[2 * w + 1]));
+            }
+            sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 5));
+        }
+        for (int h = 0; h < 2; ++h) {
+            for (int half = 0; half < 2; ++half) {  // slices k < 4 or k >= 4: the first or second group of 16
+                __m512i isum[NT][4];
+                for (auto &row : isum)
+                    for (auto &v : row) v = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int k = 4 * half; k < 4 * half + 4; ++k) {
+                    const uint8_t *qk = g + 288 + 192 * (8 * h + k);
+                    const __m512i qa = _mm512_loadu_si512(qk);        // ql bytes 64h + 4k ..
+                    const __m512i qb = _mm512_loadu_si512(qk + 64);   // ql bytes 64h + 32 + 4k ..
+                    const __m512i qh = _mm512_loadu_si512(qk + 128);  // qh bytes 32h + 4k ..
+                    __m512i q[4];
+                    q[0] = _mm512_or_si512(_mm512_and_si512(qa, m4),
+                                           _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
+                    q[1] = _mm512_or_si512(_mm512_and_si512(qb, m4),
+                                           _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
+                    q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qa, 4), m4),
+                                           _mm512_and_si512(qh, m30));
+                    q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qb, 4), m4),
+                                           _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+                    for (int t = 0; t < NT; ++t) {
+                        const int8_t *xq = tok[t].x[b].qs + 128 * h + 4 * k;
+                        for (int j = 0; j < 4; ++j)
+                            isum[t][j] = _mm512_dpbusd_epi32(isum[t][j], q[j],
+                                                             _mm512_set1_epi32(load_i32(xq + 32 * j)));
+                    }
+                }
+                for (int j = 0; j < 4; ++j) {
+                    const int grp = 8 * h + 2 * j + half;  // elements 16 grp .. 16 grp + 15
+                    const __m512i sc =
+                        _mm512_srai_epi32(_mm512_slli_epi32(scw[grp / 4], 24 - 8 * (grp % 4)), 24);
+                    for (int t = 0; t < NT; ++t)
+                        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(sc, isum[t][j]));
+                }
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
+        for (int t = 0; t < NT; ++t) {
+            const __m512 dall = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].x[b].d));
+            acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(dall, _mm512_cvtepi32_ps(sumi[t])));
+        }
+    }
+};
+
+// Per-token activation pairs for kernel K, computed once per call (they serve every group of the call).
+template <typename K>
+const TokenRowK *k_tokens(const void *x, size_t x_stride, float *y, int64_t y_stride, int64_t n_tokens,
+                          int64_t nb) {
+    thread_local std::vector<int32_t> pairs;     // [n_tokens][nb][K::kPairs]
+    thread_local std::vector<TokenRowK> tokens;  // [n_tokens]
+    const size_t need = static_cast<size_t>(n_tokens * nb * K::kPairs);
+    if (pairs.size() < need) pairs.resize(need);
+    if (tokens.size() < static_cast<size_t>(n_tokens)) tokens.resize(static_cast<size_t>(n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const auto *xt = reinterpret_cast<const BlockQ8_K *>(static_cast<const uint8_t *>(x) + t * x_stride);
+        int32_t *pr = pairs.data() + t * nb * K::kPairs;
+        for (int64_t b = 0; b < nb; ++b) K::pairs(xt[b], pr + b * K::kPairs);
+        tokens[t] = TokenRowK{xt, pr, y + t * y_stride};
+    }
+    return tokens.data();
+}
+
+// ---- the shared skeleton
+// -----------------------------------------------------------------------------------
+
+// All blocks of one group (16 rows at g) for NT tokens through K::block; writes y rows [row, row + 16).
+// The 8 lane accumulators per token stay in registers (the block loop is unrolled by 8). pf: the next group
+// to prefetch, a block's worth per block, or nullptr.
+template <typename K, int NT>
+void group_tokens(int64_t nb, const uint8_t *g, const typename K::Token *tok, int64_t row,
+                  const uint8_t *pf) {
+    __m512 acc[NT][kDotLanes];
+    for (auto &a : acc)
+        for (auto &l : a) l = _mm512_setzero_ps();
+    int64_t b = 0;
+    for (; b + kDotLanes <= nb; b += kDotLanes) {
+#pragma GCC unroll 8
+        for (int l = 0; l < kDotLanes; ++l) {
+            prefetch_block(pf, b + l, K::kBlockBytes);
+            K::template block<NT>(g + (b + l) * K::kBlockBytes, b + l, tok, acc, l);
+        }
+    }
+    for (int l = 0; b < nb; ++b, ++l) {
+        prefetch_block(pf, b, K::kBlockBytes);
+        K::template block<NT>(g + b * K::kBlockBytes, b, tok, acc, l);
+    }
+    for (int t = 0; t < NT; ++t) fold_store(acc[t], tok[t].y + row);
+}
+
+// Every group of the call, tokens in pairs (a group's block then stays in registers for both) and a last
+// single one. With several passes over a group (more than 2 tokens), the first also fetches the next group
+// so its bytes arrive while this one is computed (the later passes read this group from cache); one pass
+// streams faster on the hardware prefetchers alone.
+template <typename K>
+void run_groups(int64_t nb, const void *w, size_t w_stride, const typename K::Token *tok, int64_t n_rows,
+                int64_t n_tokens) {
+    const auto *wb = static_cast<const uint8_t *>(w);
+    const size_t group_bytes = kPackRows * w_stride;
+    for (int64_t r = 0; r < n_rows; r += kPackRows) {
+        const uint8_t *g = wb + static_cast<size_t>(r / kPackRows) * group_bytes;
+        const uint8_t *next = n_tokens > 2 && r + kPackRows < n_rows ? g + group_bytes : nullptr;
+        int64_t t = 0;
+        for (; t + 2 <= n_tokens; t += 2) group_tokens<K, 2>(nb, g, tok + t, r, t == 0 ? next : nullptr);
+        if (t < n_tokens) group_tokens<K, 1>(nb, g, tok + t, r, t == 0 ? next : nullptr);
+    }
+}
+
+}  // namespace
 
 void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
@@ -216,294 +439,21 @@ void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
         }
         return;
     }
-    for (int64_t r = 0; r < n_rows; r += kPackRows) {
-        const uint8_t *g = wb + static_cast<size_t>(r / kPackRows) * group_bytes;
-        // Tokens in pairs (the group's block then stays in registers for both), then a last single one.
-        int64_t t = 0;
-        // With several passes over this group (more than 2 tokens), the first also fetches the next group, a
-        // block's worth per block, so its bytes arrive while this group is computed (the later passes read
-        // this group from cache). One pass streams faster on the hardware prefetchers alone.
-        const uint8_t *next = n_tokens > 2 && r + kPackRows < n_rows ? g + group_bytes : nullptr;
-        for (; t + 2 <= n_tokens; t += 2)
-            group_tokens<2>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
-        if (t < n_tokens) group_tokens<1>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
-    }
+    run_groups<Q4_0>(nb, w, w_stride, tokens.data(), n_rows, n_tokens);
 }
-
-namespace {
-
-constexpr size_t kGroupSuperBytes = kPackRows * sizeof(BlockQ4_K);  // 2304
-
-// One token's q8_K activations and, per super-block, the run sums as int16 pairs for vpdpwssd:
-// pairs[b][i] = (bsum run 2i' | bsum run 2i'+2 << 16) in the order the min vectors are built (see below).
-struct TokenRowK {
-    const BlockQ8_K *x;
-    const int32_t *pairs;  // [nb][4]
-    float *y;
-};
-
-// Super-block b of one group for NT tokens: lane b % 8 += dall * sumi - dmin * summ for 16 rows.
-template <int NT>
-inline void group_superblock(const uint8_t *g, int64_t b, const TokenRowK *tok, __m512 (&acc)[NT][kDotLanes],
-                             int lane) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i low6 = _mm512_set1_epi8(0x3F);
-    const __m512i top2 = _mm512_set1_epi8(0x30);
-    const __m512i byte0 = _mm512_set1_epi32(0xFF);
-    const __m512i even16 = _mm512_set1_epi32(0x00FF00FF);
-    // The 12 scale bytes of each row, as three dwords across the 16 lanes (get_scale_min_k4, lane-wise).
-    const __m512i u0 = _mm512_loadu_si512(g + 64), u1 = _mm512_loadu_si512(g + 128),
-                  u2 = _mm512_loadu_si512(g + 192);
-    const __m512i sc03 = _mm512_and_si512(u0, low6);
-    const __m512i sc47 =
-        _mm512_or_si512(_mm512_and_si512(u2, m4), _mm512_and_si512(_mm512_srli_epi32(u0, 2), top2));
-    const __m512i mn03 = _mm512_and_si512(u1, low6);
-    const __m512i mn47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), m4),
-                                         _mm512_and_si512(_mm512_srli_epi32(u1, 2), top2));
-    __m512i sumi[NT];
-    for (int t = 0; t < NT; ++t) sumi[t] = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-        const __m512i scv = c < 2 ? sc03 : sc47;
-        const __m512i sc_lo = _mm512_and_si512(_mm512_srli_epi32(scv, 16 * (c % 2)), byte0);      // run 2c
-        const __m512i sc_hi = _mm512_and_si512(_mm512_srli_epi32(scv, 16 * (c % 2) + 8), byte0);  // run 2c+1
-        __m512i lo_sum[NT], hi_sum[NT];
-        for (int t = 0; t < NT; ++t) lo_sum[t] = hi_sum[t] = _mm512_setzero_si512();
-        for (int k = 0; k < 8; ++k) {
-            const __m512i q = _mm512_loadu_si512(g + 256 + 64 * (8 * c + k));
-            const __m512i lo = _mm512_and_si512(q, m4);                        // elements 64c + 4k ..
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);  // elements 64c + 32 + 4k ..
-            for (int t = 0; t < NT; ++t) {
-                const int8_t *xq = tok[t].x[b].qs + 64 * c + 4 * k;
-                lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, _mm512_set1_epi32(load_i32(xq)));
-                hi_sum[t] = _mm512_dpbusd_epi32(hi_sum[t], hi, _mm512_set1_epi32(load_i32(xq + 32)));
-            }
-        }
-        for (int t = 0; t < NT; ++t)
-            sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(sc_lo, lo_sum[t]),
-                                                                 _mm512_mullo_epi32(sc_hi, hi_sum[t])));
-    }
-    // Mins as int16 pairs: (m0, m2), (m1, m3), (m4, m6), (m5, m7) per lane.
-    const __m512i m02 = _mm512_and_si512(mn03, even16),
-                  m13 = _mm512_and_si512(_mm512_srli_epi32(mn03, 8), even16);
-    const __m512i m46 = _mm512_and_si512(mn47, even16),
-                  m57 = _mm512_and_si512(_mm512_srli_epi32(mn47, 8), even16);
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
-    const __m512 dminw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g + 32)));
-    for (int t = 0; t < NT; ++t) {
-        const int32_t *pr = tok[t].pairs + 4 * b;
-        __m512i summ = _mm512_dpwssd_epi32(_mm512_setzero_si512(), m02, _mm512_set1_epi32(pr[0]));
-        summ = _mm512_dpwssd_epi32(summ, m13, _mm512_set1_epi32(pr[1]));
-        summ = _mm512_dpwssd_epi32(summ, m46, _mm512_set1_epi32(pr[2]));
-        summ = _mm512_dpwssd_epi32(summ, m57, _mm512_set1_epi32(pr[3]));
-        const __m512 yd = _mm512_set1_ps(tok[t].x[b].d);
-        const __m512 dall = _mm512_mul_ps(dw, yd), dmin = _mm512_mul_ps(dminw, yd);
-        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(dall, _mm512_cvtepi32_ps(sumi[t])),
-                                       _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(summ)));
-        acc[t][lane] = _mm512_add_ps(acc[t][lane], v);
-    }
-}
-
-template <int NT>
-void group_tokens_k(int64_t nb, const uint8_t *g, const TokenRowK *tok, int64_t row, const uint8_t *pf) {
-    __m512 acc[NT][kDotLanes];
-    for (auto &a : acc)
-        for (auto &l : a) l = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + kDotLanes <= nb; b += kDotLanes) {
-#pragma GCC unroll 8
-        for (int l = 0; l < kDotLanes; ++l) {
-            prefetch_block(pf, b + l, kGroupSuperBytes);
-            group_superblock<NT>(g + (b + l) * kGroupSuperBytes, b + l, tok, acc, l);
-        }
-    }
-    for (int l = 0; b < nb; ++b, ++l) {
-        prefetch_block(pf, b, kGroupSuperBytes);
-        group_superblock<NT>(g + b * kGroupSuperBytes, b, tok, acc, l);
-    }
-    for (int t = 0; t < NT; ++t) {
-        const __m512 *a = acc[t];
-        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                         _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
-        _mm512_storeu_ps(tok[t].y + row, sum);
-    }
-}
-
-}  // namespace
 
 void gemm_q4_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     const int64_t nb = n / kQK_K;
-    thread_local std::vector<int32_t> pairs;     // [n_tokens][nb][4]
-    thread_local std::vector<TokenRowK> tokens;  // [n_tokens]
-    const size_t need = static_cast<size_t>(n_tokens * nb * 4);
-    if (pairs.size() < need) pairs.resize(need);
-    if (tokens.size() < static_cast<size_t>(n_tokens)) tokens.resize(static_cast<size_t>(n_tokens));
-    for (int64_t t = 0; t < n_tokens; ++t) {
-        const auto *xt = reinterpret_cast<const BlockQ8_K *>(static_cast<const uint8_t *>(x) + t * x_stride);
-        int32_t *pr = pairs.data() + t * nb * 4;
-        for (int64_t b = 0; b < nb; ++b) {
-            int32_t run[8];  // sums of the 32-element runs (|.| <= 32 * 127: fits int16)
-            for (int j = 0; j < 8; ++j) run[j] = xt[b].bsums[2 * j] + xt[b].bsums[2 * j + 1];
-            auto pair = [](int32_t lo, int32_t hi) {
-                return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
-                                            (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
-            };
-            pr[4 * b + 0] = pair(run[0], run[2]);
-            pr[4 * b + 1] = pair(run[1], run[3]);
-            pr[4 * b + 2] = pair(run[4], run[6]);
-            pr[4 * b + 3] = pair(run[5], run[7]);
-        }
-        tokens[t] = TokenRowK{xt, pr, y + t * y_stride};
-    }
-    const auto *wb = static_cast<const uint8_t *>(w);
-    const size_t group_bytes = kPackRows * w_stride;
-    for (int64_t r = 0; r < n_rows; r += kPackRows) {
-        const uint8_t *g = wb + static_cast<size_t>(r / kPackRows) * group_bytes;
-        const uint8_t *next = n_tokens > 2 && r + kPackRows < n_rows ? g + group_bytes : nullptr;  // as q4_0
-        int64_t t = 0;
-        for (; t + 2 <= n_tokens; t += 2)
-            group_tokens_k<2>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
-        if (t < n_tokens) group_tokens_k<1>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
-    }
+    run_groups<Q4_K>(nb, w, w_stride, k_tokens<Q4_K>(x, x_stride, y, y_stride, n_tokens, nb), n_rows,
+                     n_tokens);
 }
-
-namespace {
-
-constexpr size_t kGroupSuper6Bytes = kPackRows * sizeof(BlockQ6_K);  // 3360
-
-// One token's q8_K activations and, per super-block, the 16-element group sums as int16 pairs for vpdpwssd:
-// pairs[b][2w] = (bsum 4w | bsum 4w+2 << 16), pairs[b][2w+1] = (bsum 4w+1 | bsum 4w+3 << 16).
-struct TokenRow6 {
-    const BlockQ8_K *x;
-    const int32_t *pairs;  // [nb][8]
-    float *y;
-};
-
-// Super-block b of one group for NT tokens: lane b % 8 += (d * dy) * sumi, where
-// sumi = sum_g scale_g * (sum_e q_e y_e) - 32 * sum_g scale_g * bsum_g (levels q_e = 0..63).
-template <int NT>
-inline void group_superblock6(const uint8_t *g, int64_t b, const TokenRow6 *tok, __m512 (&acc)[NT][kDotLanes],
-                              int lane) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i m30 = _mm512_set1_epi8(0x30);
-    __m512i scw[4];  // lane r: the signed scales 4w..4w+3 of row r
-    for (int w = 0; w < 4; ++w) scw[w] = _mm512_loadu_si512(g + 32 + 64 * w);
-    __m512i sumi[NT];
-    // The offset part first: -32 * sum_g scale_g bsum_g, with the scales as sign-extended int16 pairs.
-    for (int t = 0; t < NT; ++t) {
-        const int32_t *pr = tok[t].pairs + 8 * b;
-        __m512i s = _mm512_setzero_si512();
-        for (int w = 0; w < 4; ++w) {
-            const __m512i even = _mm512_srai_epi16(_mm512_slli_epi16(scw[w], 8), 8);  // scales 4w, 4w+2
-            const __m512i odd = _mm512_srai_epi16(scw[w], 8);                         // scales 4w+1, 4w+3
-            s = _mm512_dpwssd_epi32(s, even, _mm512_set1_epi32(pr[2 * w]));
-            s = _mm512_dpwssd_epi32(s, odd, _mm512_set1_epi32(pr[2 * w + 1]));
-        }
-        sumi[t] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 5));
-    }
-    for (int h = 0; h < 2; ++h) {
-        for (int half = 0; half < 2; ++half) {  // slices k < 4 or k >= 4: the first or second group of 16
-            __m512i isum[NT][4];
-            for (auto &row : isum)
-                for (auto &v : row) v = _mm512_setzero_si512();
-#pragma GCC unroll 4
-            for (int k = 4 * half; k < 4 * half + 4; ++k) {
-                const uint8_t *qk = g + 288 + 192 * (8 * h + k);
-                const __m512i qa = _mm512_loadu_si512(qk);        // ql bytes 64h + 4k ..
-                const __m512i qb = _mm512_loadu_si512(qk + 64);   // ql bytes 64h + 32 + 4k ..
-                const __m512i qh = _mm512_loadu_si512(qk + 128);  // qh bytes 32h + 4k ..
-                __m512i q[4];
-                q[0] = _mm512_or_si512(_mm512_and_si512(qa, m4),
-                                       _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
-                q[1] = _mm512_or_si512(_mm512_and_si512(qb, m4),
-                                       _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
-                q[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qa, 4), m4),
-                                       _mm512_and_si512(qh, m30));
-                q[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(qb, 4), m4),
-                                       _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
-                for (int t = 0; t < NT; ++t) {
-                    const int8_t *xq = tok[t].x[b].qs + 128 * h + 4 * k;
-                    for (int j = 0; j < 4; ++j)
-                        isum[t][j] =
-                            _mm512_dpbusd_epi32(isum[t][j], q[j], _mm512_set1_epi32(load_i32(xq + 32 * j)));
-                }
-            }
-            for (int j = 0; j < 4; ++j) {
-                const int grp = 8 * h + 2 * j + half;  // elements 16 grp .. 16 grp + 15
-                const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(scw[grp / 4], 24 - 8 * (grp % 4)), 24);
-                for (int t = 0; t < NT; ++t)
-                    sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(sc, isum[t][j]));
-            }
-        }
-    }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
-    for (int t = 0; t < NT; ++t) {
-        const __m512 dall = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].x[b].d));
-        acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(dall, _mm512_cvtepi32_ps(sumi[t])));
-    }
-}
-
-template <int NT>
-void group_tokens6(int64_t nb, const uint8_t *g, const TokenRow6 *tok, int64_t row, const uint8_t *pf) {
-    __m512 acc[NT][kDotLanes];
-    for (auto &a : acc)
-        for (auto &l : a) l = _mm512_setzero_ps();
-    int64_t b = 0;
-    for (; b + kDotLanes <= nb; b += kDotLanes) {
-#pragma GCC unroll 8
-        for (int l = 0; l < kDotLanes; ++l) {
-            prefetch_block(pf, b + l, kGroupSuper6Bytes);
-            group_superblock6<NT>(g + (b + l) * kGroupSuper6Bytes, b + l, tok, acc, l);
-        }
-    }
-    for (int l = 0; b < nb; ++b, ++l) {
-        prefetch_block(pf, b, kGroupSuper6Bytes);
-        group_superblock6<NT>(g + b * kGroupSuper6Bytes, b, tok, acc, l);
-    }
-    for (int t = 0; t < NT; ++t) {
-        const __m512 *a = acc[t];
-        const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
-                                         _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
-        _mm512_storeu_ps(tok[t].y + row, sum);
-    }
-}
-
-}  // namespace
 
 void gemm_q6_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     const int64_t nb = n / kQK_K;
-    thread_local std::vector<int32_t> pairs;     // [n_tokens][nb][8]
-    thread_local std::vector<TokenRow6> tokens;  // [n_tokens]
-    const size_t need = static_cast<size_t>(n_tokens * nb * 8);
-    if (pairs.size() < need) pairs.resize(need);
-    if (tokens.size() < static_cast<size_t>(n_tokens)) tokens.resize(static_cast<size_t>(n_tokens));
-    auto pair = [](int32_t lo, int32_t hi) {
-        return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(lo)) |
-                                    (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
-    };
-    for (int64_t t = 0; t < n_tokens; ++t) {
-        const auto *xt = reinterpret_cast<const BlockQ8_K *>(static_cast<const uint8_t *>(x) + t * x_stride);
-        int32_t *pr = pairs.data() + t * nb * 8;
-        for (int64_t b = 0; b < nb; ++b) {
-            const int16_t *bs = xt[b].bsums;  // 16 group sums, |.| <= 16 * 127
-            for (int w = 0; w < 4; ++w) {
-                pr[8 * b + 2 * w] = pair(bs[4 * w], bs[4 * w + 2]);
-                pr[8 * b + 2 * w + 1] = pair(bs[4 * w + 1], bs[4 * w + 3]);
-            }
-        }
-        tokens[t] = TokenRow6{xt, pr, y + t * y_stride};
-    }
-    const auto *wb = static_cast<const uint8_t *>(w);
-    const size_t group_bytes = kPackRows * w_stride;
-    for (int64_t r = 0; r < n_rows; r += kPackRows) {
-        const uint8_t *g = wb + static_cast<size_t>(r / kPackRows) * group_bytes;
-        const uint8_t *next = n_tokens > 2 && r + kPackRows < n_rows ? g + group_bytes : nullptr;  // as q4_0
-        int64_t t = 0;
-        for (; t + 2 <= n_tokens; t += 2)
-            group_tokens6<2>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
-        if (t < n_tokens) group_tokens6<1>(nb, g, tokens.data() + t, r, t == 0 ? next : nullptr);
-    }
+    run_groups<Q6_K>(nb, w, w_stride, k_tokens<Q6_K>(x, x_stride, y, y_stride, n_tokens, nb), n_rows,
+                     n_tokens);
 }
 
 }  // namespace td::kernels::avx512
