@@ -62,8 +62,40 @@ void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     }
 }
 
-float lanes_total(float *lanes) {
-    return dot_lanes_sum(lanes);
+// *s = sum over super-blocks of dot(x[b], y[b]) in accumulator lane b % 8, folded in the canonical tree
+// (the loop every K-quant dot shares; dot returns the super-block's scaled float, as the reference's).
+template <typename Block, typename SuperDot>
+void superblock_dot(int64_t n, float *s, const void *vx, const void *vy, SuperDot dot) {
+    const Block *x = static_cast<const Block *>(vx);          // [n / 256]
+    const BlockQ8_K *y = static_cast<const BlockQ8_K *>(vy);  // [n / 256]
+    float lanes[kDotLanes] = {};
+    for (int64_t b = 0; b < n / kQK_K; ++b) lanes[b % kDotLanes] += dot(x[b], y[b]);
+    *s = dot_lanes_sum(lanes);
+}
+
+// q4_k and q5_k: levels(c, &lo, &hi) gives chunk c's two 32-element runs of levels as bytes; 6-bit scales
+// and mins. Pairs <= 2 * 31 * 127, times scale <= 63.
+template <typename Block, typename Levels>
+float scale_min_superblock(const Block &xb, const BlockQ8_K &yb, Levels levels) {
+    int sc[8], m[8];
+    for (int j = 0; j < 8; ++j) scale_min_k4(j, xb.scales, &sc[j], &m[j]);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+        __m256i lo, hi;
+        levels(c, &lo, &hi);
+        const __m256i plo = _mm256_maddubs_epi16(lo, load_256(yb.qs + 64 * c));
+        const __m256i phi = _mm256_maddubs_epi16(hi, load_256(yb.qs + 64 * c + 32));
+        acc =
+            _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * c]))));
+        acc = _mm256_add_epi32(
+            acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * c + 1]))));
+    }
+    const int32_t sumi = hsum_i32x8(acc);
+    int32_t summ = 0;
+    for (int j = 0; j < 8; ++j) summ += m[j] * (yb.bsums[2 * j] + yb.bsums[2 * j + 1]);
+    const float dall = half_to_float(xb.d) * yb.d;
+    const float dmin = half_to_float(xb.dmin) * yb.d;
+    return dall * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
 }
 
 }  // namespace
@@ -123,18 +155,14 @@ void from_float_q8_k(const float *src, void *dst, int64_t n) {
 
 // Per 32-element run: maddubs pairs <= 2 * 3 * 127, times scale <= 15.
 void vec_dot_q2_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const BlockQ2_K *x = static_cast<const BlockQ2_K *>(vx);  // [n / 256]
-    const BlockQ8_K *y = static_cast<const BlockQ8_K *>(vy);  // [n / 256]
     const __m256i m3 = _mm256_set1_epi8(3);
-    float lanes[kDotLanes] = {};
-    for (int64_t b = 0; b < n / kQK_K; ++b) {
-        const BlockQ2_K &xb = x[b];
+    superblock_dot<BlockQ2_K>(n, s, vx, vy, [&](const BlockQ2_K &xb, const BlockQ8_K &yb) {
         __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < 2; ++c) {
             const __m256i raw = load_256(xb.qs + 32 * c);
             for (int k = 0; k < 4; ++k) {
                 const __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw, 2 * k), m3);
-                const __m256i p = _mm256_maddubs_epi16(q, load_256(y[b].qs + 128 * c + 32 * k));
+                const __m256i p = _mm256_maddubs_epi16(q, load_256(yb.qs + 128 * c + 32 * k));
                 const int g = 8 * c + 2 * k;
                 acc = _mm256_add_epi32(
                     acc, _mm256_madd_epi16(p, scale_pair(xb.scales[g] & 0x0F, xb.scales[g + 1] & 0x0F)));
@@ -143,22 +171,17 @@ void vec_dot_q2_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
         const int32_t sumi = hsum_i32x8(acc);
         const __m256i mins = _mm256_srli_epi16(
             _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.scales))), 4);
-        const int32_t summ = weighted_bsums(mins, y[b]);
-        const float dall = half_to_float(xb.d) * y[b].d;
-        const float dmin = half_to_float(xb.dmin) * y[b].d;
-        lanes[b % kDotLanes] += dall * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
-    }
-    *s = lanes_total(lanes);
+        const int32_t summ = weighted_bsums(mins, yb);
+        const float dall = half_to_float(xb.d) * yb.d;
+        const float dmin = half_to_float(xb.dmin) * yb.d;
+        return dall * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
+    });
 }
 
 // Levels 0..7 (2 low bits + 4 * hmask bit), pairs <= 2 * 7 * 127, times |s - 32| <= 32; then - 4 sum s bsum.
 void vec_dot_q3_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const BlockQ3_K *x = static_cast<const BlockQ3_K *>(vx);  // [n / 256]
-    const BlockQ8_K *y = static_cast<const BlockQ8_K *>(vy);  // [n / 256]
     const __m256i m3 = _mm256_set1_epi8(3);
-    float lanes[kDotLanes] = {};
-    for (int64_t b = 0; b < n / kQK_K; ++b) {
-        const BlockQ3_K &xb = x[b];
+    superblock_dot<BlockQ3_K>(n, s, vx, vy, [&](const BlockQ3_K &xb, const BlockQ8_K &yb) {
         alignas(32) int16_t sc[16];
         for (int g = 0; g < 16; ++g) {
             const int lo = g < 8 ? (xb.scales[g] & 0x0F) : (xb.scales[g - 8] >> 4);
@@ -172,94 +195,48 @@ void vec_dot_q3_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
             for (int k = 0; k < 4; ++k) {
                 const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 2 * k), m3),
                                                   select_bit(hm, 4 * c + k, 4));
-                const __m256i p = _mm256_maddubs_epi16(q, load_256(y[b].qs + 128 * c + 32 * k));
+                const __m256i p = _mm256_maddubs_epi16(q, load_256(yb.qs + 128 * c + 32 * k));
                 const int g = 8 * c + 2 * k;
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale_pair(sc[g], sc[g + 1])));
             }
         }
-        const int32_t offset = weighted_bsums(_mm256_load_si256(reinterpret_cast<const __m256i *>(sc)), y[b]);
+        const int32_t offset = weighted_bsums(_mm256_load_si256(reinterpret_cast<const __m256i *>(sc)), yb);
         const int32_t sumi = hsum_i32x8(acc) - 4 * offset;
-        const float dall = half_to_float(xb.d) * y[b].d;
-        lanes[b % kDotLanes] += dall * static_cast<float>(sumi);
-    }
-    *s = lanes_total(lanes);
+        return half_to_float(xb.d) * yb.d * static_cast<float>(sumi);
+    });
 }
 
 // Pairs <= 2 * 15 * 127, times scale <= 63.
 void vec_dot_q4_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const BlockQ4_K *x = static_cast<const BlockQ4_K *>(vx);  // [n / 256]
-    const BlockQ8_K *y = static_cast<const BlockQ8_K *>(vy);  // [n / 256]
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    float lanes[kDotLanes] = {};
-    for (int64_t b = 0; b < n / kQK_K; ++b) {
-        const BlockQ4_K &xb = x[b];
-        int sc[8], m[8];
-        for (int j = 0; j < 8; ++j) scale_min_k4(j, xb.scales, &sc[j], &m[j]);
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
+    superblock_dot<BlockQ4_K>(n, s, vx, vy, [&](const BlockQ4_K &xb, const BlockQ8_K &yb) {
+        return scale_min_superblock(xb, yb, [&](int c, __m256i *lo, __m256i *hi) {
             const __m256i raw = load_256(xb.qs + 32 * c);
-            const __m256i lo = _mm256_and_si256(raw, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            const __m256i plo = _mm256_maddubs_epi16(lo, load_256(y[b].qs + 64 * c));
-            const __m256i phi = _mm256_maddubs_epi16(hi, load_256(y[b].qs + 64 * c + 32));
-            acc = _mm256_add_epi32(
-                acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * c]))));
-            acc = _mm256_add_epi32(
-                acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * c + 1]))));
-        }
-        const int32_t sumi = hsum_i32x8(acc);
-        int32_t summ = 0;
-        for (int j = 0; j < 8; ++j) summ += m[j] * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
-        const float dall = half_to_float(xb.d) * y[b].d;
-        const float dmin = half_to_float(xb.dmin) * y[b].d;
-        lanes[b % kDotLanes] += dall * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
-    }
-    *s = lanes_total(lanes);
+            *lo = _mm256_and_si256(raw, m4);
+            *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        });
+    });
 }
 
 // Pairs <= 2 * 31 * 127, times scale <= 63.
 void vec_dot_q5_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const BlockQ5_K *x = static_cast<const BlockQ5_K *>(vx);  // [n / 256]
-    const BlockQ8_K *y = static_cast<const BlockQ8_K *>(vy);  // [n / 256]
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    float lanes[kDotLanes] = {};
-    for (int64_t b = 0; b < n / kQK_K; ++b) {
-        const BlockQ5_K &xb = x[b];
-        int sc[8], m[8];
-        for (int j = 0; j < 8; ++j) scale_min_k4(j, xb.scales, &sc[j], &m[j]);
+    superblock_dot<BlockQ5_K>(n, s, vx, vy, [&](const BlockQ5_K &xb, const BlockQ8_K &yb) {
         const __m256i hb = load_256(xb.qh);
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 4; ++c) {
+        return scale_min_superblock(xb, yb, [&](int c, __m256i *lo, __m256i *hi) {
             const __m256i raw = load_256(xb.qs + 32 * c);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m4), select_bit(hb, 2 * c, 16));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
-                                               select_bit(hb, 2 * c + 1, 16));
-            const __m256i plo = _mm256_maddubs_epi16(lo, load_256(y[b].qs + 64 * c));
-            const __m256i phi = _mm256_maddubs_epi16(hi, load_256(y[b].qs + 64 * c + 32));
-            acc = _mm256_add_epi32(
-                acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * c]))));
-            acc = _mm256_add_epi32(
-                acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * c + 1]))));
-        }
-        const int32_t sumi = hsum_i32x8(acc);
-        int32_t summ = 0;
-        for (int j = 0; j < 8; ++j) summ += m[j] * (y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
-        const float dall = half_to_float(xb.d) * y[b].d;
-        const float dmin = half_to_float(xb.dmin) * y[b].d;
-        lanes[b % kDotLanes] += dall * static_cast<float>(sumi) - dmin * static_cast<float>(summ);
-    }
-    *s = lanes_total(lanes);
+            *lo = _mm256_or_si256(_mm256_and_si256(raw, m4), select_bit(hb, 2 * c, 16));
+            *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4),
+                                  select_bit(hb, 2 * c + 1, 16));
+        });
+    });
 }
 
 // Levels 0..63, pairs <= 2 * 63 * 127, times |scale| <= 128; then - 32 sum scale bsum.
 void vec_dot_q6_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const BlockQ6_K *x = static_cast<const BlockQ6_K *>(vx);  // [n / 256]
-    const BlockQ8_K *y = static_cast<const BlockQ8_K *>(vy);  // [n / 256]
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i m2 = _mm256_set1_epi8(0x03);
-    float lanes[kDotLanes] = {};
-    for (int64_t b = 0; b < n / kQK_K; ++b) {
-        const BlockQ6_K &xb = x[b];
+    superblock_dot<BlockQ6_K>(n, s, vx, vy, [&](const BlockQ6_K &xb, const BlockQ8_K &yb) {
         const __m256i sc16 =
             _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i *>(xb.scales)));
         __m256i acc = _mm256_setzero_si256();
@@ -273,35 +250,29 @@ void vec_dot_q6_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
             for (int k = 0; k < 4; ++k) {
                 const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m2), 4);
                 const __m256i q = _mm256_or_si256(low[k], high);
-                const __m256i p = _mm256_maddubs_epi16(q, load_256(y[b].qs + 128 * c + 32 * k));
+                const __m256i p = _mm256_maddubs_epi16(q, load_256(yb.qs + 128 * c + 32 * k));
                 const int g = 8 * c + 2 * k;
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scale_pair(xb.scales[g], xb.scales[g + 1])));
             }
         }
-        const int32_t sumi = hsum_i32x8(acc) - 32 * weighted_bsums(sc16, y[b]);
-        const float dall = half_to_float(xb.d) * y[b].d;
-        lanes[b % kDotLanes] += dall * static_cast<float>(sumi);
-    }
-    *s = lanes_total(lanes);
+        const int32_t sumi = hsum_i32x8(acc) - 32 * weighted_bsums(sc16, yb);
+        return half_to_float(xb.d) * yb.d * static_cast<float>(sumi);
+    });
 }
 
 // Signs moved onto y so maddubs sees |x|: pairs <= 2 * 127 * 127 (neither side is ever -128).
 void vec_dot_q8_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
-    const BlockQ8_K *x = static_cast<const BlockQ8_K *>(vx);  // [n / 256]
-    const BlockQ8_K *y = static_cast<const BlockQ8_K *>(vy);  // [n / 256]
     const __m256i ones16 = _mm256_set1_epi16(1);
-    float lanes[kDotLanes] = {};
-    for (int64_t b = 0; b < n / kQK_K; ++b) {
+    superblock_dot<BlockQ8_K>(n, s, vx, vy, [&](const BlockQ8_K &xb, const BlockQ8_K &yb) {
         __m256i acc = _mm256_setzero_si256();
         for (int r = 0; r < kQK_K / 32; ++r) {
-            const __m256i xv = load_256(x[b].qs + 32 * r);
-            const __m256i yv = load_256(y[b].qs + 32 * r);
+            const __m256i xv = load_256(xb.qs + 32 * r);
+            const __m256i yv = load_256(yb.qs + 32 * r);
             const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(xv, xv), _mm256_sign_epi8(yv, xv));
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones16));
         }
-        lanes[b % kDotLanes] += x[b].d * y[b].d * static_cast<float>(hsum_i32x8(acc));
-    }
-    *s = lanes_total(lanes);
+        return xb.d * yb.d * static_cast<float>(hsum_i32x8(acc));
+    });
 }
 
 }  // namespace td::kernels::avx2
