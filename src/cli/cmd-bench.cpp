@@ -18,6 +18,7 @@
 
 #include "cli/cluster-flags.h"
 #include "cli/commands.h"
+#include "core/build-id.h"
 #include "cli/common.h"
 #include "core/log.h"
 #include "core/thread-pool.h"
@@ -129,7 +130,7 @@ Status bench_model(const std::string &path, const BenchOptions &opt, const Plan 
     const BenchModelInfo info = bench_model_info(model->file(), model->hparams().arch);
 
     BenchRecord base;
-    base.build_commit = TD_GIT_ID;
+    base.build_commit = build_git_id();
     base.cpu_info = bench_cpu_info();
     base.model_filename = path;
     base.model_type = info.type;

@@ -6,13 +6,14 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/build-id.h"
 #include "core/log.h"
 
 int main(int argc, char **argv) {
     CLI::App app{"tandem: run one large language model across several machines (GGUF, llama architecture)",
                  "tandem"};
     app.require_subcommand(1);
-    app.set_version_flag("--version", std::string("tandem ") + TD_VERSION + " (" + TD_GIT_ID + ")");
+    app.set_version_flag("--version", std::string("tandem ") + TD_VERSION + " (" + td::build_git_id() + ")");
     bool verbose = false;
     app.add_flag("-v,--verbose", verbose, "Log more (also TANDEM_LOG=debug|info|warn|error)");
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "core/build-id.h"
 #include "kernels/kernels.h"
 #include "tensor/tensor.h"
 
@@ -77,7 +78,7 @@ float measure_gflops(ThreadPool &pool, int budget_ms) {
 }
 
 std::string build_id() {
-    return fmt::format("{}+{}", TD_VERSION, TD_GIT_ID);
+    return fmt::format("{}+{}", TD_VERSION, build_git_id());
 }
 
 }  // namespace td::cluster
