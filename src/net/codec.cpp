@@ -42,6 +42,27 @@ void put_string(std::vector<uint8_t> &out, const std::string &s) {
     out.insert(out.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
+// The Reader's interface for writing, so each message's field list is written once (`*_fields` below) and
+// serves both directions.
+class Writer {
+public:
+    explicit Writer(std::vector<uint8_t> &out) : out_(out) {}
+    template <typename T>
+    Status field(const T &v, const char *) {
+        put<T>(out_, v);
+        return {};
+    }
+    Status finite(const float &v, const char *) { return field(v, nullptr); }
+    Status string(const std::string &s, const char *) {
+        put_string(out_, s);
+        return {};
+    }
+    Status flag(const bool &v, const char *) { return field<uint8_t>(v ? 1 : 0, nullptr); }
+
+private:
+    std::vector<uint8_t> &out_;
+};
+
 // ---- reading ---------------------------------------------------------------------------------------------
 
 class Reader {
@@ -49,23 +70,23 @@ public:
     Reader(const char *what, std::span<const uint8_t> payload) : what_(what), p_(payload) {}
 
     template <typename T>
-    Status get(T &v, const char *field) {
+    Status field(T &v, const char *name) {
         static_assert(std::is_trivially_copyable_v<T>);
         if (p_.size() - off_ < sizeof(T)) {
             return invalid_input("{}: payload ends at byte {} reading {} ({} bytes needed, {} left)", what_,
-                                 p_.size(), field, sizeof(T), p_.size() - off_);
+                                 p_.size(), name, sizeof(T), p_.size() - off_);
         }
         std::memcpy(&v, p_.data() + off_, sizeof(T));
         off_ += sizeof(T);
         return {};
     }
 
-    Status get_string(std::string &s, const char *field) {
+    Status string(std::string &s, const char *name) {
         uint32_t n = 0;
-        TD_TRY(get(n, field));
-        if (n > kMaxString) return invalid_input("{}: {} is {} bytes, limit {}", what_, field, n, kMaxString);
+        TD_TRY(field(n, name));
+        if (n > kMaxString) return invalid_input("{}: {} is {} bytes, limit {}", what_, name, n, kMaxString);
         if (p_.size() - off_ < n) {
-            return invalid_input("{}: {} needs {} bytes, payload has {} left", what_, field, n,
+            return invalid_input("{}: {} needs {} bytes, payload has {} left", what_, name, n,
                                  p_.size() - off_);
         }
         s.assign(reinterpret_cast<const char *>(p_.data() + off_), n);
@@ -73,16 +94,16 @@ public:
         return {};
     }
 
-    Status get_finite(float &v, const char *field) {
-        TD_TRY(get(v, field));
-        if (!std::isfinite(v)) return invalid_input("{}: {} is not finite ({})", what_, field, v);
+    Status finite(float &v, const char *name) {
+        TD_TRY(field(v, name));
+        if (!std::isfinite(v)) return invalid_input("{}: {} is not finite ({})", what_, name, v);
         return {};
     }
 
-    Status get_bool(bool &v, const char *field) {
+    Status flag(bool &v, const char *name) {
         uint8_t b = 0;
-        TD_TRY(get(b, field));
-        if (b > 1) return invalid_input("{}: {} must be 0 or 1, got {}", what_, field, b);
+        TD_TRY(field(b, name));
+        if (b > 1) return invalid_input("{}: {} must be 0 or 1, got {}", what_, name, b);
         v = b != 0;
         return {};
     }
@@ -196,110 +217,109 @@ Result<Hello> decode_hello(std::span<const uint8_t> payload) {
     Reader r("hello", payload);
     Hello m;
     uint32_t role = 0;
-    TD_TRY(r.get(m.protocol_version, "protocol_version"));
+    TD_TRY(r.field(m.protocol_version, "protocol_version"));
     if (m.protocol_version != kProtocolVersion) {
         // Another version: only protocol_version is frozen. Take what parses so the handshake can name the
         // peer, and let it report the mismatch with both versions.
-        if (r.get(role, "role").ok()) m.role = static_cast<ConnRole>(role);
-        if (r.get_string(m.build_id, "build_id").ok()) (void)r.get_string(m.node_name, "node_name");
+        if (r.field(role, "role").ok()) m.role = static_cast<ConnRole>(role);
+        if (r.string(m.build_id, "build_id").ok()) (void)r.string(m.node_name, "node_name");
         return m;
     }
-    TD_TRY(r.get(role, "role"));
+    TD_TRY(r.field(role, "role"));
     if (role != static_cast<uint32_t>(ConnRole::control) && role != static_cast<uint32_t>(ConnRole::data)) {
         return invalid_input("hello: unknown connection role {} (1 control, 2 data)", role);
     }
     m.role = static_cast<ConnRole>(role);
-    TD_TRY(r.get_string(m.build_id, "build_id"));
-    TD_TRY(r.get_string(m.node_name, "node_name"));
+    TD_TRY(r.string(m.build_id, "build_id"));
+    TD_TRY(r.string(m.node_name, "node_name"));
     TD_TRY(r.finish());
     return m;
 }
 
+// Everything after protocol_version (only that field is frozen across versions).
+template <typename Io, typename M>
+Status hello_reply_fields(Io &io, M &m) {
+    TD_TRY(io.string(m.build_id, "build_id"));
+    TD_TRY(io.string(m.node_name, "node_name"));
+    TD_TRY(io.field(m.n_threads, "n_threads"));
+    TD_TRY(io.field(m.mem_total, "mem_total"));
+    TD_TRY(io.field(m.mem_available, "mem_available"));
+    TD_TRY(io.finite(m.gflops, "gflops"));
+    return io.string(m.cpu, "cpu");
+}
+
 void encode(const HelloReply &m, std::vector<uint8_t> &out) {
-    put<uint32_t>(out, m.protocol_version);
-    put_string(out, m.build_id);
-    put_string(out, m.node_name);
-    put<uint32_t>(out, m.n_threads);
-    put<uint64_t>(out, m.mem_total);
-    put<uint64_t>(out, m.mem_available);
-    put<float>(out, m.gflops);
-    put_string(out, m.cpu);
+    Writer w(out);
+    (void)w.field(m.protocol_version, "protocol_version");
+    (void)hello_reply_fields(w, m);
 }
 
 Result<HelloReply> decode_hello_reply(std::span<const uint8_t> payload) {
     Reader r("hello_reply", payload);
     HelloReply m;
-    TD_TRY(r.get(m.protocol_version, "protocol_version"));
+    TD_TRY(r.field(m.protocol_version, "protocol_version"));
     if (m.protocol_version != kProtocolVersion) {
-        if (r.get_string(m.build_id, "build_id").ok()) (void)r.get_string(m.node_name, "node_name");
+        if (r.string(m.build_id, "build_id").ok()) (void)r.string(m.node_name, "node_name");
         return m;
     }
-    TD_TRY(r.get_string(m.build_id, "build_id"));
-    TD_TRY(r.get_string(m.node_name, "node_name"));
-    TD_TRY(r.get(m.n_threads, "n_threads"));
-    TD_TRY(r.get(m.mem_total, "mem_total"));
-    TD_TRY(r.get(m.mem_available, "mem_available"));
-    TD_TRY(r.get_finite(m.gflops, "gflops"));
-    TD_TRY(r.get_string(m.cpu, "cpu"));
+    TD_TRY(hello_reply_fields(r, m));
     TD_TRY(r.finish());
     return m;
 }
 
+template <typename Io, typename M>
+Status error_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.kind, "kind"));
+    return io.string(m.message, "message");
+}
+
 void encode(const ErrorMsg &m, std::vector<uint8_t> &out) {
-    put<uint32_t>(out, m.kind);
-    put_string(out, m.message);
+    Writer w(out);
+    (void)error_fields(w, m);
 }
 
 Result<ErrorMsg> decode_error(std::span<const uint8_t> payload) {
     Reader r("error", payload);
     ErrorMsg m;
-    TD_TRY(r.get(m.kind, "kind"));
+    TD_TRY(error_fields(r, m));
+    TD_TRY(r.finish());
     if (m.kind == static_cast<uint32_t>(ErrorKind::ok) ||
         m.kind > static_cast<uint32_t>(ErrorKind::unimplemented)) {
         return invalid_input("error: unknown error kind {}", m.kind);
     }
-    TD_TRY(r.get_string(m.message, "message"));
-    TD_TRY(r.finish());
     return m;
 }
 
+template <typename Io, typename M>
+Status load_stage_fields(Io &io, M &m, uint8_t &pad) {
+    TD_TRY(io.field(m.fingerprint, "fingerprint"));
+    TD_TRY(io.field(m.stage_file_bytes, "stage_file_bytes"));
+    TD_TRY(io.field(m.layer_first, "layer_first"));
+    TD_TRY(io.field(m.layer_last, "layer_last"));
+    TD_TRY(io.field(m.n_layer, "n_layer"));
+    TD_TRY(io.field(m.n_ctx, "n_ctx"));
+    TD_TRY(io.field(m.n_seq, "n_seq"));
+    TD_TRY(io.field(m.kv_type, "kv_type"));
+    TD_TRY(io.field(m.wire, "wire"));
+    TD_TRY(io.field(m.n_threads, "n_threads"));
+    TD_TRY(io.field(m.next_port, "next_port"));
+    TD_TRY(io.flag(m.is_last, "is_last"));
+    TD_TRY(io.field(pad, "padding"));
+    TD_TRY(io.string(m.model_name, "model_name"));
+    return io.string(m.next_host, "next_host");
+}
+
 void encode(const LoadStage &m, std::vector<uint8_t> &out) {
-    put<uint64_t>(out, m.fingerprint);
-    put<uint64_t>(out, m.stage_file_bytes);
-    put<int32_t>(out, m.layer_first);
-    put<int32_t>(out, m.layer_last);
-    put<int32_t>(out, m.n_layer);
-    put<int32_t>(out, m.n_ctx);
-    put<int32_t>(out, m.n_seq);
-    put<uint32_t>(out, m.kv_type);
-    put<uint32_t>(out, m.wire);
-    put<uint32_t>(out, m.n_threads);
-    put<uint16_t>(out, m.next_port);
-    put<uint8_t>(out, m.is_last ? 1 : 0);
-    put<uint8_t>(out, 0);  // padding
-    put_string(out, m.model_name);
-    put_string(out, m.next_host);
+    Writer w(out);
+    uint8_t pad = 0;
+    (void)load_stage_fields(w, m, pad);
 }
 
 Result<LoadStage> decode_load_stage(std::span<const uint8_t> payload) {
     Reader r("load_stage", payload);
     LoadStage m;
     uint8_t pad = 0;
-    TD_TRY(r.get(m.fingerprint, "fingerprint"));
-    TD_TRY(r.get(m.stage_file_bytes, "stage_file_bytes"));
-    TD_TRY(r.get(m.layer_first, "layer_first"));
-    TD_TRY(r.get(m.layer_last, "layer_last"));
-    TD_TRY(r.get(m.n_layer, "n_layer"));
-    TD_TRY(r.get(m.n_ctx, "n_ctx"));
-    TD_TRY(r.get(m.n_seq, "n_seq"));
-    TD_TRY(r.get(m.kv_type, "kv_type"));
-    TD_TRY(r.get(m.wire, "wire"));
-    TD_TRY(r.get(m.n_threads, "n_threads"));
-    TD_TRY(r.get(m.next_port, "next_port"));
-    TD_TRY(r.get_bool(m.is_last, "is_last"));
-    TD_TRY(r.get(pad, "padding"));
-    TD_TRY(r.get_string(m.model_name, "model_name"));
-    TD_TRY(r.get_string(m.next_host, "next_host"));
+    TD_TRY(load_stage_fields(r, m, pad));
     TD_TRY(r.finish());
     if (pad != 0) return invalid_input("load_stage: padding byte at offset 51 is {}, must be 0", pad);
     if (m.layer_first < 0 || m.layer_first >= m.layer_last || m.layer_last > m.n_layer) {
@@ -313,19 +333,24 @@ Result<LoadStage> decode_load_stage(std::span<const uint8_t> payload) {
     return m;
 }
 
+template <typename Io, typename M>
+Status load_reply_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.need_weights, "need_weights"));
+    return io.string(m.source, "source");
+}
+
 void encode(const LoadReply &m, std::vector<uint8_t> &out) {
-    put<uint32_t>(out, m.need_weights);
-    put_string(out, m.source);
+    Writer w(out);
+    (void)load_reply_fields(w, m);
 }
 
 Result<LoadReply> decode_load_reply(std::span<const uint8_t> payload) {
     Reader r("load_reply", payload);
     LoadReply m;
-    TD_TRY(r.get(m.need_weights, "need_weights"));
+    TD_TRY(load_reply_fields(r, m));
+    TD_TRY(r.finish());
     if (m.need_weights > 1)
         return invalid_input("load_reply: need_weights must be 0 or 1, got {}", m.need_weights);
-    TD_TRY(r.get_string(m.source, "source"));
-    TD_TRY(r.finish());
     return m;
 }
 
@@ -337,8 +362,8 @@ void encode(const WeightsChunk &m, std::vector<uint8_t> &out) {
 Result<WeightsChunkView> decode_weights_chunk(std::span<const uint8_t> payload) {
     Reader r("weights_chunk", payload);
     WeightsChunkView v;
-    TD_TRY(r.get(v.header.offset, "offset"));
-    TD_TRY(r.get(v.header.total, "total"));
+    TD_TRY(r.field(v.header.offset, "offset"));
+    TD_TRY(r.field(v.header.total, "total"));
     v.bytes = payload.subspan(r.offset());
     if (v.bytes.size() > kMaxWeightsChunk) {
         return invalid_input("weights_chunk: {} bytes, limit {}", v.bytes.size(), kMaxWeightsChunk);
@@ -354,50 +379,50 @@ Result<WeightsChunkView> decode_weights_chunk(std::span<const uint8_t> payload) 
     return v;
 }
 
+template <typename Io, typename M>
+Status stage_ready_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.weight_bytes, "weight_bytes"));
+    TD_TRY(io.field(m.kv_bytes, "kv_bytes"));
+    return io.finite(m.load_seconds, "load_seconds");
+}
+
 void encode(const StageReady &m, std::vector<uint8_t> &out) {
-    put<uint64_t>(out, m.weight_bytes);
-    put<uint64_t>(out, m.kv_bytes);
-    put<float>(out, m.load_seconds);
+    Writer w(out);
+    (void)stage_ready_fields(w, m);
 }
 
 Result<StageReady> decode_stage_ready(std::span<const uint8_t> payload) {
     Reader r("stage_ready", payload);
     StageReady m;
-    TD_TRY(r.get(m.weight_bytes, "weight_bytes"));
-    TD_TRY(r.get(m.kv_bytes, "kv_bytes"));
-    TD_TRY(r.get_finite(m.load_seconds, "load_seconds"));
+    TD_TRY(stage_ready_fields(r, m));
     TD_TRY(r.finish());
     return m;
 }
 
+template <typename Io, typename M>
+Status seq_start_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.seq, "seq"));
+    TD_TRY(io.field(m.want_logits, "want_logits"));
+    TD_TRY(io.finite(m.temperature, "temperature"));
+    TD_TRY(io.field(m.top_k, "top_k"));
+    TD_TRY(io.finite(m.top_p, "top_p"));
+    TD_TRY(io.finite(m.min_p, "min_p"));
+    TD_TRY(io.finite(m.repeat_penalty, "repeat_penalty"));
+    TD_TRY(io.field(m.repeat_last_n, "repeat_last_n"));
+    TD_TRY(io.finite(m.presence_penalty, "presence_penalty"));
+    TD_TRY(io.finite(m.frequency_penalty, "frequency_penalty"));
+    return io.field(m.seed, "seed");
+}
+
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {
-    put<int32_t>(out, m.seq);
-    put<uint32_t>(out, m.want_logits);
-    put<float>(out, m.temperature);
-    put<int32_t>(out, m.top_k);
-    put<float>(out, m.top_p);
-    put<float>(out, m.min_p);
-    put<float>(out, m.repeat_penalty);
-    put<int32_t>(out, m.repeat_last_n);
-    put<float>(out, m.presence_penalty);
-    put<float>(out, m.frequency_penalty);
-    put<uint64_t>(out, m.seed);
+    Writer w(out);
+    (void)seq_start_fields(w, m);
 }
 
 Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
     Reader r("seq_start", payload);
     SeqStart m;
-    TD_TRY(r.get(m.seq, "seq"));
-    TD_TRY(r.get(m.want_logits, "want_logits"));
-    TD_TRY(r.get_finite(m.temperature, "temperature"));
-    TD_TRY(r.get(m.top_k, "top_k"));
-    TD_TRY(r.get_finite(m.top_p, "top_p"));
-    TD_TRY(r.get_finite(m.min_p, "min_p"));
-    TD_TRY(r.get_finite(m.repeat_penalty, "repeat_penalty"));
-    TD_TRY(r.get(m.repeat_last_n, "repeat_last_n"));
-    TD_TRY(r.get_finite(m.presence_penalty, "presence_penalty"));
-    TD_TRY(r.get_finite(m.frequency_penalty, "frequency_penalty"));
-    TD_TRY(r.get(m.seed, "seed"));
+    TD_TRY(seq_start_fields(r, m));
     TD_TRY(r.finish());
     if (m.seq < 0) return invalid_input("seq_start: seq {} is negative", m.seq);
     if (m.want_logits > 1)
@@ -412,34 +437,33 @@ void encode(const SeqClear &m, std::vector<uint8_t> &out) {
 Result<SeqClear> decode_seq_clear(std::span<const uint8_t> payload) {
     Reader r("seq_clear", payload);
     SeqClear m;
-    TD_TRY(r.get(m.seq, "seq"));
+    TD_TRY(r.field(m.seq, "seq"));
     TD_TRY(r.finish());
     if (m.seq < 0) return invalid_input("seq_clear: seq {} is negative", m.seq);
     return m;
 }
 
+template <typename Io, typename M>
+Status stats_reply_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.msgs_in, "msgs_in"));
+    TD_TRY(io.field(m.msgs_out, "msgs_out"));
+    TD_TRY(io.field(m.bytes_in, "bytes_in"));
+    TD_TRY(io.field(m.bytes_out, "bytes_out"));
+    TD_TRY(io.field(m.forward_steps, "forward_steps"));
+    TD_TRY(io.field(m.compute_seconds, "compute_seconds"));
+    TD_TRY(io.field(m.wait_seconds, "wait_seconds"));
+    return io.field(m.send_seconds, "send_seconds");
+}
+
 void encode(const StatsReply &m, std::vector<uint8_t> &out) {
-    put<uint64_t>(out, m.msgs_in);
-    put<uint64_t>(out, m.msgs_out);
-    put<uint64_t>(out, m.bytes_in);
-    put<uint64_t>(out, m.bytes_out);
-    put<uint64_t>(out, m.forward_steps);
-    put<double>(out, m.compute_seconds);
-    put<double>(out, m.wait_seconds);
-    put<double>(out, m.send_seconds);
+    Writer w(out);
+    (void)stats_reply_fields(w, m);
 }
 
 Result<StatsReply> decode_stats_reply(std::span<const uint8_t> payload) {
     Reader r("stats_reply", payload);
     StatsReply m;
-    TD_TRY(r.get(m.msgs_in, "msgs_in"));
-    TD_TRY(r.get(m.msgs_out, "msgs_out"));
-    TD_TRY(r.get(m.bytes_in, "bytes_in"));
-    TD_TRY(r.get(m.bytes_out, "bytes_out"));
-    TD_TRY(r.get(m.forward_steps, "forward_steps"));
-    TD_TRY(r.get(m.compute_seconds, "compute_seconds"));
-    TD_TRY(r.get(m.wait_seconds, "wait_seconds"));
-    TD_TRY(r.get(m.send_seconds, "send_seconds"));
+    TD_TRY(stats_reply_fields(r, m));
     TD_TRY(r.finish());
     return m;
 }
@@ -460,10 +484,10 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
     Reader r("forward", payload);
     ForwardView v;
     ForwardHeader &h = v.header;
-    TD_TRY(r.get(h.n_rows, "n_rows"));
-    TD_TRY(r.get(h.n_embd, "n_embd"));
-    TD_TRY(r.get(h.wire, "wire"));
-    TD_TRY(r.get(h.flags, "flags"));
+    TD_TRY(r.field(h.n_rows, "n_rows"));
+    TD_TRY(r.field(h.n_embd, "n_embd"));
+    TD_TRY(r.field(h.wire, "wire"));
+    TD_TRY(r.field(h.flags, "flags"));
     if (h.flags & ~kForwardTokens)
         return invalid_input("forward: unknown flags 0x{:x}", h.flags & ~kForwardTokens);
     if (h.n_rows == 0 || h.n_rows > kMaxBatchRows) {
@@ -584,8 +608,8 @@ ResultRow ResultView::row(uint32_t i) const {
 Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vocab) {
     Reader r("result", payload);
     ResultView v;
-    TD_TRY(r.get(v.n_outputs, "n_outputs"));
-    TD_TRY(r.get(v.flags, "flags"));
+    TD_TRY(r.field(v.n_outputs, "n_outputs"));
+    TD_TRY(r.field(v.flags, "flags"));
     if (v.flags & ~kResultLogits)
         return invalid_input("result: unknown flags 0x{:x}", v.flags & ~kResultLogits);
     if (v.n_outputs > kMaxBatchRows) {
