@@ -1,8 +1,10 @@
 // Architectures (src/model/arch/): each one tandem synthesizes runs through the engine and equals a plain,
 // independent double-precision forward pass written from the architecture's definition (below), so a
 // missing bias, a skipped Q/K norm or the wrong RoPE pairing shows up as wrong logits. Layer ranges give
-// bit-identical logits for every architecture. (Against llama.cpp itself, the same synthesized models
-// were checked by hand: see docs/benchmarks.md's notes; that binary is not part of the test suite.)
+// bit-identical logits for every architecture. gemma2's soft-caps are set far below the real ones (50, 30)
+// so that they bend this small model's scores and logits: a wrong or missing cap shows up too. (Against
+// llama.cpp itself, the same synthesized models were checked by hand: see docs/benchmarks.md's notes; that
+// binary is not part of the test suite.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,8 +28,12 @@ namespace {
 struct ArchCase {
     std::string arch;
     int32_t head_dim = 0;  // 0: n_embd / n_head
-    int32_t n_swa = 0;     // sliding window, every layer (0: off)
+    int32_t n_swa = 0;     // sliding window, every layer (gemma2: every other layer) (0: off)
 };
+
+// Soft-caps of the synthesized gemma2 models: below this model's largest attention scores (~0.1) and logits
+// (~0.5), so both caps change the result.
+constexpr float kGemma2AttnCap = 0.05f, kGemma2FinalCap = 0.3f;
 
 void PrintTo(const ArchCase &c, std::ostream *os) {
     *os << c.arch << " head_dim " << c.head_dim << " swa " << c.n_swa;
@@ -42,6 +48,8 @@ std::string synth_arch(const test::TempDir &dir, const ArchCase &c, DType type) 
     p.n_head_kv = 2;
     p.head_dim = c.head_dim;
     p.n_swa = c.n_swa;
+    p.attn_softcap = kGemma2AttnCap;
+    p.final_softcap = kGemma2FinalCap;
     p.n_ff = 96;
     p.n_ctx = 64;
     p.type = type;
@@ -66,6 +74,10 @@ struct Plain {
     }
     int64_t key(const std::string &arch, const char *k, int64_t fallback) const {
         auto v = f.get_int_opt(arch + "." + k);
+        return v.ok() && v->has_value() ? **v : fallback;
+    }
+    double key_f(const std::string &arch, const char *k, double fallback) const {
+        auto v = f.get_f32_opt(arch + "." + k);
         return v.ok() && v->has_value() ? **v : fallback;
     }
 };
@@ -97,7 +109,15 @@ void rope_head(double *x, int32_t n, int32_t pos, bool halves, double base) {
     }
 }
 
-// Logits [n_tokens][n_vocab] of every prompt position.
+// gemma2's soft-capping: c * tanh(x / c).
+double softcap(double x, double c) {
+    return c * std::tanh(x / c);
+}
+
+// Logits [n_tokens][n_vocab] of every prompt position. gemma2 (from its definition, Gemma 2 paper and HF
+// modeling_gemma2): queries scaled by query_pre_attn_scalar^-1/2 (head_dim; n_embd / n_head for the 46-layer
+// 27B), capped scores, post-attention and post-FFN RMSNorms before the residual adds, a 4096 window (unless
+// the file says) on layers 0, 2, 4, ..., capped logits.
 std::vector<double> plain_forward(const std::string &path, const std::vector<int32_t> &tokens) {
     auto file = gguf::File::open(path);
     EXPECT_TRUE(file.ok());
@@ -109,9 +129,13 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
     const int64_t hd = m.key(arch, "attention.key_length", n_embd / n_head),
                   n_ff = m.key(arch, "feed_forward_length", 0);
     const int64_t n_vocab = m.key(arch, "vocab_size", 0);
-    const int64_t n_swa = m.key(arch, "attention.sliding_window", 0);
+    const bool gemma2 = arch == "gemma2";
+    const int64_t n_swa = m.key(arch, "attention.sliding_window", gemma2 ? 4096 : 0);
     const bool halves = arch != "llama";
-    const bool gemma = arch == "gemma";
+    const bool gemma = arch == "gemma" || gemma2;
+    const double attn_cap = m.key_f(arch, "attn_logit_softcapping", 50.0);
+    const double final_cap = m.key_f(arch, "final_logit_softcapping", 30.0);
+    const double q_scale = 1.0 / std::sqrt(static_cast<double>(n_layer == 46 ? n_embd / n_head : hd));
     const double eps = 1e-5, base = 10000.0;
     const int64_t n_q = n_head * hd, n_kv = n_kv_head * hd;
 
@@ -147,13 +171,14 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
             for (int64_t h = 0; h < n_head; ++h) {
                 const int64_t kvh = h / (n_head / n_kv_head);
                 // A sliding window of n_swa keys ends at the query's own position.
-                const size_t first = n_swa > 0 && pos + 1 > static_cast<size_t>(n_swa) ? pos + 1 - n_swa : 0;
+                const bool window = n_swa > 0 && (!gemma2 || il % 2 == 0);
+                const size_t first = window && pos + 1 > static_cast<size_t>(n_swa) ? pos + 1 - n_swa : 0;
                 std::vector<double> s(pos + 1, -1e300);
                 double mx = -1e300, sum = 0;
                 for (size_t j = first; j <= pos; ++j) {
                     double d = 0;
                     for (int64_t i = 0; i < hd; ++i) d += q[h * hd + i] * k_cache[il][j][kvh * hd + i];
-                    s[j] = d / std::sqrt(static_cast<double>(hd));
+                    s[j] = gemma2 ? softcap(d * q_scale, attn_cap) : d / std::sqrt(static_cast<double>(hd));
                     mx = std::max(mx, s[j]);
                 }
                 for (double &sj : s) sum += (sj = std::exp(sj - mx));  // masked keys give exp(-inf) = 0
@@ -161,7 +186,8 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
                     for (int64_t i = 0; i < hd; ++i)
                         attn[h * hd + i] += s[j] / sum * v_cache[il][j][kvh * hd + i];
             }
-            const std::vector<double> o = mat_vec(m.t(name("attn_output.weight")), attn, n_embd);
+            std::vector<double> o = mat_vec(m.t(name("attn_output.weight")), attn, n_embd);
+            if (gemma2) rms_norm(o.data(), m.t(name("post_attention_norm.weight")), n_embd, eps);
             for (int64_t i = 0; i < n_embd; ++i) x[i] += o[i];
             xn = x;
             rms_norm(xn.data(), m.t(name("ffn_norm.weight")), n_embd, eps);
@@ -173,12 +199,15 @@ std::vector<double> plain_forward(const std::string &path, const std::vector<int
                 g[i] = gemma ? kernels::gelu_f16_rounded(static_cast<float>(g[i])) * u[i]
                              : g[i] / (1.0 + std::exp(-g[i])) * u[i];
             }
-            const std::vector<double> d = mat_vec(m.t(name("ffn_down.weight")), g, n_embd);
+            std::vector<double> d = mat_vec(m.t(name("ffn_down.weight")), g, n_embd);
+            if (gemma2) rms_norm(d.data(), m.t(name("post_ffw_norm.weight")), n_embd, eps);
             for (int64_t i = 0; i < n_embd; ++i) x[i] += d[i];
         }
         rms_norm(x.data(), m.t("output_norm.weight"), n_embd, eps);
         const float *out = m.t("output.weight") ? m.t("output.weight") : m.t("token_embd.weight");
-        const std::vector<double> l = mat_vec(out, x, n_vocab);
+        std::vector<double> l = mat_vec(out, x, n_vocab);
+        if (gemma2)
+            for (double &li : l) li = softcap(li, final_cap);
         logits.insert(logits.end(), l.begin(), l.end());
     }
     return logits;
@@ -227,7 +256,8 @@ TEST_P(Arch, LoadsWithItsOwnHyperparameters) {
     const HParams &hp = (*model)->hparams();
     EXPECT_EQ(hp.arch, GetParam().arch);
     EXPECT_EQ(hp.head_dim, GetParam().head_dim > 0 ? GetParam().head_dim : 16);
-    EXPECT_EQ((*model)->arch().ffn_act, GetParam().arch == "gemma" ? FfnAct::gelu : FfnAct::silu);
+    const bool gemma = GetParam().arch == "gemma" || GetParam().arch == "gemma2";
+    EXPECT_EQ((*model)->arch().ffn_act, gemma ? FfnAct::gelu : FfnAct::silu);
     EXPECT_EQ(hp.rope_order,
               GetParam().arch == "llama" ? kernels::RopeOrder::adjacent : kernels::RopeOrder::halves);
 }
@@ -264,7 +294,8 @@ INSTANTIATE_TEST_SUITE_P(All, Arch,
                          ::testing::Values(ArchCase{"llama", 0}, ArchCase{"qwen2", 0}, ArchCase{"qwen3", 0},
                                            ArchCase{"qwen3", 32}, ArchCase{"llama", 0, 3},
                                            ArchCase{"qwen2", 0, 2}, ArchCase{"gemma", 0},
-                                           ArchCase{"gemma", 32}),
+                                           ArchCase{"gemma", 32}, ArchCase{"gemma2", 0},
+                                           ArchCase{"gemma2", 32, 3}),
                          [](const ::testing::TestParamInfo<ArchCase> &info) {
                              const ArchCase &c = info.param;
                              return c.arch + (c.head_dim ? "_head" + std::to_string(c.head_dim) : "") +
@@ -286,6 +317,52 @@ TEST(ArchSlidingWindow, ChangesOnlyPositionsBeyondTheWindow) {
             std::equal(full.begin() + pos * nv, full.begin() + (pos + 1) * nv, swa.begin() + pos * nv);
         EXPECT_EQ(same, pos < 3) << "position " << pos;
     }
+}
+
+// gemma2's hyperparameters: the caps from the file, the window on even layers only (4096 when the file has
+// none), queries scaled by 1/sqrt(head_dim); and the logits never leave (-cap, cap).
+TEST(ArchGemma2, ReadsItsKeysAndCapsTheLogits) {
+    test::TempDir dir;
+    auto model = Model::load(synth_arch(dir, {"gemma2", 32, 3}, DType::f32));
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    const HParams &hp = (*model)->hparams();
+    EXPECT_EQ(hp.attn_softcap, kGemma2AttnCap);
+    EXPECT_EQ(hp.final_softcap, kGemma2FinalCap);
+    EXPECT_EQ(hp.n_swa, 3);
+    EXPECT_TRUE(hp.layer_is_swa(0));
+    EXPECT_FALSE(hp.layer_is_swa(1));
+    EXPECT_EQ(hp.attn_q_scale, 1.0f / std::sqrt(32.0f));
+    EXPECT_TRUE((*model)->arch().has_post_norms);
+
+    const std::string path = synth_arch(dir, {"gemma2", 0, 0}, DType::f32);
+    auto no_window = Model::load(path);
+    ASSERT_TRUE(no_window.ok()) << no_window.status().message();
+    EXPECT_EQ((*no_window)->hparams().n_swa, 4096);
+
+    const std::vector<float> logits = engine_forward(path, {1, 403, 407, 261}, {0, 2}, KvType::f16);
+    ASSERT_FALSE(logits.empty());
+    float max_abs = 0;
+    for (float l : logits) max_abs = std::max(max_abs, std::fabs(l));
+    EXPECT_LE(max_abs, kGemma2FinalCap);
+    EXPECT_GT(max_abs, 0.5f * kGemma2FinalCap);  // the cap is reached, not idle
+}
+
+// A model without the post-norms gemma2 requires is refused with the tensor's name.
+TEST(ArchGemma2, MissingPostNormIsAnError) {
+    test::TempDir dir;
+    auto src = gguf::File::open(synth_arch(dir, {"gemma2", 0, 0}, DType::f32));
+    ASSERT_TRUE(src.ok());
+    gguf::Writer w;
+    for (const auto &[key, value] : src->metadata()) w.set_value(key, value);
+    for (const auto &t : src->tensors())
+        if (t.name != "blk.1.post_ffw_norm.weight")
+            w.add_tensor(t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims), t.data, t.n_bytes);
+    const std::string path = dir.file("no-post-norm.gguf");
+    ASSERT_TRUE(w.write(path).ok());
+    auto model = Model::load(path);
+    ASSERT_FALSE(model.ok());
+    EXPECT_NE(model.status().message().find("blk.1.post_ffw_norm.weight"), std::string::npos)
+        << model.status().message();
 }
 
 // A batch longer than one micro-batch (Context::kMaxUbatch rows) gives the bits of the same rows sent in

@@ -3,6 +3,7 @@
 // counts, and the vectorised attention. Each check runs once per ISA this build and CPU have.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -118,10 +119,13 @@ std::vector<uint8_t> kv_rows(const std::vector<float> &v, bool f16) {
     return out;
 }
 
+// With and without gemma2's logit soft-capping (a cap of 2 bends most of these scores).
 TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
     const int32_t head_dims[] = {8, 64, 100, 128};
     const int32_t n_kvs[] = {1, 2, 3, 5, 8, 17, 130};
-    for (bool f16 : {true, false}) {
+    for (int variant = 0; variant < 4; ++variant) {
+        const bool f16 = variant < 2;
+        const float softcap = variant % 2 == 0 ? 0.0f : 2.0f;
         for (int32_t head_dim : head_dims) {
             const int64_t stride = head_dim + 24;
             for (int32_t n_kv : n_kvs) {
@@ -139,13 +143,40 @@ TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
                 std::vector<float> want(static_cast<size_t>(head_dim)),
                     got(static_cast<size_t>(head_dim), NAN);
                 kernels::ref::attention_head(q.data(), k.data(), v.data(), f16, stride, head_dim, n_kv, scale,
-                                             scores.data(), want.data());
+                                             softcap, scores.data(), want.data());
                 kernels::attention_head(q.data(), k.data(), v.data(), f16, stride, head_dim, n_kv, scale,
-                                        scores.data(), got.data());
+                                        softcap, scores.data(), got.data());
                 ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
-                    << (f16 ? "f16" : "f32") << " head_dim " << head_dim << " n_kv " << n_kv;
+                    << (f16 ? "f16" : "f32") << " head_dim " << head_dim << " n_kv " << n_kv << " softcap "
+                    << softcap;
             }
         }
+    }
+}
+
+// Soft-capping (gemma2) against the formula in doubles: s_j = c * tanh(scale * q.k_j / c), then the softmax.
+// The scores here reach ~8 and the cap is 1.5, so an uncapped or wrongly capped softmax is far off.
+TEST_P(KernelsFast, AttentionHeadSoftcapEqualsTheFormula) {
+    const int32_t head_dim = 16, n_kv = 7;
+    const std::vector<float> q = randn(head_dim, 5, 2.0f), k = randn(head_dim * n_kv, 6, 2.0f),
+                             v = randn(head_dim * n_kv, 7);
+    const float scale = 0.25f, cap = 1.5f;
+    std::vector<double> s(n_kv);
+    double mx = -1e300, sum = 0;
+    for (int32_t j = 0; j < n_kv; ++j) {
+        double dot = 0;
+        for (int32_t d = 0; d < head_dim; ++d) dot += static_cast<double>(q[d]) * k[j * head_dim + d];
+        s[j] = cap * std::tanh(scale * dot / cap);
+        mx = std::max(mx, s[j]);
+    }
+    for (double &sj : s) sum += (sj = std::exp(sj - mx));
+    std::vector<float> got(head_dim), scores(n_kv);
+    kernels::attention_head(q.data(), k.data(), v.data(), false, head_dim, head_dim, n_kv, scale, cap,
+                            scores.data(), got.data());
+    for (int32_t d = 0; d < head_dim; ++d) {
+        double want = 0;
+        for (int32_t j = 0; j < n_kv; ++j) want += s[j] / sum * v[j * head_dim + d];
+        EXPECT_NEAR(got[d], want, 1e-5) << "d " << d;
     }
 }
 

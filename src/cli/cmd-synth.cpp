@@ -33,7 +33,8 @@ void register_synth(CLI::App &app, Runners &runners) {
         app.add_subcommand("synth", "Write a random-weight llama GGUF (real shape, real vocabulary)");
     cmd->add_option("-o,--output", opt->out, "Output GGUF path")->required();
     cmd->add_option("--arch", p.arch,
-                    "Architecture: llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), gemma (GeGLU)")
+                    "Architecture: llama, qwen2 (Q/K/V biases), qwen3 (Q/K norms), gemma (GeGLU), gemma2 "
+                    "(gemma plus post-norms, soft-capping, alternating windows)")
         ->default_val("llama");
     cmd->add_option("--dim", p.n_embd, "Embedding size")->default_val(256);
     cmd->add_option("--layers", p.n_layer, "Layers")->default_val(4);
@@ -42,8 +43,12 @@ void register_synth(CLI::App &app, Runners &runners) {
     cmd->add_option("--head-dim", p.head_dim, "Head size (0: dim / heads)")->default_val(0);
     cmd->add_option("--ffn", p.n_ff, "Feed-forward size")->default_val(768);
     cmd->add_option("--ctx", p.n_ctx, "Training context length to record")->default_val(2048);
-    cmd->add_option("--swa", p.n_swa, "Sliding attention window in tokens, every layer (0: off)")
+    cmd->add_option("--swa", p.n_swa,
+                    "Sliding attention window in tokens, every layer; gemma2: every other layer (0: off; "
+                    "gemma2: the default 4096)")
         ->default_val(0);
+    cmd->add_option("--attn-softcap", p.attn_softcap, "gemma2: attention logit soft-cap")->default_val(50.0f);
+    cmd->add_option("--final-softcap", p.final_softcap, "gemma2: output logit soft-cap")->default_val(30.0f);
     cmd->add_option("--rope-base", p.rope_freq_base, "RoPE frequency base")->default_val(10000.0f);
     cmd->add_option("--vocab-from", p.vocab_from, "GGUF whose tokenizer is copied")->required();
     cmd->add_option("--type", opt->type,

@@ -47,14 +47,15 @@ void add_inplace(float *y, const float *x, int64_t n) {
 }
 
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out) {
+                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
     TD_ASSERT(head_dim > 0 && head_dim <= 1024 && n_kv >= 0, "attention_head: head_dim {} n_kv {}", head_dim,
               n_kv);
+    TD_ASSERT(softcap >= 0.0f, "attention_head: softcap {}", softcap);
 #if TD_KERNELS_X86
     if (use_avx2())
-        return avx2::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, scores, out);
+        return avx2::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
 #endif
-    ref::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, scores, out);
+    ref::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
 }
 
 void store_row(const float *src, void *dst, bool to_f16, int64_t n) {

@@ -40,11 +40,12 @@ void add_inplace(float *y, const float *x, int64_t n);
 
 // One attention head for one query over n_kv cached positions; causal masking is done by the caller (it
 // passes only positions <= the query's). K and V rows are f16 (kv_f16) or f32, row stride kv_stride elements.
-//   out = sum_j softmax(scale * q.k_j)_j v_j
-// computed with the rounding of ggml's CPU flash attention (ref/ops-ref.cpp says how).
+//   s_j = scale * q.k_j,  or with logit soft-capping (softcap c > 0, gemma2):  s_j = c * tanh(s_j / c)
+//   out = sum_j softmax(s)_j v_j
+// computed with the rounding of ggml's CPU flash attention (ref/ops-ref.cpp says how). softcap 0 = none.
 //   q: [head_dim]   k, v: [n_kv rows, stride]   out: [head_dim]   scores: [n_kv] scratch
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out);
+                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out);
 
 // dst[i] = f16(src[i]) or a plain copy, for writing K/V into the cache.
 void store_row(const float *src, void *dst, bool to_f16, int64_t n);

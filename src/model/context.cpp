@@ -139,6 +139,17 @@ Status Context::decode(const Batch &batch, const float *hidden_in) {
         ++o;
     }
     kernels::matmul(m.output(), out_rows_.data(), logits_.data(), n_outputs_, *pool_, mm_scratch_);
+    if (hp.final_softcap > 0.0f) {
+        // gemma2: logits = c * tanh(logits / c), as llama.cpp rounds it: multiply by the f32 1/c, libm's
+        // tanhf, multiply by c.
+        const float c = hp.final_softcap, inv_c = 1.0f / hp.final_softcap;
+        pool_->parallel_for(
+            static_cast<int64_t>(n_logits),
+            [&](int64_t b, int64_t e) {
+                for (int64_t i = b; i < e; ++i) logits_[i] = c * std::tanh(logits_[i] * inv_c);
+            },
+            4096);
+    }
     return {};
 }
 
@@ -161,6 +172,7 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
     ThreadPool &pool = *pool_;
 
     // --- attention block:  x += Wo · attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)) ---
+    // (gemma2: the sum's term goes through post_attention_norm first, like the FFN's through post_ffw_norm)
     const float *attn_norm = static_cast<const float *>(w.attn_norm.data);
     pool.parallel_for(n, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i)
@@ -189,6 +201,8 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
             }
             kernels::rope(q, hp.n_head, head_dim, pos[i], rope_);
             kernels::rope(k, hp.n_head_kv, head_dim, pos[i], rope_);
+            if (hp.attn_q_scale > 0.0f)  // gemma2: the queries carry the attention scale
+                for (int64_t j = 0; j < n_q; ++j) q[j] *= hp.attn_q_scale;
             kernels::store_row(k, kv_.k_row(local, seq[i], pos[i]), kv_f16, n_kv);
             kernels::store_row(v, kv_.v_row(local, seq[i], pos[i]), kv_f16, n_kv);
         }
@@ -196,7 +210,7 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
 
     // Each (row, head) attends over its own sequence's positions first..pos (causal; first > 0 only in a
     // sliding-window layer).
-    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    const float scale = hp.attn_q_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(head_dim));
     const int32_t n_gqa = hp.n_gqa();
     const size_t elem = kv_f16 ? 2 : 4;
     const int32_t n_swa = hp.layer_is_swa(il) ? hp.n_swa : 0;
@@ -210,10 +224,12 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
             const uint8_t *k0 = kv_.k_row(local, seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
             const uint8_t *v0 = kv_.v_row(local, seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
             kernels::attention_head(&q_[i * n_q + h * head_dim], k0, v0, kv_f16, n_kv, head_dim,
-                                    pos[i] + 1 - first, scale, scores, &attn_[i * n_q + h * head_dim]);
+                                    pos[i] + 1 - first, scale, hp.attn_softcap, scores,
+                                    &attn_[i * n_q + h * head_dim]);
         }
     });
     kernels::matmul(w.wo, attn_.data(), xn_.data(), n, pool, mm_scratch_);
+    post_norm(w.attn_post_norm, n);
     kernels::add_inplace(x, xn_.data(), static_cast<int64_t>(n) * n_embd);
 
     // --- feed-forward block:  x += W_down · (silu(W_gate·n(x)) * W_up·n(x)) ---
@@ -236,7 +252,19 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
         }
     });
     kernels::matmul(w.w_down, gate_.data(), xn_.data(), n, pool, mm_scratch_);
+    post_norm(w.ffn_post_norm, n);
     kernels::add_inplace(x, xn_.data(), static_cast<int64_t>(n) * n_embd);
+}
+
+void Context::post_norm(const TensorView &norm, int32_t n) {
+    if (norm.data == nullptr) return;
+    const HParams &hp = model_->hparams();
+    const int64_t n_embd = hp.n_embd;
+    const float *w = static_cast<const float *>(norm.data);  // [n_embd]
+    pool_->parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+            kernels::rmsnorm(&xn_[i * n_embd], w, &xn_[i * n_embd], n_embd, hp.rms_eps);
+    });
 }
 
 }  // namespace td

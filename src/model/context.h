@@ -58,6 +58,8 @@ private:
     // an earlier one stored). The math per row does not depend on the split.
     void layer_forward(int32_t il, const Batch &batch);
     void layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int32_t n);
+    // xn_ rows [0, n) = rmsnorm(xn_ rows) * norm, when the layer has that post-norm (gemma2); else nothing.
+    void post_norm(const TensorView &norm, int32_t n);
     static constexpr int32_t kMaxUbatch = 256;
     void ensure_scratch(int32_t n_tokens);
 

@@ -22,7 +22,8 @@ Result<int32_t> optional_i32(const gguf::File &file, const std::string &key, int
 
 }  // namespace
 
-Result<HParams> read_hparams(const gguf::File &file, std::string_view arch_view) {
+Result<HParams> read_hparams(const gguf::File &file, std::string_view arch_view,
+                             const SwaDefaults &swa_defaults) {
     const std::string arch(arch_view);
     auto key = [&](std::string_view suffix) { return fmt::format("{}.{}", arch, suffix); };
     HParams hp;
@@ -89,10 +90,11 @@ Result<HParams> read_hparams(const gguf::File &file, std::string_view arch_view)
     hp.rope_llama3_low_freq_factor = low.value_or(1.0f);
     hp.rope_llama3_high_freq_factor = high.value_or(4.0f);
 
-    // Sliding window: all layers (Mistral style) unless a pattern says which. The pattern is either an
-    // array of bools, one per layer, or a period n: layer il slides when il % n < n - 1 (llama.cpp's rule:
-    // every n-th layer attends globally).
+    // Sliding window: all layers (Mistral style) unless a pattern (or the architecture's default period)
+    // says which. The pattern is either an array of bools, one per layer, or a period n: layer il slides when
+    // il % n < n - 1 (llama.cpp's rule: every n-th layer attends globally).
     TD_ASSIGN_OR_RETURN(std::optional<int64_t> swa, file.get_int_opt(key("attention.sliding_window")));
+    if (!swa && swa_defaults.n_swa > 0) swa = swa_defaults.n_swa;
     if (swa && *swa > 0) {
         if (*swa > (int64_t{1} << 30))
             return invalid_input("{}: attention.sliding_window {} is out of range", file.path(), *swa);
@@ -109,6 +111,8 @@ Result<HParams> read_hparams(const gguf::File &file, std::string_view arch_view)
                                     positive_i32(file, key("attention.sliding_window_pattern")));
                 for (int32_t il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = il % period < period - 1;
             }
+        } else if (const int32_t period = swa_defaults.period; period > 0) {
+            for (int32_t il = 0; il < hp.n_layer; ++il) hp.swa_layers[il] = il % period < period - 1;
         }
     }
 

@@ -42,14 +42,29 @@ struct HParams {
     std::vector<uint8_t> swa_layers;  // [n_layer] 1 = sliding window; filled when n_swa > 0
     bool layer_is_swa(int32_t il) const { return n_swa > 0 && swa_layers[static_cast<size_t>(il)] != 0; }
 
+    // Gemma 2: logit soft-capping s -> c * tanh(s / c) of the attention scores and of the output logits
+    // (0 = none), and a query scale of its own: when attn_q_scale > 0 the queries are multiplied by it (in
+    // f32, after RoPE) and the scores are not scaled again; 0 = scores scaled by 1/sqrt(head_dim).
+    float attn_softcap = 0.0f;
+    float final_softcap = 0.0f;
+    float attn_q_scale = 0.0f;
+
     int32_t n_embd_q() const { return n_head * head_dim; }
     int32_t n_embd_kv() const { return n_head_kv * head_dim; }
     int32_t n_gqa() const { return n_head / n_head_kv; }
 };
 
+// What an architecture assumes when the file leaves the sliding window out.
+struct SwaDefaults {
+    int32_t n_swa = 0;   // window when attention.sliding_window is absent (0: none)
+    int32_t period = 0;  // when attention.sliding_window_pattern is absent: layer il slides when
+                         // il % period < period - 1 (2: every even layer, gemma2); 0: every layer slides
+};
+
 // Reads the keys every llama-family architecture shares under the "<arch>." prefix and validates them
 // (positive sizes, n_head divisible by n_head_kv, ...). Errors name the file and key.
-Result<HParams> read_hparams(const gguf::File &file, std::string_view arch);
+Result<HParams> read_hparams(const gguf::File &file, std::string_view arch,
+                             const SwaDefaults &swa_defaults = {});
 
 // Weights and KV memory, in bytes, of one layer (for `info` and placement).
 struct LayerMemory {

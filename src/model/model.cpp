@@ -144,6 +144,11 @@ Status Model::bind(const ModelLoadOptions &options) {
                             get_tensor(f, name("attn_q_norm.weight"), {hp_.head_dim}, qk_norm, true));
         TD_ASSIGN_OR_RETURN(l.k_norm,
                             get_tensor(f, name("attn_k_norm.weight"), {hp_.head_dim}, qk_norm, true));
+        const bool post_norms = arch_->has_post_norms;
+        TD_ASSIGN_OR_RETURN(l.attn_post_norm,
+                            get_tensor(f, name("post_attention_norm.weight"), {n_embd}, post_norms, true));
+        TD_ASSIGN_OR_RETURN(l.ffn_post_norm,
+                            get_tensor(f, name("post_ffw_norm.weight"), {n_embd}, post_norms, true));
         l.loaded = true;
     }
 

@@ -23,9 +23,11 @@ struct LayerWeights {
     TensorView bq, bk, bv;      // optional biases [n_embd_q | n_embd_kv] f32 (qwen2)
     TensorView q_norm, k_norm;  // optional per-head RMSNorm weights [head_dim] f32 (qwen3)
     TensorView wo;              // [n_embd rows of n_embd_q]
+    TensorView attn_post_norm;  // optional RMSNorm weight of the attention output [n_embd] f32 (gemma2)
     TensorView ffn_norm;        // [n_embd] f32
     TensorView w_gate, w_up;    // [n_ff rows of n_embd]
     TensorView w_down;          // [n_embd rows of n_ff]
+    TensorView ffn_post_norm;   // optional RMSNorm weight of the FFN output [n_embd] f32 (gemma2)
     bool loaded = false;
 };
 

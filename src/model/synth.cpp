@@ -120,9 +120,13 @@ DType synth_tensor_type(const SynthParams &p, std::string_view tensor, int32_t l
 }
 
 Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &pool) {
-    if (p.arch != "llama" && p.arch != "qwen2" && p.arch != "qwen3" && p.arch != "gemma")
-        return invalid_input("synth: --arch '{}' is not one synth writes (llama, qwen2, qwen3, gemma)",
-                             p.arch);
+    const bool gemma2 = p.arch == "gemma2";
+    if (p.arch != "llama" && p.arch != "qwen2" && p.arch != "qwen3" && p.arch != "gemma" && !gemma2)
+        return invalid_input(
+            "synth: --arch '{}' is not one synth writes (llama, qwen2, qwen3, gemma, gemma2)", p.arch);
+    if (gemma2 && !(p.attn_softcap > 0.0f && p.final_softcap > 0.0f))
+        return invalid_input("synth: soft-caps must be positive (got {} and {})", p.attn_softcap,
+                             p.final_softcap);
     if (p.n_embd <= 0 || p.n_layer <= 0 || p.n_head <= 0 || p.n_head_kv <= 0 || p.n_ff <= 0 || p.n_ctx <= 0)
         return invalid_input("synth: every size must be positive");
     if (p.n_swa < 0) return invalid_input("synth: --swa must not be negative");
@@ -163,6 +167,10 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
     }
     w.set_f32(key("attention.layer_norm_rms_epsilon"), 1e-5f);
     if (p.n_swa > 0) w.set_u32(key("attention.sliding_window"), static_cast<uint32_t>(p.n_swa));
+    if (gemma2) {
+        w.set_f32(key("attn_logit_softcapping"), p.attn_softcap);
+        w.set_f32(key("final_logit_softcapping"), p.final_softcap);
+    }
     w.set_f32(key("rope.freq_base"), p.rope_freq_base);
     w.set_u32(key("vocab_size"), static_cast<uint32_t>(n_vocab));
     for (const auto &[key, value] : vocab_file.metadata())
@@ -178,7 +186,7 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
     TD_TRY(matrix("token_embd.weight", n_embd, n_vocab, -1));
     TD_TRY(make.add("output_norm.weight", n_embd, 0, DType::f32));
     // Gemma always ties the output to the embedding.
-    if (!p.tied_output && p.arch != "gemma") TD_TRY(matrix("output.weight", n_embd, n_vocab, -1));
+    if (!p.tied_output && p.arch != "gemma" && !gemma2) TD_TRY(matrix("output.weight", n_embd, n_vocab, -1));
     for (int32_t il = 0; il < p.n_layer; ++il) {
         auto name = [il](const char *what) { return fmt::format("blk.{}.{}", il, what); };
         TD_TRY(make.add(name("attn_norm.weight"), n_embd, 0, DType::f32));
@@ -195,10 +203,12 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
             TD_TRY(make.vector(name("attn_k_norm.weight"), head_dim, 1.0f, 0.5f));
         }
         TD_TRY(matrix(name("attn_output.weight"), n_q, n_embd, il));
+        if (gemma2) TD_TRY(make.vector(name("post_attention_norm.weight"), n_embd, 1.0f, 0.5f));
         TD_TRY(make.add(name("ffn_norm.weight"), n_embd, 0, DType::f32));
         TD_TRY(matrix(name("ffn_gate.weight"), n_embd, p.n_ff, il));
         TD_TRY(matrix(name("ffn_up.weight"), n_embd, p.n_ff, il));
         TD_TRY(matrix(name("ffn_down.weight"), p.n_ff, n_embd, il));
+        if (gemma2) TD_TRY(make.vector(name("post_ffw_norm.weight"), n_embd, 1.0f, 0.5f));
     }
     return w.write(path);
 }

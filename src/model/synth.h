@@ -19,8 +19,9 @@ namespace td {
 enum class SynthMix { none, q4_k_m, q5_k_m };
 
 struct SynthParams {
-    // general.architecture: "llama", "qwen2" (adds Q/K/V biases), "qwen3" (adds per-head Q/K norms) or
-    // "gemma" (GeGLU, scaled embeddings, always tied output).
+    // general.architecture: "llama", "qwen2" (adds Q/K/V biases), "qwen3" (adds per-head Q/K norms),
+    // "gemma" (GeGLU, scaled embeddings, always tied output) or "gemma2" (gemma plus post-attention and
+    // post-FFN norms, logit soft-capping keys, the window on every other layer).
     std::string arch = "llama";
     int32_t n_embd = 256;
     int32_t n_layer = 4;
@@ -29,7 +30,9 @@ struct SynthParams {
     int32_t head_dim = 0;  // 0: n_embd / n_head; otherwise written as attention.key_length/value_length
     int32_t n_ff = 768;
     int32_t n_ctx = 2048;
-    int32_t n_swa = 0;  // > 0: attention.sliding_window, every layer (Mistral style)
+    int32_t n_swa = 0;  // > 0: attention.sliding_window, every layer (Mistral style; gemma2: even layers)
+    float attn_softcap = 50.0f;   // gemma2: attn_logit_softcapping
+    float final_softcap = 30.0f;  // gemma2: final_logit_softcapping
     float rope_freq_base = 10000.0f;
     DType type = DType::f32;        // every matrix; norms stay f32
     SynthMix mix = SynthMix::none;  // when set, overrides `type` per tensor (synth_tensor_type)
@@ -47,10 +50,10 @@ Status synth_parse_type(std::string_view name, SynthParams &params);
 DType synth_tensor_type(const SynthParams &params, std::string_view tensor, int32_t layer);
 
 // Writes the model to `path`. Weights are uniform with the variance of N(0, 0.02^2) (deterministic for a
-// seed), quantized to `type` with the reference quantizer; biases and Q/K norm weights are random f32 too
-// (norms around 1), so a forward pass that ignores them gives different logits. Errors: unknown arch,
-// shape problems (n_embd not a multiple of n_head or of the type's block size (256 for the K-quants),
-// n_head not a multiple of n_head_kv), unreadable vocab file, i/o.
+// seed), quantized to `type` with the reference quantizer; biases, Q/K norm and gemma2 post-norm weights are
+// random f32 too (norms around 1), so a forward pass that ignores them gives different logits. Errors:
+// unknown arch, non-positive soft-caps, shape problems (n_embd not a multiple of n_head or of the type's
+// block size (256 for the K-quants), n_head not a multiple of n_head_kv), unreadable vocab file, i/o.
 Status synth_model(const SynthParams &params, const std::string &path, ThreadPool &pool);
 
 }  // namespace td

@@ -116,10 +116,12 @@ static float dot_f16_q(const float *q, const uint16_t *k, int32_t n) {
 }
 
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out) {
+                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
     // ggml's CPU flash attention (one pass, online softmax), rounding for rounding:
     //   s_j = scale * q.k_j ;  M = running max ;  acc = sum_j e^(s_j - M) v_j ;  S = sum_j e^(s_j - M)
     //   out = acc * (1 / S)
+    // Soft-capping folds 1/c into the scale once (scale' = scale / c, in f32) and then s_j = c * tanhf(q.k_j
+    // * scale'), libm's tanhf, as ggml does.
     // q.k in the order of ggml's f16 or f32 dot; acc += v_j * e^(s_j - M) and S = S * e^(M_old - M) + e^(..)
     // are fused multiply-adds. With an f16 cache the query is rounded to f16 first and the accumulator is
     // rounded to f16 after every update.
@@ -130,6 +132,7 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
 
     float acc[1024];  // [head_dim] running sum of weighted V rows
     for (int32_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
+    if (softcap != 0.0f) scale /= softcap;
     float m = -INFINITY, sum = 0.0f;
     for (int32_t j = 0; j < n_kv; ++j) {
         float dot;
@@ -138,7 +141,8 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
         } else {
             vec_dot_f32_f32(head_dim, &dot, static_cast<const float *>(k) + j * kv_stride, qr);
         }
-        const float s = dot * scale;
+        float s = dot * scale;
+        if (softcap != 0.0f) s = softcap * std::tanh(s);
         float ms = 1.0f;  // rescales the accumulator when the max grows
         float vs = 1.0f;  // weight of this row: e^(s - M)
         if (s > m) {

@@ -14,7 +14,7 @@ void softmax(float *x, int64_t n);
 void swiglu(const float *gate, const float *up, float *out, int64_t n);
 void add_inplace(float *y, const float *x, int64_t n);
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out);
+                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out);
 void store_row(const float *src, void *dst, bool to_f16, int64_t n);
 
 }  // namespace td::kernels::ref

@@ -31,7 +31,7 @@ void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
 
 // kernels/ops.h attention_head, bit-identical to the reference (ops-avx2.cpp).
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out);
+                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out);
 // kernels/ops.h swiglu, bit-identical to the reference (ops-avx2.cpp).
 void swiglu(const float *gate, const float *up, float *out, int64_t n);
 

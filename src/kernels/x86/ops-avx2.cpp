@@ -97,7 +97,7 @@ inline __m256 expf_poly8(__m256 x) {
 }  // namespace
 
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float *scores, float *out) {
+                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
     // The reference's flash-attention arithmetic (ref/ops-ref.cpp), with the work moved around: all scores
     // first, then the online softmax over keys with the head dimension across lanes.
     float qr[1024];   // [head_dim] the query at the cache's precision
@@ -109,7 +109,8 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
     for (int32_t d = 0; d < head_dim; ++d) qr[d] = kv_f16 ? round_f16(q[d]) : q[d];
     for (int32_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
 
-    // scores[j] = (q.k_j) * scale
+    // scores[j] = (q.k_j) * scale, or softcap * tanhf((q.k_j) * (scale / softcap)) (libm, like the reference)
+    if (softcap != 0.0f) scale /= softcap;
     for (int32_t j = 0; j < n_kv; ++j) {
         const void *kj = kb + static_cast<size_t>(j) * row_bytes;
         float dot;
@@ -119,6 +120,7 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
             vec_dot_f32_f32(head_dim, &dot, kj, qr);
         }
         scores[j] = dot * scale;
+        if (softcap != 0.0f) scores[j] = softcap * tanhf(scores[j]);
     }
 
     float m = -INFINITY, sum = 0.0f;

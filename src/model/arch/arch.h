@@ -22,6 +22,9 @@ struct Architecture {
     bool has_qkv_bias = false;  // attn_q/k/v.bias tensors are required
     bool has_qk_norm = false;   // attn_q_norm / attn_k_norm weights are required
     bool scale_embd = false;    // token embeddings are multiplied by sqrt(n_embd) (gemma)
+    // post_attention_norm / post_ffw_norm weights are required: RMSNorm of the attention and of the FFN
+    // output before each residual add (gemma2)
+    bool has_post_norms = false;
     FfnAct ffn_act = FfnAct::silu;
 };
 
@@ -34,5 +37,6 @@ const Architecture &arch_llama();
 const Architecture &arch_qwen2();
 const Architecture &arch_qwen3();
 const Architecture &arch_gemma();
+const Architecture &arch_gemma2();
 
 }  // namespace td

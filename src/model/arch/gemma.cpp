@@ -1,7 +1,7 @@
 // gemma: Gemma (1). The llama block with the token embeddings scaled by sqrt(n_embd), a GELU-gated
 // feed-forward (GeGLU) instead of SwiGLU, gpt-neox RoPE order, a head size of its own (key_length, 256) and
 // the output projection tied to the embedding. The converter already stores RMSNorm weights as 1 + w.
-// Gemma 2 (post-norms, logit soft-capping, alternating sliding windows) is not this file.
+// Gemma 2 (post-norms, logit soft-capping, alternating sliding windows) is gemma2.cpp.
 #include "model/arch/arch.h"
 
 namespace td {

@@ -4,7 +4,7 @@ namespace td {
 namespace {
 const std::vector<const Architecture *> &registry() {
     static const std::vector<const Architecture *> all = {&arch_llama(), &arch_qwen2(), &arch_qwen3(),
-                                                          &arch_gemma()};
+                                                          &arch_gemma(), &arch_gemma2()};
     return all;
 }
 }  // namespace
