@@ -9,7 +9,7 @@ beside the models.
 
   bench/run-single.py                                   # tandem only
   LLAMA_BENCH=/path/to/llama-bench bench/run-single.py  # side by side
-  bench/run-single.py --types q4_0 -t 1 -r 2 --no-doc   # quick look, nothing written to docs/
+  bench/run-single.py --types q4_0 -t 1 --rounds 1 --no-doc   # quick look, nothing written to docs/
 
 Models live outside the repository: $TANDEM_BENCH_DIR or /tmp/tandem-bench. Only the Python standard
 library is used.
@@ -82,27 +82,38 @@ def test_name(rec):
     return f"pp{p}" if n == 0 else (f"tg{n}" if p == 0 else f"pp{p}+tg{n}")
 
 
-def ts(rec):
-    return f"{rec['avg_ts']:.2f} ± {rec['stddev_ts']:.2f}"
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def table(results, skipped, have_llama):
+    """results: (wtype, rounds) with rounds a list of (tandem records, llama records), one per round."""
     head = "| model | size | test | threads | tandem t/s |"
     sep = "| --- | ---: | --- | ---: | ---: |"
     if have_llama:
-        head += " llama.cpp t/s | tandem / llama.cpp |"
+        head += " llama.cpp t/s | tandem / llama.cpp (rounds) |"
         sep += " ---: | ---: |"
     lines = [head, sep]
-    for wtype, tandem_recs, llama_recs in results:
-        by_key = {key(r): r for r in llama_recs}
-        for rec in tandem_recs:
+    for wtype, rounds in results:
+        first = rounds[0][0]
+        for rec in first:
+            k = key(rec)
+            ours = [r["avg_ts"] for t_recs, _ in rounds for r in t_recs if key(r) == k]
             size = f"{int(rec['model_size']) / 2**30:.2f} GiB"
-            row = f"| 1B {wtype} | {size} | {test_name(rec)} | {rec['n_threads']} | {ts(rec)} |"
+            row = f"| 1B {wtype} | {size} | {test_name(rec)} | {rec['n_threads']} | {median(ours):.2f} |"
             if have_llama:
-                other = by_key.get(key(rec))
-                if other:
-                    ratio = rec["avg_ts"] / other["avg_ts"] if other["avg_ts"] else float("nan")
-                    row += f" {ts(other)} | {ratio:.2f} |"
+                ratios, theirs = [], []
+                for t_recs, l_recs in rounds:
+                    t = next((r for r in t_recs if key(r) == k), None)
+                    l = next((r for r in l_recs if key(r) == k), None)
+                    if t and l and l["avg_ts"]:
+                        ratios.append(t["avg_ts"] / l["avg_ts"])
+                        theirs.append(l["avg_ts"])
+                if ratios:
+                    each = ", ".join(f"{x:.2f}" for x in ratios)
+                    row += f" {median(theirs):.2f} | {median(ratios):.2f} ({each}) |"
                 else:
                     row += " — | — |"
             lines.append(row)
@@ -126,6 +137,7 @@ def cpu_name():
 def section(args, results, skipped, have_llama, tandem_commit, llama_commit):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cmd = f"tandem bench -p {args.p} -n {args.n} -t {args.t} -r {args.r} -o json"
+    rounds = f"{args.rounds} rounds per model, tandem and llama-bench alternating (which goes first alternates too)"
     parts = [
         BEGIN,
         "",
@@ -134,7 +146,9 @@ def section(args, results, skipped, have_llama, tandem_commit, llama_commit):
         + ".",
         f"Command: `bench/run-single.py` → `{cmd}`"
         + (" and `llama-bench` with the same -p/-n/-t/-r on the same files." if have_llama else "."),
-        "t/s is mean ± sample stddev over the repetitions; ratio > 1 means tandem is faster.",
+        f"{rounds}; t/s is the median over the rounds of each round's mean; the ratio is the median of the"
+        " per-round ratios (each listed), > 1 means tandem is faster. Alternating rounds keep slow drifts of a"
+        " shared host (the second vCPU's speed varies over minutes) from landing on one engine only.",
     ]
     if args.note:
         parts += ["", f"**Caveat:** {args.note}"]
@@ -171,7 +185,8 @@ def main():
     ap.add_argument("-p", default="512")
     ap.add_argument("-n", default="128")
     ap.add_argument("-t", default="1,2")
-    ap.add_argument("-r", default="3")
+    ap.add_argument("-r", default="2", help="repetitions per round (each engine's own -r)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating tandem / llama-bench rounds per model")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "benchmarks.md"))
     ap.add_argument("--no-doc", action="store_true", help="print the table instead of updating the doc")
     ap.add_argument("--note", default="", help="caveat printed above the table (e.g. a shared machine)")
@@ -191,15 +206,25 @@ def main():
             skipped.append((wtype, why))
             continue
         common = ["-m", path, "-p", args.p, "-n", args.n, "-t", args.t, "-r", args.r, "-o", "json"]
-        tandem_recs = run_json([args.tandem, "bench", *common], os.path.join(args.dir, f"tandem-{wtype}.json"))
-        if tandem_recs:
-            tandem_commit = tandem_recs[0]["build_commit"]
-        llama_recs = []
-        if llama:
-            llama_recs = run_json([llama, *common], os.path.join(args.dir, f"llama-{wtype}.json"))
+        rounds = []
+        for rnd in range(max(1, args.rounds)):
+            def run_tandem():
+                return run_json([args.tandem, "bench", *common],
+                                os.path.join(args.dir, f"tandem-{wtype}-r{rnd}.json"))
+
+            def run_llama():
+                return run_json([llama, *common], os.path.join(args.dir, f"llama-{wtype}-r{rnd}.json")) if llama else []
+
+            if rnd % 2 == 0:
+                tandem_recs, llama_recs = run_tandem(), run_llama()
+            else:
+                llama_recs, tandem_recs = run_llama(), run_tandem()
+            if tandem_recs:
+                tandem_commit = tandem_recs[0]["build_commit"]
             if llama_recs:
                 llama_commit = f"{llama_recs[0]['build_commit']} ({llama_recs[0]['build_number']})"
-        results.append((wtype, tandem_recs, llama_recs))
+            rounds.append((tandem_recs, llama_recs))
+        results.append((wtype, rounds))
 
     text = section(args, results, skipped, bool(llama), tandem_commit, llama_commit)
     if args.no_doc:
