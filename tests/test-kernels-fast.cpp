@@ -27,6 +27,7 @@ using kernels::TypeKernels;
 using test::matmul_ref;
 using test::quantize_rows;
 using test::randn;
+using test::weight_view;
 
 class KernelsFast : public test::IsaTest {};
 
@@ -52,13 +53,7 @@ TEST_P(KernelsFast, MatmulEqualsReferenceBitForBit) {
                     const size_t row17_end = 18 * w.size() / static_cast<size_t>(n_out);
                     w[row17_end - 34 + 2 + 30] = 0x80;  // a q8_0 block is 34 bytes: d, then qs
                 }
-                TensorView tv;
-                tv.name = "w";
-                tv.type = type;
-                tv.n_dims = 2;
-                tv.ne[0] = n_in;
-                tv.ne[1] = n_out;
-                tv.data = w.data();
+                const TensorView tv = weight_view(type, w, n_in, n_out);
                 for (int64_t n_tokens : {1, 2, 3, 4, 5, 6, 7, 8, 9, 17}) {
                     if ((n_in == 4096 || n_out == 40) && n_tokens % 4 != 1) continue;  // keep the test cheap
                     const std::vector<float> x =
@@ -85,13 +80,7 @@ TEST_P(KernelsFast, MatmulBatchedEqualsSeparate) {
     std::vector<uint8_t> scratch;
     for (DType type : {DType::q4_0, DType::q8_0}) {
         const std::vector<uint8_t> w = quantize_rows(type, randn(n_in * n_out, 11), n_out, n_in);
-        TensorView tv;
-        tv.name = "w";
-        tv.type = type;
-        tv.n_dims = 2;
-        tv.ne[0] = n_in;
-        tv.ne[1] = n_out;
-        tv.data = w.data();
+        const TensorView tv = weight_view(type, w, n_in, n_out);
         const std::vector<float> x = randn(n_in * n_tokens, 12);
         std::vector<float> y(static_cast<size_t>(n_out * n_tokens));
         kernels::matmul(tv, x.data(), y.data(), n_tokens, pool, scratch);

@@ -15,6 +15,7 @@
 #include "kernels/blocks.h"
 #include "kernels/pack.h"
 #include "kernels/x86/kernels-x86.h"
+#include "kernels/x86/q8-block-sum.h"
 
 namespace td::kernels::avx2 {
 namespace {
@@ -77,14 +78,7 @@ void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
     for (int64_t t = 0; t < n_tokens; ++t) {
         const auto *xt = reinterpret_cast<const BlockQ8_0 *>(static_cast<const uint8_t *>(x) + t * x_stride);
         for (int64_t b = 0; b < nb; ++b) {
-            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xt[b].qs));
-            // sum of 32 signed bytes: |q| <= 127, so 1 * q pairs fit int16 and the madd sums fit int32.
-            const __m256i s8 =
-                _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-            offsets[t * nb + b] = -8 * _mm_cvtsi128_si32(s4);
+            offsets[t * nb + b] = -8 * block_sum_i8(xt[b].qs);
             scales[t * nb + b] = _cvtsh_ss(xt[b].d);
         }
     }

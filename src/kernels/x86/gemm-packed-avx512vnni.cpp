@@ -18,6 +18,7 @@
 #include "kernels/blocks.h"
 #include "kernels/pack.h"
 #include "kernels/x86/kernels-x86.h"
+#include "kernels/x86/q8-block-sum.h"
 
 // g++ 12 reports the deliberately undefined pass-through operands inside its AVX-512 intrinsics
 // (_mm512_cvtepi32_ps, _mm512_srli_epi32, ...) as (maybe) uninitialized once inlined into an unrolled loop.
@@ -377,9 +378,9 @@ void group_tokens(int64_t nb, const uint8_t *g, const typename K::Token *tok, in
 
 // Every group of the call, tokens in fours, then pairs, then a last single one (a group's block is unpacked
 // once for the tokens of a pass; with four, the lane accumulators spill to L1, which costs less than
-// unpacking the block twice). With several passes over a group (more than 2 tokens), the first also fetches the next group
-// so its bytes arrive while this one is computed (the later passes read this group from cache); one pass
-// streams faster on the hardware prefetchers alone.
+// unpacking the block twice). With several passes over a group (more than 2 tokens), the first also fetches
+// the next group so its bytes arrive while this one is computed (the later passes read this group from
+// cache); one pass streams faster on the hardware prefetchers alone.
 template <typename K>
 void run_groups(int64_t nb, const void *w, size_t w_stride, const typename K::Token *tok, int64_t n_rows,
                 int64_t n_tokens) {
@@ -407,19 +408,12 @@ void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
     const size_t need = static_cast<size_t>(n_tokens * nb);
     if (offsets.size() < need) offsets.resize(need), scales.resize(need);
     if (tokens.size() < static_cast<size_t>(n_tokens)) tokens.resize(static_cast<size_t>(n_tokens));
-    const __m256i ones = _mm256_set1_epi8(1);
     for (int64_t t = 0; t < n_tokens; ++t) {
         const auto *xt = reinterpret_cast<const BlockQ8_0 *>(static_cast<const uint8_t *>(x) + t * x_stride);
         int32_t *off = offsets.data() + t * nb;
         float *dx = scales.data() + t * nb;
         for (int64_t b = 0; b < nb; ++b) {
-            // sum of the 32 signed bytes: vpdpbusd with all-ones as the unsigned operand.
-            const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xt[b].qs));
-            const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-            off[b] = -8 * _mm_cvtsi128_si32(s4);
+            off[b] = -8 * block_sum_i8(xt[b].qs);
             dx[b] = _cvtsh_ss(xt[b].d);
         }
         tokens[t] = TokenRow{xt, off, dx, y + t * y_stride};

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kernels/blocks.h"
+#include "kernels/x86/q8-block-sum.h"
 
 namespace td::kernels {
 namespace {  // NOLINT: one copy per ISA file, compiled with that file's flags
@@ -52,14 +53,6 @@ template <typename K>
 struct alignas(sizeof(typename K::VI)) Line {
     typename K::VI v;
 };
-
-// sum_j y_j of one q8_0 block, exact: sad of (y + 128) against zero, then 32 * 128 taken off.
-inline int32_t block_sum_i8(const int8_t *qs) {
-    const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs));
-    const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(y, _mm256_set1_epi8(-128)), _mm256_setzero_si256());
-    const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    return _mm_cvtsi128_si32(_mm_add_epi64(h, _mm_unpackhi_epi64(h, h))) - kQK * 128;
-}
 
 inline int32_t load_i32(const int8_t *p) {
     int32_t v;
