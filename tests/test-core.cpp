@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
+#include <fstream>
+#include <mutex>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "core/mmap.h"
@@ -9,6 +14,7 @@
 #include "core/thread-pool.h"
 #include "tensor/dtype.h"
 #include "tensor/fp16.h"
+#include "test-util.h"
 
 namespace td {
 
@@ -37,6 +43,35 @@ TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {
     }
 }
 
+TEST(ThreadPool, ParallelForChunksShrinkAndKeepMinChunk) {
+    for (int n_threads : {2, 4}) {
+        ThreadPool pool(n_threads);
+        std::mutex mu;
+        std::vector<std::pair<int64_t, int64_t>> chunks;
+        const int64_t n = 10000, min_chunk = 16;
+        pool.parallel_for(
+            n,
+            [&](int64_t b, int64_t e) {
+                std::lock_guard<std::mutex> lock(mu);
+                chunks.emplace_back(b, e);
+            },
+            min_chunk);
+        std::sort(chunks.begin(), chunks.end());
+        int64_t at = 0;
+        for (auto [b, e] : chunks) {
+            ASSERT_EQ(b, at);
+            if (e != n) {
+                EXPECT_GE(e - b, min_chunk);
+            }
+            at = e;
+        }
+        EXPECT_EQ(at, n);
+        // Guided: the first chunk takes 1 / (2 * threads) of everything, the last ones are small.
+        EXPECT_EQ(chunks.front().second, n / (2 * n_threads));
+        EXPECT_LE(chunks.back().second - chunks.back().first, min_chunk);
+    }
+}
+
 TEST(ThreadPool, RunGivesEachThreadItsIndex) {
     ThreadPool pool(4);
     std::vector<int> seen(4, 0);
@@ -49,6 +84,44 @@ TEST(MappedFile, MissingFileIsNotFound) {
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().kind(), ErrorKind::not_found);
     EXPECT_NE(r.status().message().find("/nonexistent/dir/model.gguf"), std::string::npos);
+}
+
+// Page advice never changes what the mapping reads, whatever the kernel does with it (2 MiB pages are not
+// available everywhere, so the outcome itself is not asserted).
+TEST(MappedFile, HugePageAdviceKeepsTheBytes) {
+    test::TempDir dir;
+    const size_t size = (size_t{7} << 20) + 123;
+    std::vector<uint8_t> bytes(size);
+    for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+    const std::string path = dir.file("weights.bin");
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char *>(bytes.data()), size);
+
+    auto m = MappedFile::open(path);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    ASSERT_EQ(m->size(), size);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(m->data()) % (2 << 20), 0u) << "files of 2 MiB or more map 2 MiB-aligned";
+    const HugePages h = m->prefer_huge_pages(0, size);
+    EXPECT_TRUE(h == HugePages::unavailable || h == HugePages::already || h == HugePages::refreshed);
+    m->avoid_huge_pages(size_t{1} << 20, size_t{3} << 20);
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), m->data()));
+    // A second look finds the pages as the first left them, or the same outcome again where unavailable.
+    const HugePages again = m->prefer_huge_pages(0, size);
+    if (h != HugePages::unavailable) {
+        EXPECT_EQ(again, HugePages::already);
+    }
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), m->data()));
+
+    // Ranges without a whole 2 MiB page, or outside the file, are left alone.
+    EXPECT_EQ(m->prefer_huge_pages(size_t{1} << 20, size_t{1} << 20), HugePages::unavailable);
+    EXPECT_EQ(m->prefer_huge_pages(size + 1, 100), HugePages::unavailable);
+    m->avoid_huge_pages(size + 1, 100);
+
+    const std::string small = dir.file("small.bin");
+    std::ofstream(small, std::ios::binary).write(reinterpret_cast<const char *>(bytes.data()), 1000);
+    auto s = MappedFile::open(small);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->prefer_huge_pages(0, 1000), HugePages::unavailable);
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + 1000, s->data()));
 }
 
 TEST(DType, TraitsAndNames) {

@@ -5,11 +5,97 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <utility>
 
 namespace td {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kSmallPage = 4096;
+
+uintptr_t align_down(uintptr_t p, size_t a) { return p & ~(static_cast<uintptr_t>(a) - 1); }
+uintptr_t align_up(uintptr_t p, size_t a) { return align_down(p + a - 1, a); }
+
+// Maps fd whole at a 2 MiB-aligned address (reserve size + 2 MiB, keep the aligned part); MAP_FAILED on
+// failure.
+void *map_aligned(int fd, size_t size) {
+    void *area = ::mmap(nullptr, size + kHugePage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (area == MAP_FAILED) return MAP_FAILED;
+    const auto a = reinterpret_cast<uintptr_t>(area);
+    const uintptr_t al = align_up(a, kHugePage);
+    const uintptr_t reserved_end = a + size + kHugePage;
+    // The file mapping replaces the aligned part of the reservation; the page-rounded rest is given back.
+    void *p = ::mmap(reinterpret_cast<void *>(al), size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+        ::munmap(area, size + kHugePage);
+        return MAP_FAILED;
+    }
+    if (al > a) ::munmap(area, al - a);
+    const uintptr_t map_end = align_up(al + size, kSmallPage);
+    if (reserved_end > map_end) ::munmap(reinterpret_cast<void *>(map_end), reserved_end - map_end);
+    return p;
+}
+
+#if defined(__linux__)
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+bool thp_enabled() {
+    std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string line;
+    return std::getline(in, line) && line.find("[never]") == std::string::npos;
+}
+
+// Faults [p, p + len) in (MADV_POPULATE_READ, Linux 5.14; else a read per 4 KiB page).
+void touch(const uint8_t *p, size_t len) {
+    if (::madvise(const_cast<uint8_t *>(p), len, MADV_POPULATE_READ) == 0) return;
+    volatile uint8_t sink = 0;
+    for (size_t off = 0; off < len; off += kSmallPage) sink = sink + p[off];
+}
+
+// kB of the mapping that contains p mapped as 2 MiB pages (FilePmdMapped in /proc/self/smaps); -1 when it
+// cannot be read.
+int64_t file_pmd_mapped_kb(const void *p) {
+    std::ifstream in("/proc/self/smaps");
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    std::string line;
+    bool inside = false;
+    while (std::getline(in, line)) {
+        // A mapping's header: "start-end perms offset dev inode path", addresses in lower-case hex.
+        const size_t dash = line.find('-');
+        const size_t space = line.find(' ');
+        if (dash != std::string::npos && dash < space && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+            !std::isupper(static_cast<unsigned char>(line[0]))) {
+            const uintptr_t begin = std::strtoull(line.c_str(), nullptr, 16);
+            const uintptr_t end = std::strtoull(line.c_str() + dash + 1, nullptr, 16);
+            if (inside) return -1;  // passed our mapping without a FilePmdMapped line
+            inside = addr >= begin && addr < end;
+            continue;
+        }
+        if (inside && line.rfind("FilePmdMapped:", 0) == 0) return std::strtoll(line.c_str() + 14, nullptr, 10);
+    }
+    return -1;
+}
+#endif
+
+}  // namespace
+
+const char *huge_pages_name(HugePages h) {
+    switch (h) {
+        case HugePages::unavailable: return "unavailable";
+        case HugePages::already: return "already";
+        case HugePages::refreshed: return "refreshed";
+    }
+    return "?";
+}
 
 Result<MappedFile> MappedFile::open(const std::string &path) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -32,7 +118,8 @@ Result<MappedFile> MappedFile::open(const std::string &path) {
     file.path_ = path;
     file.size_ = static_cast<size_t>(st.st_size);
     if (file.size_ > 0) {
-        void *p = ::mmap(nullptr, file.size_, PROT_READ, MAP_SHARED, fd, 0);
+        void *p = file.size_ >= kHugePage ? map_aligned(fd, file.size_) : MAP_FAILED;
+        if (p == MAP_FAILED) p = ::mmap(nullptr, file.size_, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
             int err = errno;
             ::close(fd);
@@ -43,6 +130,58 @@ Result<MappedFile> MappedFile::open(const std::string &path) {
     }
     ::close(fd);
     return file;
+}
+
+HugePages MappedFile::prefer_huge_pages(size_t offset, size_t len) const {
+#if defined(__linux__)
+    if (data_ == nullptr || offset >= size_) return HugePages::unavailable;
+    len = std::min(len, size_ - offset);
+    const auto base = reinterpret_cast<uintptr_t>(data_);
+    const uintptr_t begin = align_up(base + offset, kHugePage), end = align_down(base + offset + len, kHugePage);
+    if (end <= begin || !thp_enabled()) return HugePages::unavailable;
+    auto *range = reinterpret_cast<uint8_t *>(begin);
+    if (::madvise(range, end - begin, MADV_HUGEPAGE) != 0) return HugePages::unavailable;
+    // A 2 MiB sample from the middle of the range tells how the page cache holds it.
+    auto *sample = reinterpret_cast<uint8_t *>(begin + align_down((end - begin) / 2, kHugePage));
+    touch(sample, kHugePage);
+    if (file_pmd_mapped_kb(sample) >= static_cast<int64_t>(kHugePage >> 10)) return HugePages::already;
+
+    // 4 KiB pages. Would a re-read give 2 MiB ones? Try the sample first: a filesystem without large folios
+    // then costs one 2 MiB re-read, not the whole range.
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return HugePages::unavailable;
+    ::fdatasync(fd);  // dirty pages (a file just written) cannot be dropped
+    const auto file_offset = [&](const uint8_t *p) { return static_cast<off_t>(p - data_); };
+    ::madvise(sample, kHugePage, MADV_DONTNEED);  // unmap the sample so its cache pages can go
+    ::posix_fadvise(fd, file_offset(sample), kHugePage, POSIX_FADV_DONTNEED);
+    touch(sample, kHugePage);
+    if (file_pmd_mapped_kb(sample) < static_cast<int64_t>(kHugePage >> 10)) {
+        ::close(fd);
+        return HugePages::unavailable;
+    }
+    auto *range_end = reinterpret_cast<uint8_t *>(end);
+    ::posix_fadvise(fd, file_offset(range), sample - range, POSIX_FADV_DONTNEED);
+    ::posix_fadvise(fd, file_offset(sample + kHugePage), range_end - (sample + kHugePage), POSIX_FADV_DONTNEED);
+    ::close(fd);
+    return HugePages::refreshed;
+#else
+    (void)offset;
+    (void)len;
+    return HugePages::unavailable;
+#endif
+}
+
+void MappedFile::avoid_huge_pages(size_t offset, size_t len) const {
+#if defined(__linux__)
+    if (data_ == nullptr || offset >= size_) return;
+    len = std::min(len, size_ - offset);
+    const auto base = reinterpret_cast<uintptr_t>(data_);
+    const uintptr_t begin = align_down(base + offset, kSmallPage), end = align_up(base + offset + len, kSmallPage);
+    ::madvise(reinterpret_cast<void *>(begin), end - begin, MADV_NOHUGEPAGE);
+#else
+    (void)offset;
+    (void)len;
+#endif
 }
 
 MappedFile::MappedFile(MappedFile &&other) noexcept

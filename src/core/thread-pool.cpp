@@ -80,16 +80,21 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
         fn(0, n);
         return;
     }
-    // About four chunks per thread balances load without much counter traffic.
-    int64_t chunk = std::max(min_chunk, (n + 4 * n_threads_ - 1) / (4 * n_threads_));
-    int64_t n_chunks = (n + chunk - 1) / chunk;
+    // Guided self-scheduling: each claim takes a share of what is left (1 / (2 * threads) of it, at least
+    // min_chunk), so chunks start large (few claims) and shrink towards the end. The threads then finish
+    // within about one small chunk of each other, even when one of them runs slower (a shared or throttled
+    // core); fixed-size chunks leave on average half a large chunk on one thread at the end of every call.
+    const int64_t divisor = 2 * static_cast<int64_t>(n_threads_);
     std::atomic<int64_t> next{0};
     run([&](int, int) {
+        int64_t begin = next.load(std::memory_order_relaxed);
         for (;;) {
-            int64_t c = next.fetch_add(1, std::memory_order_relaxed);
-            if (c >= n_chunks) break;
-            int64_t begin = c * chunk;
-            fn(begin, std::min(n, begin + chunk));
+            if (begin >= n) break;
+            const int64_t end = std::min(n, begin + std::max(min_chunk, (n - begin) / divisor));
+            if (next.compare_exchange_weak(begin, end, std::memory_order_relaxed)) {
+                fn(begin, end);
+                begin = next.load(std::memory_order_relaxed);
+            }
         }
     });
 }

@@ -103,6 +103,7 @@ public:
     static Result<File> open(const std::string &path);
 
     const std::string &path() const { return map_->path(); }
+    const MappedFile &mapping() const { return *map_; }
     uint32_t version() const { return version_; }
     size_t alignment() const { return alignment_; }
     size_t file_size() const { return map_->size(); }

@@ -20,7 +20,7 @@ namespace td::kernels {
 namespace {
 
 // Output rows per work item: a multiple of the tile kernels' panels (32 rows for the VNNI kernels), enough
-// to amortise the scheduling; parallel_for makes a chunk about n / (4 threads) of these.
+// to amortise the scheduling; parallel_for hands them out in shrinking chunks.
 constexpr int64_t kRowsPerChunk = 32;
 static_assert(kRowsPerChunk % kPackRows == 0);
 

@@ -3,7 +3,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 
 #include "core/log.h"
@@ -83,6 +89,7 @@ Result<std::shared_ptr<Model>> Model::load(gguf::File file, const ModelLoadOptio
     model->file_ = std::move(file);
     TD_TRY(model->bind(options));
     if (!options.pack_dir.empty()) model->pack_matrices(options.pack_dir);
+    if (options.huge_pages) model->advise_pages();
     return model;
 }
 
@@ -152,6 +159,8 @@ Status Model::bind(const ModelLoadOptions &options) {
         l.loaded = true;
     }
 
+    TD_TRY(own_small_tensors());
+
     // RoPE frequency factors: a rope_freqs tensor (llama 3.1+ converters) wins over the keys.
     if (const gguf::TensorInfo *rf = f.find_tensor("rope_freqs.weight")) {
         if (rf->type != DType::f32 || rf->n_dims != 1 || rf->ne[0] != hp_.n_rot / 2)
@@ -161,6 +170,39 @@ Status Model::bind(const ModelLoadOptions &options) {
     } else if (hp_.rope_scaling == RopeScaling::llama3) {
         rope_freqs_ = llama3_freq_factors(hp_);
     }
+    return {};
+}
+
+Status Model::own_small_tensors() {
+    std::vector<TensorView *> views;
+    if (output_norm_.data != nullptr) views.push_back(&output_norm_);
+    for (int32_t il = layer_first_; il < layer_last_; ++il) {
+        LayerWeights &l = layers_[il];
+        for (TensorView *v : {&l.attn_norm, &l.ffn_norm, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm,
+                              &l.attn_post_norm, &l.ffn_post_norm})
+            if (v->data != nullptr) views.push_back(v);
+    }
+    constexpr size_t kAlignFloats = 16;  // each tensor starts on a 64-byte boundary
+    size_t total = 0;
+    for (const TensorView *v : views) total += (static_cast<size_t>(v->n_elements()) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    small_.assign(total, 0.0f);
+    const int fd = ::open(file_.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return make_error(ErrorKind::io, "{}: cannot open for reading: {}", file_.path(), std::strerror(errno));
+    size_t at = 0;
+    for (TensorView *v : views) {
+        const size_t bytes = v->n_bytes();
+        const auto offset = static_cast<off_t>(static_cast<const uint8_t *>(v->data) - file_.mapping().data());
+        float *dst = &small_[at];
+        if (::pread(fd, dst, bytes, offset) != static_cast<ssize_t>(bytes)) {
+            const int err = errno;
+            ::close(fd);
+            return make_error(ErrorKind::io, "{}: cannot read tensor '{}': {}", file_.path(), v->name,
+                              err != 0 ? std::strerror(err) : "short read");
+        }
+        v->data = dst;
+        at += (static_cast<size_t>(v->n_elements()) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    }
+    ::close(fd);
     return {};
 }
 
@@ -186,6 +228,44 @@ void Model::pack_matrices(const std::string &dir) {
     else
         log_info("packed {} matrices ({:.1f} MiB) into {} in {:.1f} s", pack_.n_tensors,
                  static_cast<double>(pack_.n_bytes) / (1 << 20), pack_.path, s);
+}
+
+void Model::advise_pages() {
+    // Below this, a 4 KiB-page TLB miss per 4 KiB is not worth a page-cache check.
+    constexpr size_t kMinStreamedBytes = size_t{64} << 20;
+    auto report = [](const MappedFile &m, HugePages h) {
+        if (h == HugePages::refreshed)
+            log_info("{}: re-reading the weights in 2 MiB pages (it was cached in 4 KiB pages)", m.path());
+        else
+            log_debug("{}: 2 MiB pages {}", m.path(), huge_pages_name(h));
+    };
+    if (pack_.map != nullptr && pack_.map->size() >= kMinStreamedBytes)
+        report(*pack_.map, pack_.map->prefer_huge_pages(0, pack_.map->size()));
+
+    // The GGUF: the matrices matmul reads from it (those not packed) are streamed every token.
+    size_t streamed = 0;
+    auto count = [&](const TensorView &v) {
+        if (v.data != nullptr && v.packed == nullptr) streamed += v.n_bytes();
+    };
+    count(output_);
+    for (int32_t il = layer_first_; il < layer_last_; ++il) {
+        const LayerWeights &l = layers_[il];
+        for (const TensorView *v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) count(*v);
+    }
+    const MappedFile &gguf = file_.mapping();
+    const size_t data_begin = std::min(gguf.size(), file_.data_offset()), data_len = gguf.size() - data_begin;
+    if (streamed < kMinStreamedBytes) {
+        // Only small tensors (norms) and embedding rows are read here: in 2 MiB pages each 8 KiB norm would
+        // map (and count in RSS) the 2 MiB around it.
+        gguf.avoid_huge_pages(data_begin, data_len);
+        return;
+    }
+    report(gguf, gguf.prefer_huge_pages(data_begin, data_len));
+    // The embedding is read a row per token; unless it is also the output head read from these bytes.
+    const bool embd_streamed = output_.data == tok_embd_.data && output_.packed == nullptr;
+    if (tok_embd_.data != nullptr && !embd_streamed)
+        gguf.avoid_huge_pages(static_cast<size_t>(static_cast<const uint8_t *>(tok_embd_.data) - gguf.data()),
+                              tok_embd_.n_bytes());
 }
 
 size_t Model::layer_weight_bytes(int32_t il) const {

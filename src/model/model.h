@@ -37,6 +37,9 @@ struct ModelLoadOptions {
     // Where packed copies of the range's q4_0 matrices are cached (model/weight-pack.h); empty: no packing,
     // matmul reads the GGUF rows. Packing that fails (read-only disk, full disk) is logged, not an error.
     std::string pack_dir;
+    // Ask for 2 MiB pages for the matrices streamed every token (core/mmap.h MappedFile::prefer_huge_pages);
+    // the embedding stays in 4 KiB pages.
+    bool huge_pages = true;
 };
 
 class Model {
@@ -70,6 +73,11 @@ private:
     Model() = default;
     Status bind(const ModelLoadOptions &options);
     void pack_matrices(const std::string &dir);
+    void advise_pages();
+    // Copies the norms and biases (small f32 tensors spread between the matrices) into small_ with plain
+    // reads. Read through the mapping, each would map the page-cache folio around it: 2 MiB, not 4 KiB, where
+    // the kernel caches the file in large folios, so RSS would grow by 2 MiB per norm.
+    Status own_small_tensors();
 
     gguf::File file_;
     const Architecture *arch_ = nullptr;
@@ -78,6 +86,7 @@ private:
     TensorView tok_embd_, output_norm_, output_;
     std::vector<LayerWeights> layers_;  // [n_layer]; only the range is bound
     std::vector<float> rope_freqs_;     // [n_rot/2] llama3 frequency factors, or empty
+    std::vector<float> small_;          // the range's norms and biases (own_small_tensors), each at a multiple of 16 floats
     PackResult pack_;                   // owns the mapping the views' packed pointers point into
 };
 

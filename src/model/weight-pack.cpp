@@ -1,6 +1,7 @@
 #include "model/weight-pack.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -141,6 +142,12 @@ Result<PackResult> pack_weights(const gguf::File &file, const std::vector<Tensor
             std::filesystem::remove(tmp, ec);
             return make_error(ErrorKind::io, "{}: cannot write the packed weights ({})", tmp,
                               read_ok ? "disk full or not writable" : "short read from " + file.path());
+        }
+        // On disk before it gets its name: a crash then leaves a whole file or none. Also lets the page cache
+        // drop these pages and read them back in 2 MiB pages (MappedFile::prefer_huge_pages).
+        if (const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+            ::fsync(fd);
+            ::close(fd);
         }
         std::filesystem::rename(tmp, res.path, ec);
         if (ec) {
