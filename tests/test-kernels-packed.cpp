@@ -95,6 +95,61 @@ TEST_P(KernelsPacked, MatmulEqualsReferenceBitForBit) {
     }
 }
 
+// matmul_group gives each matrix what matmul gives it alone, bit for bit: packed and row-major matrices, odd
+// row counts (items split across the matrices' boundaries), and a group whose activation types differ
+// (q8_0 with q8_K), which runs one matrix after another.
+TEST_P(KernelsPacked, MatmulGroupEqualsOneMatmulPerMatrix) {
+    struct Mat {
+        DType type;
+        int64_t n_out;
+        bool pack;
+    };
+    const std::vector<std::vector<Mat>> groups = {
+        {{DType::q4_0, 160, true}, {DType::q4_0, 48, true}, {DType::q4_0, 48, true}},
+        {{DType::q4_k, 96, true}, {DType::q6_k, 32, true}, {DType::q4_k, 16, false}},
+        {{DType::q4_0, 80, true}, {DType::q8_0, 70, false}},
+        {{DType::q8_0, 33, false}, {DType::q4_k, 64, true}},
+    };
+    const int64_t n_in = 512;
+    ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
+    std::vector<uint8_t> scratch;
+    uint32_t seed = 101;
+    for (const auto &group : groups) {
+        std::vector<std::vector<uint8_t>> rows, packed;
+        std::vector<TensorView> views;
+        for (const Mat &m : group) {
+            rows.push_back(quantize_rows(m.type, randn(n_in * m.n_out, ++seed), m.n_out, n_in));
+            packed.emplace_back(rows.back().size());
+        }
+        for (size_t i = 0; i < group.size(); ++i) {
+            views.push_back(weight_view(group[i].type, rows[i], n_in, group[i].n_out));
+            if (group[i].pack) {
+                kernels::pack_rows(group[i].type, rows[i].data(), n_in, group[i].n_out, packed[i].data());
+                views.back().packed = packed[i].data();
+            }
+        }
+        for (int64_t n_tokens : {1, 3, 9}) {
+            const std::vector<float> x = randn(n_in * n_tokens, ++seed, 2.0f);
+            for (ThreadPool &pool : pools) {
+                std::vector<std::vector<float>> want, got;
+                std::vector<kernels::MatmulOut> outs;
+                for (size_t i = 0; i < group.size(); ++i) {
+                    want.emplace_back(static_cast<size_t>(n_tokens * group[i].n_out));
+                    kernels::matmul(views[i], x.data(), want.back().data(), n_tokens, pool, scratch);
+                    got.emplace_back(want.back().size(), NAN);
+                }
+                for (size_t i = 0; i < group.size(); ++i) outs.push_back({&views[i], got[i].data()});
+                kernels::matmul_group(outs.data(), static_cast<int>(outs.size()), x.data(), n_tokens, pool,
+                                      scratch);
+                for (size_t i = 0; i < group.size(); ++i)
+                    ASSERT_EQ(0, std::memcmp(got[i].data(), want[i].data(), want[i].size() * sizeof(float)))
+                        << "matrix " << i << " " << dtype_name(group[i].type) << " tokens " << n_tokens
+                        << " threads " << pool.n_threads();
+            }
+        }
+    }
+}
+
 // The top nibble everywhere and activations of +-127: the integer sums must not saturate (AVX2 adds eight
 // vpmaddubsw results in int16 before widening).
 TEST_P(KernelsPacked, ExtremeValuesDoNotSaturate) {

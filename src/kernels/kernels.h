@@ -68,4 +68,14 @@ const TypeKernels *type_kernels_for(DType type, Isa isa);
 void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, ThreadPool &pool,
             std::vector<uint8_t> &scratch);
 
+// Several matmuls of the same x (q, k and v; gate and up): y_i = x W_i^T for each (w, y) of outs (1 to 4),
+// bit for bit what matmul gives for each, with x quantized once and all rows in one parallel dispatch (one
+// wait instead of one per matrix). Matrices that disagree on n_in or vec_dot_type run one after another.
+struct MatmulOut {
+    const TensorView *w;
+    float *y;  // [n_tokens, w->ne[1]]
+};
+void matmul_group(const MatmulOut *outs, int n_outs, const float *x, int64_t n_tokens, ThreadPool &pool,
+                  std::vector<uint8_t> &scratch);
+
 }  // namespace td::kernels

@@ -97,8 +97,10 @@ void matmul_rows(const MatmulJob &job, int64_t row_begin, int64_t row_end) {
 
 }  // namespace
 
-void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, ThreadPool &pool,
-            std::vector<uint8_t> &scratch) {
+namespace {
+
+// The job for one matrix (its kernels, packed or not), without the activations.
+MatmulJob make_job(const TensorView &w, float *y, int64_t n_tokens) {
     const int64_t n_in = w.ne[0];
     const int64_t n_out = w.ne[1];
     TD_ASSERT(w.ne[2] == 1 && w.ne[3] == 1, "matmul: {} is not a matrix ({} x {} x {} x {})", w.name, w.ne[0],
@@ -113,7 +115,6 @@ void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, Thr
     const size_t w_align = w.type == DType::f32 ? alignof(float) : alignof(uint16_t);
     TD_ASSERT(reinterpret_cast<uintptr_t>(w.data) % w_align == 0, "matmul: {} data is not {}-byte aligned",
               w.name, w_align);
-    if (n_tokens == 0 || n_out == 0) return;
 
     MatmulJob job{};
     job.kernels = k;
@@ -133,41 +134,97 @@ void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, Thr
     job.n_in = n_in;
     job.n_out = n_out;
     job.n_tokens = n_tokens;
+    return job;
+}
 
+// x [n_tokens][n_in] f32 in the vec_dot_type of k: the f32 rows themselves, or each row quantized once into
+// scratch. Sets *row_bytes.
+const uint8_t *prepare_x(const TypeKernels *k, const float *x, int64_t n_in, int64_t n_tokens, ThreadPool &pool,
+                         std::vector<uint8_t> &scratch, size_t *row_bytes) {
     if (k->vec_dot_type == DType::f32) {
-        job.x = reinterpret_cast<const uint8_t *>(x);
-        job.x_row_bytes = static_cast<size_t>(n_in) * sizeof(float);
-    } else {
-        // Quantize each activation row once: scratch [n_tokens][x_row_bytes] in the vec_dot_type.
-        const TypeKernels *kx = type_kernels(k->vec_dot_type);
-        TD_ASSERT(kx != nullptr, "no kernels for vec_dot_type {}", dtype_name(k->vec_dot_type));
-        job.x_row_bytes = dtype_row_bytes(k->vec_dot_type, n_in);
-        const size_t need = job.x_row_bytes * static_cast<size_t>(n_tokens);
-        if (scratch.size() < need) scratch.resize(need);
-        uint8_t *xq = scratch.data();
-        if (n_tokens == 1) {
-            kx->from_float(x, xq, n_in);
-        } else {
-            struct QuantizeJob {
-                const TypeKernels *kx;
-                const float *x;
-                uint8_t *xq;
-                int64_t n_in;
-                size_t row_bytes;
-            } qjob{kx, x, xq, n_in, job.x_row_bytes};
-            pool.parallel_for(n_tokens, [q = &qjob](int64_t begin, int64_t end) {
-                for (int64_t t = begin; t < end; ++t)
-                    q->kx->from_float(q->x + t * q->n_in, q->xq + static_cast<size_t>(t) * q->row_bytes,
-                                      q->n_in);
-            });
-        }
-        job.x = xq;
+        *row_bytes = static_cast<size_t>(n_in) * sizeof(float);
+        return reinterpret_cast<const uint8_t *>(x);
     }
+    const TypeKernels *kx = type_kernels(k->vec_dot_type);
+    TD_ASSERT(kx != nullptr, "no kernels for vec_dot_type {}", dtype_name(k->vec_dot_type));
+    *row_bytes = dtype_row_bytes(k->vec_dot_type, n_in);
+    const size_t need = *row_bytes * static_cast<size_t>(n_tokens);
+    if (scratch.size() < need) scratch.resize(need);
+    uint8_t *xq = scratch.data();  // [n_tokens][row_bytes]
+    if (n_tokens == 1) {
+        kx->from_float(x, xq, n_in);
+        return xq;
+    }
+    struct QuantizeJob {
+        const TypeKernels *kx;
+        const float *x;
+        uint8_t *xq;
+        int64_t n_in;
+        size_t row_bytes;
+    } qjob{kx, x, xq, n_in, *row_bytes};
+    pool.parallel_for(n_tokens, [q = &qjob](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t)
+            q->kx->from_float(q->x + t * q->n_in, q->xq + static_cast<size_t>(t) * q->row_bytes, q->n_in);
+    });
+    return xq;
+}
 
-    // Work items are groups of kRowsPerChunk rows, so every chunk but the last starts and ends on a panel.
-    const int64_t n_groups = (n_out + kRowsPerChunk - 1) / kRowsPerChunk;
-    pool.parallel_for(n_groups, [j = &job](int64_t begin, int64_t end) {
-        matmul_rows(*j, begin * kRowsPerChunk, std::min(end * kRowsPerChunk, j->n_out));
+// Work items of a job: groups of kRowsPerChunk rows, so every chunk but the last starts and ends on a panel.
+int64_t n_items(const MatmulJob &job) { return (job.n_out + kRowsPerChunk - 1) / kRowsPerChunk; }
+
+void run_items(const MatmulJob &job, int64_t begin, int64_t end) {
+    matmul_rows(job, begin * kRowsPerChunk, std::min(end * kRowsPerChunk, job.n_out));
+}
+
+}  // namespace
+
+void matmul(const TensorView &w, const float *x, float *y, int64_t n_tokens, ThreadPool &pool,
+            std::vector<uint8_t> &scratch) {
+    const MatmulOut out{&w, y};
+    matmul_group(&out, 1, x, n_tokens, pool, scratch);
+}
+
+void matmul_group(const MatmulOut *outs, int n_outs, const float *x, int64_t n_tokens, ThreadPool &pool,
+                  std::vector<uint8_t> &scratch) {
+    constexpr int kMaxOuts = 4;
+    TD_ASSERT(n_outs >= 1 && n_outs <= kMaxOuts, "matmul_group: {} matrices (1 to {})", n_outs, kMaxOuts);
+    MatmulJob jobs[kMaxOuts];
+    for (int i = 0; i < n_outs; ++i) jobs[i] = make_job(*outs[i].w, outs[i].y, n_tokens);
+    // One quantized x serves every matrix only if they agree on its length and type; else one call each.
+    for (int i = 1; i < n_outs; ++i) {
+        if (jobs[i].n_in != jobs[0].n_in || jobs[i].kernels->vec_dot_type != jobs[0].kernels->vec_dot_type) {
+            for (int j = 0; j < n_outs; ++j) matmul_group(&outs[j], 1, x, n_tokens, pool, scratch);
+            return;
+        }
+    }
+    if (n_tokens == 0) return;
+    size_t x_row_bytes = 0;
+    const uint8_t *xq = prepare_x(jobs[0].kernels, x, jobs[0].n_in, n_tokens, pool, scratch, &x_row_bytes);
+    int64_t total = 0;
+    for (int i = 0; i < n_outs; ++i) {
+        jobs[i].x = xq;
+        jobs[i].x_row_bytes = x_row_bytes;
+        total += n_items(jobs[i]);
+    }
+    if (total == 0) return;
+
+    // The matrices' items back to back, handed out as one range: one dispatch (one wait) for all of them,
+    // and the threads finish together at the end of the last one instead of at the end of each.
+    struct Group {
+        const MatmulJob *jobs;
+        int n;
+    } group{jobs, n_outs};
+    pool.parallel_for(total, [g = &group](int64_t begin, int64_t end) {
+        int64_t first = 0;  // global index of job i's item 0
+        for (int i = 0; i < g->n && begin < end; ++i) {
+            const int64_t items = n_items(g->jobs[i]);
+            if (begin < first + items) {
+                const int64_t e = std::min(end, first + items);
+                run_items(g->jobs[i], begin - first, e - first);
+                begin = e;
+            }
+            first += items;
+        }
     });
 }
 

@@ -178,9 +178,8 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
         for (int64_t i = b; i < e; ++i)
             kernels::rmsnorm(&x[i * n_embd], attn_norm, &xn_[i * n_embd], n_embd, hp.rms_eps);
     });
-    kernels::matmul(w.wq, xn_.data(), q_.data(), n, pool, mm_scratch_);
-    kernels::matmul(w.wk, xn_.data(), k_.data(), n, pool, mm_scratch_);
-    kernels::matmul(w.wv, xn_.data(), v_.data(), n, pool, mm_scratch_);
+    const kernels::MatmulOut qkv[] = {{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
+    kernels::matmul_group(qkv, 3, xn_.data(), n, pool, mm_scratch_);
 
     const bool kv_f16 = kv_.is_f16();
     pool.parallel_for(n, [&](int64_t b, int64_t e) {
@@ -238,8 +237,8 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
         for (int64_t i = b; i < e; ++i)
             kernels::rmsnorm(&x[i * n_embd], ffn_norm, &xn_[i * n_embd], n_embd, hp.rms_eps);
     });
-    kernels::matmul(w.w_gate, xn_.data(), gate_.data(), n, pool, mm_scratch_);
-    kernels::matmul(w.w_up, xn_.data(), up_.data(), n, pool, mm_scratch_);
+    const kernels::MatmulOut gate_up[] = {{&w.w_gate, gate_.data()}, {&w.w_up, up_.data()}};
+    kernels::matmul_group(gate_up, 2, xn_.data(), n, pool, mm_scratch_);
     const bool gelu = m.arch().ffn_act == FfnAct::gelu;
     pool.parallel_for(n, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
