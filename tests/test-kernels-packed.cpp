@@ -1,4 +1,4 @@
-// Packed q4_0 weights (kernels/pack.h): packing round-trips, and matmul on a packed matrix equals the
+// Packed q4_0, q8_0, q4_k and q6_k weights (kernels/pack.h): packing round-trips, and matmul on a packed matrix equals the
 // reference on the row-major one bit for bit, on every ISA, for one token (the packed matrix-vector kernel),
 // a few (the packed small-batch kernel) and many (chunks unpacked into the row kernels).
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/thread-pool.h"
+#include "kernels/blocks.h"
 #include "kernels/kernels.h"
 #include "kernels/pack.h"
 #include "test-isa.h"
@@ -21,19 +22,22 @@ using test::quantize_rows;
 using test::randn;
 using test::weight_view;
 
-TEST(KernelsPack, Only4BitTypesWithWholeGroupsArePackable) {
+TEST(KernelsPack, OnlyLaidOutTypesWithWholeGroupsArePackable) {
     EXPECT_TRUE(kernels::packable(DType::q4_0, 64, 16));
     EXPECT_TRUE(kernels::packable(DType::q4_k, 512, 32));
     EXPECT_FALSE(kernels::packable(DType::q4_k, 128, 32));  // not whole super-blocks
     EXPECT_TRUE(kernels::packable(DType::q4_0, 2048, 5632));
     EXPECT_FALSE(kernels::packable(DType::q4_0, 64, 24));  // not whole groups of 16 rows
     EXPECT_FALSE(kernels::packable(DType::q4_0, 48, 16));  // not whole blocks
-    EXPECT_FALSE(kernels::packable(DType::q8_0, 64, 16));
+    EXPECT_TRUE(kernels::packable(DType::q8_0, 64, 16));
+    EXPECT_FALSE(kernels::packable(DType::q8_0, 64, 8));
+    EXPECT_FALSE(kernels::packable(DType::q5_0, 64, 16));
     EXPECT_FALSE(kernels::packable(DType::f32, 64, 16));
 }
 
 TEST(KernelsPack, PackThenUnpackGivesTheRowsBack) {
-    for (auto [type, n] : {std::pair{DType::q4_0, int64_t{96}}, std::pair{DType::q4_k, int64_t{768}},
+    for (auto [type, n] : {std::pair{DType::q4_0, int64_t{96}}, std::pair{DType::q8_0, int64_t{96}},
+                           std::pair{DType::q4_k, int64_t{768}},
                            std::pair{DType::q6_k, int64_t{768}}}) {
         const int64_t rows = 48;
         const std::vector<uint8_t> w = quantize_rows(type, randn(n * rows, 3), rows, n);
@@ -62,6 +66,7 @@ TEST_P(KernelsPacked, MatmulEqualsReferenceBitForBit) {
     };
     const Case cases[] = {
         {DType::q4_0, {32, 96, 256, 288, 2048}},  // 1, 3, 8, 9, 64 blocks
+        {DType::q8_0, {32, 96, 256, 288, 2048}},
         {DType::q4_k, {256, 768, 2048, 2304}},    // 1, 3, 8, 9 super-blocks
         {DType::q6_k, {256, 768, 2048, 2304}},
     };
@@ -150,27 +155,34 @@ TEST_P(KernelsPacked, MatmulGroupEqualsOneMatmulPerMatrix) {
     }
 }
 
-// The top nibble everywhere and activations of +-127: the integer sums must not saturate (AVX2 adds eight
-// vpmaddubsw results in int16 before widening).
+// Extreme levels (q4_0: all 15 or all 0, i.e. -8; q8_0: all 127 or all -128) with activations of +-127: the
+// integer sums must not saturate (AVX2 adds eight vpmaddubsw results in int16 before widening) and q8_0's
+// -128, which no quantizer writes but a file may hold, must come out right through the flip to unsigned.
 TEST_P(KernelsPacked, ExtremeValuesDoNotSaturate) {
     const int64_t n_in = 2048, n_out = 32;
-    std::vector<uint8_t> w = quantize_rows(DType::q4_0, randn(n_in * n_out, 5), n_out, n_in);
-    for (size_t blk = 0; blk < w.size() / 18; ++blk) {
-        std::memset(w.data() + blk * 18 + 2, blk % 2 ? 0xFF : 0x00, 16);  // all 15 or all 0 (-8)
-    }
-    std::vector<uint8_t> packed(w.size());
-    kernels::pack_rows(DType::q4_0, w.data(), n_in, n_out, packed.data());
-    TensorView tv = weight_view(DType::q4_0, w, n_in, n_out);
-    tv.packed = packed.data();
-    ThreadPool pool(2);
-    std::vector<uint8_t> scratch;
-    for (int64_t n_tokens : {1, 4}) {
-        std::vector<float> x(static_cast<size_t>(n_in * n_tokens));  // +-1: quantizes to +-127
-        for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 32) % 2 ? -1.0f : 1.0f;
-        const std::vector<float> want = matmul_ref(DType::q4_0, w, x, n_in, n_out, n_tokens);
-        std::vector<float> y(want.size(), NAN);
-        kernels::matmul(tv, x.data(), y.data(), n_tokens, pool, scratch);
-        ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float))) << n_tokens;
+    for (DType type : {DType::q4_0, DType::q8_0}) {
+        const bool q8 = type == DType::q8_0;
+        const size_t block_bytes = q8 ? sizeof(kernels::BlockQ8_0) : sizeof(kernels::BlockQ4_0), qs_bytes = block_bytes - 2;
+        std::vector<uint8_t> w = quantize_rows(type, randn(n_in * n_out, 5), n_out, n_in);
+        for (size_t blk = 0; blk < w.size() / block_bytes; ++blk) {
+            const uint8_t level = blk % 2 ? (q8 ? 0x7F : 0xFF) : (q8 ? 0x80 : 0x00);
+            std::memset(w.data() + blk * block_bytes + 2, level, qs_bytes);
+        }
+        std::vector<uint8_t> packed(w.size());
+        kernels::pack_rows(type, w.data(), n_in, n_out, packed.data());
+        TensorView tv = weight_view(type, w, n_in, n_out);
+        tv.packed = packed.data();
+        ThreadPool pool(2);
+        std::vector<uint8_t> scratch;
+        for (int64_t n_tokens : {1, 4}) {
+            std::vector<float> x(static_cast<size_t>(n_in * n_tokens));  // +-1: quantizes to +-127
+            for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 32) % 2 ? -1.0f : 1.0f;
+            const std::vector<float> want = matmul_ref(type, w, x, n_in, n_out, n_tokens);
+            std::vector<float> y(want.size(), NAN);
+            kernels::matmul(tv, x.data(), y.data(), n_tokens, pool, scratch);
+            ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+                << dtype_name(type) << " tokens " << n_tokens;
+        }
     }
 }
 

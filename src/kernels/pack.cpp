@@ -30,6 +30,14 @@ Layout make_q4_0() {
     return l;
 }
 
+Layout make_q8_0() {
+    Layout l{sizeof(BlockQ8_0), kQK, {}};
+    l.slices.push_back({0, 2, 0});  // d
+    for (uint16_t k = 0; k < 8; ++k)
+        l.slices.push_back({static_cast<uint16_t>(2 + 4 * k), 4, static_cast<uint16_t>(32 + 64 * k)});
+    return l;
+}
+
 Layout make_q4_k() {
     Layout l{sizeof(BlockQ4_K), kQK_K, {}};
     l.slices.push_back({0, 2, 0});   // d
@@ -60,10 +68,12 @@ Layout make_q6_k() {
 }
 
 const Layout *layout_of(DType type) {
-    static const Layout q4_0 = make_q4_0(), q4_k = make_q4_k(), q6_k = make_q6_k();
+    static const Layout q4_0 = make_q4_0(), q8_0 = make_q8_0(), q4_k = make_q4_k(), q6_k = make_q6_k();
     switch (type) {
         case DType::q4_0:
             return &q4_0;
+        case DType::q8_0:
+            return &q8_0;
         case DType::q4_k:
             return &q4_k;
         case DType::q6_k:

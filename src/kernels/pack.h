@@ -13,6 +13,9 @@
 //
 // Byte j of a row's qs holds element j (low nibble) and element j + 16 (high nibble), as in BlockQ4_0.
 //
+// q8_0, the same 16-row groups; block b of a group is 16 * 34 = 544 bytes: [0, 32) d of rows 0..15, then
+// for k < 8, 64 bytes at 32 + 64k: qs[4k..4k+3] of each row (signed, as in BlockQ8_0).
+//
 // q4_k, the same 16-row groups; super-block b of a group is 16 * 144 = 2304 bytes:
 //   [0, 32) d of rows 0..15 | [32, 64) dmin | [64, 256) scales: bytes 4w..4w+3 of each row, w = 0..2
 //   (64 bytes per w) | [256, 2304) qs: bytes 32c + 4k .. + 3 of each row, for chunk c < 4 and slice k < 8
@@ -34,7 +37,8 @@ namespace td::kernels {
 
 constexpr int64_t kPackRows = 16;
 
-// Whether a [n_rows rows of n] matrix of `type` has a packed layout (q4_0, q4_k or q6_k, n_rows a multiple of 16).
+// Whether a [n_rows rows of n] matrix of `type` has a packed layout (q4_0, q8_0, q4_k or q6_k, n_rows a
+// multiple of 16).
 bool packable(DType type, int64_t n, int64_t n_rows);
 // Whether the active ISA has a kernel for packed `type` (matmul otherwise unpacks chunks of rows first, which
 // is correct but slower than the rows): worth packing.

@@ -71,6 +71,7 @@ struct TokenRow {
 struct Q4_0 {
     using Token = TokenRow;
     static constexpr size_t kBlockBytes = kGroupBlockBytes;
+    static constexpr int32_t kOffsetPerSum = -8;  // levels are stored + 8
 
     template <int NT>
     static void block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
@@ -92,6 +93,34 @@ struct Q4_0 {
                 s_hi = _mm512_dpbusd_epi32(s_hi, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
             }
             s = _mm512_add_epi32(s, s_hi);
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
+            acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)));
+        }
+    }
+};
+
+// q8_0: vpdpbusd takes one unsigned operand, so the signed weights are flipped to w + 128 (xor 0x80) as
+// they are loaded; the extra 128 * sum(x) comes back out through the token's block offset (-128 * sum(qs)).
+struct Q8_0 {
+    using Token = TokenRow;
+    static constexpr size_t kBlockBytes = kPackRows * sizeof(BlockQ8_0);  // 544: 16 scales, 8 slices of 64 B
+    static constexpr int32_t kOffsetPerSum = -128;
+
+    template <int NT>
+    static void block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
+                      int lane) {
+        const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+        __m512i q[8];
+        for (int k = 0; k < 8; ++k) q[k] = _mm512_xor_si512(_mm512_loadu_si512(g + 32 + 64 * k), flip);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
+        for (int t = 0; t < NT; ++t) {
+            const int8_t *xq = tok[t].x[b].qs;
+            __m512i s = _mm512_set1_epi32(tok[t].offset[b]), s_odd = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k += 2) {
+                s = _mm512_dpbusd_epi32(s, q[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
+                s_odd = _mm512_dpbusd_epi32(s_odd, q[k + 1], _mm512_set1_epi32(load_i32(xq + 4 * k + 4)));
+            }
+            s = _mm512_add_epi32(s, s_odd);
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
             acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)));
         }
@@ -351,6 +380,30 @@ const TokenRowK *k_tokens(const void *x, size_t x_stride, float *y, int64_t y_st
     return tokens.data();
 }
 
+// Per-token block offsets (K::kOffsetPerSum * sum(qs)) and scales of q8_0 activations, computed once per call
+// (each serves every group of the call).
+template <typename K>
+const TokenRow *q8_0_tokens(const void *x, size_t x_stride, float *y, int64_t y_stride, int64_t n_tokens,
+                            int64_t nb) {
+    thread_local std::vector<int32_t> offsets;  // [n_tokens][nb]
+    thread_local std::vector<float> scales;     // [n_tokens][nb]
+    thread_local std::vector<TokenRow> tokens;  // [n_tokens]
+    const size_t need = static_cast<size_t>(n_tokens * nb);
+    if (offsets.size() < need) offsets.resize(need), scales.resize(need);
+    if (tokens.size() < static_cast<size_t>(n_tokens)) tokens.resize(static_cast<size_t>(n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const auto *xt = reinterpret_cast<const BlockQ8_0 *>(static_cast<const uint8_t *>(x) + t * x_stride);
+        int32_t *off = offsets.data() + t * nb;
+        float *dx = scales.data() + t * nb;
+        for (int64_t b = 0; b < nb; ++b) {
+            off[b] = K::kOffsetPerSum * block_sum_i8(xt[b].qs);
+            dx[b] = _cvtsh_ss(xt[b].d);
+        }
+        tokens[t] = TokenRow{xt, off, dx, y + t * y_stride};
+    }
+    return tokens.data();
+}
+
 // ---- the shared skeleton
 // -----------------------------------------------------------------------------------
 
@@ -403,23 +456,7 @@ void run_groups(int64_t nb, const void *w, size_t w_stride, const typename K::To
 void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     const int64_t nb = n / kQK;
-    // Per-token block offsets and scales, computed once per call (each serves every group of the call).
-    thread_local std::vector<int32_t> offsets;  // [n_tokens][nb]
-    thread_local std::vector<float> scales;     // [n_tokens][nb]
-    thread_local std::vector<TokenRow> tokens;  // [n_tokens]
-    const size_t need = static_cast<size_t>(n_tokens * nb);
-    if (offsets.size() < need) offsets.resize(need), scales.resize(need);
-    if (tokens.size() < static_cast<size_t>(n_tokens)) tokens.resize(static_cast<size_t>(n_tokens));
-    for (int64_t t = 0; t < n_tokens; ++t) {
-        const auto *xt = reinterpret_cast<const BlockQ8_0 *>(static_cast<const uint8_t *>(x) + t * x_stride);
-        int32_t *off = offsets.data() + t * nb;
-        float *dx = scales.data() + t * nb;
-        for (int64_t b = 0; b < nb; ++b) {
-            off[b] = -8 * block_sum_i8(xt[b].qs);
-            dx[b] = _cvtsh_ss(xt[b].d);
-        }
-        tokens[t] = TokenRow{xt, off, dx, y + t * y_stride};
-    }
+    const TokenRow *tokens = q8_0_tokens<Q4_0>(x, x_stride, y, y_stride, n_tokens, nb);
     const auto *wb = static_cast<const uint8_t *>(w);
     const size_t group_bytes = kPackRows * w_stride;
     if (n_tokens > 2) {  // batches: tiles of 2 groups x 4 tokens, prefetching the next 2 groups
@@ -429,15 +466,22 @@ void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
             const uint8_t *next = r + 2 * kPackRows < n_rows ? g + 2 * group_bytes : nullptr;
             if (two) {
                 // The next tile may be a single group: prefetch only what exists.
-                tile_all_tokens<2>(nb, g, group_bytes, tokens.data(), n_tokens, r,
+                tile_all_tokens<2>(nb, g, group_bytes, tokens, n_tokens, r,
                                    next != nullptr && r + 4 * kPackRows <= n_rows ? next : nullptr);
             } else {
-                tile_all_tokens<1>(nb, g, group_bytes, tokens.data(), n_tokens, r, nullptr);
+                tile_all_tokens<1>(nb, g, group_bytes, tokens, n_tokens, r, nullptr);
             }
         }
         return;
     }
-    run_groups<Q4_0>(nb, w, w_stride, tokens.data(), n_rows, n_tokens);
+    run_groups<Q4_0>(nb, w, w_stride, tokens, n_rows, n_tokens);
+}
+
+void gemm_q8_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    const int64_t nb = n / kQK;
+    run_groups<Q8_0>(nb, w, w_stride, q8_0_tokens<Q8_0>(x, x_stride, y, y_stride, n_tokens, nb), n_rows,
+                     n_tokens);
 }
 
 void gemm_q4_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
