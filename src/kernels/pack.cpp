@@ -22,18 +22,12 @@ struct Layout {
     std::vector<Slice> slices;
 };
 
-Layout make_q4_0() {
-    Layout l{sizeof(BlockQ4_0), kQK, {}};
+// q4_0 and q8_0: d, then the quants in 4-byte slices, 64 bytes (16 rows) each: 4 slices for q4_0's 16 bytes,
+// 8 for q8_0's 32.
+Layout make_x_0(size_t block_bytes) {
+    Layout l{block_bytes, kQK, {}};
     l.slices.push_back({0, 2, 0});  // d
-    for (uint16_t k = 0; k < 4; ++k)
-        l.slices.push_back({static_cast<uint16_t>(2 + 4 * k), 4, static_cast<uint16_t>(32 + 64 * k)});
-    return l;
-}
-
-Layout make_q8_0() {
-    Layout l{sizeof(BlockQ8_0), kQK, {}};
-    l.slices.push_back({0, 2, 0});  // d
-    for (uint16_t k = 0; k < 8; ++k)
+    for (uint16_t k = 0; k < (block_bytes - 2) / 4; ++k)
         l.slices.push_back({static_cast<uint16_t>(2 + 4 * k), 4, static_cast<uint16_t>(32 + 64 * k)});
     return l;
 }
@@ -68,7 +62,8 @@ Layout make_q6_k() {
 }
 
 const Layout *layout_of(DType type) {
-    static const Layout q4_0 = make_q4_0(), q8_0 = make_q8_0(), q4_k = make_q4_k(), q6_k = make_q6_k();
+    static const Layout q4_0 = make_x_0(sizeof(BlockQ4_0)), q8_0 = make_x_0(sizeof(BlockQ8_0)),
+                        q4_k = make_q4_k(), q6_k = make_q6_k();
     switch (type) {
         case DType::q4_0:
             return &q4_0;
