@@ -17,6 +17,9 @@
 #include "kernels/x86/kernels-x86.h"
 #include "kernels/x86/kquants-x86.h"
 #endif
+#if TD_KERNELS_ARM
+#include "kernels/arm/kernels-arm.h"
+#endif
 
 namespace td::kernels {
 namespace {
@@ -60,6 +63,27 @@ constexpr TypeKernels kAvx2Table[] = {
 static_assert(std::size(kAvx2Table) == std::size(kRefTable));
 #endif
 
+#if TD_KERNELS_ARM
+constexpr TypeKernels kNeonTable[] = {
+    {DType::f32, ref::to_float_f32, ref::from_float_f32, ref::vec_dot_f32_f32, DType::f32},
+    {DType::f16, ref::to_float_f16, ref::from_float_f16, ref::vec_dot_f16_f16, DType::f16},
+    {DType::bf16, ref::to_float_bf16, ref::from_float_bf16, ref::vec_dot_bf16_bf16, DType::bf16},
+    {DType::q4_0, ref::to_float_q4_0, ref::from_float_q4_0, neon::vec_dot_q4_0_q8_0, DType::q8_0},
+    {DType::q4_1, ref::to_float_q4_1, ref::from_float_q4_1, ref::vec_dot_q4_1_q8_1, DType::q8_1},
+    {DType::q5_0, ref::to_float_q5_0, ref::from_float_q5_0, ref::vec_dot_q5_0_q8_0, DType::q8_0},
+    {DType::q5_1, ref::to_float_q5_1, ref::from_float_q5_1, ref::vec_dot_q5_1_q8_1, DType::q8_1},
+    {DType::q8_0, ref::to_float_q8_0, neon::from_float_q8_0, neon::vec_dot_q8_0_q8_0, DType::q8_0},
+    {DType::q8_1, ref::to_float_q8_1, ref::from_float_q8_1, ref::vec_dot_q8_1_q8_1, DType::q8_1},
+    {DType::q2_k, ref::to_float_q2_k, ref::from_float_q2_k, ref::vec_dot_q2_k_q8_k, DType::q8_k},
+    {DType::q3_k, ref::to_float_q3_k, ref::from_float_q3_k, ref::vec_dot_q3_k_q8_k, DType::q8_k},
+    {DType::q4_k, ref::to_float_q4_k, ref::from_float_q4_k, neon::vec_dot_q4_k_q8_k, DType::q8_k},
+    {DType::q5_k, ref::to_float_q5_k, ref::from_float_q5_k, ref::vec_dot_q5_k_q8_k, DType::q8_k},
+    {DType::q6_k, ref::to_float_q6_k, ref::from_float_q6_k, neon::vec_dot_q6_k_q8_k, DType::q8_k},
+    {DType::q8_k, ref::to_float_q8_k, ref::from_float_q8_k, ref::vec_dot_q8_k_q8_k, DType::q8_k},
+};
+static_assert(std::size(kNeonTable) == std::size(kRefTable));
+#endif
+
 struct Table {
     const TypeKernels *entries;
     size_t n;
@@ -71,6 +95,10 @@ Table table_for(Isa isa) {
         case Isa::avx2:
         case Isa::avx512:  // no AVX-512 specialisations yet: an AVX-512 CPU runs the AVX2 kernels
             return {kAvx2Table, std::size(kAvx2Table)};
+#endif
+#if TD_KERNELS_ARM
+        case Isa::neon:
+            return {kNeonTable, std::size(kNeonTable)};
 #endif
         default:
             return {kRefTable, std::size(kRefTable)};

@@ -10,18 +10,17 @@
 #endif
 
 namespace td::kernels {
+
+#if TD_KERNELS_X86
 namespace {
 
 bool use_avx2() {
-#if TD_KERNELS_X86
     const Isa isa = isa_active();
     return isa == Isa::avx2 || isa == Isa::avx512;
-#else
-    return false;
-#endif
 }
 
 }  // namespace
+#endif
 
 void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
     ref::rmsnorm(x, w, y, n, eps);
