@@ -99,7 +99,8 @@ TEST(MappedFile, HugePageAdviceKeepsTheBytes) {
     auto m = MappedFile::open(path);
     ASSERT_TRUE(m.ok()) << m.status().message();
     ASSERT_EQ(m->size(), size);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(m->data()) % (2 << 20), 0u) << "files of 2 MiB or more map 2 MiB-aligned";
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(m->data()) % (2 << 20), 0u)
+        << "files of 2 MiB or more map 2 MiB-aligned";
     const HugePages h = m->prefer_huge_pages(0, size);
     EXPECT_TRUE(h == HugePages::unavailable || h == HugePages::already || h == HugePages::refreshed);
     m->avoid_huge_pages(size_t{1} << 20, size_t{3} << 20);

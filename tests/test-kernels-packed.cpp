@@ -1,6 +1,7 @@
-// Packed q4_0, q8_0, q4_k and q6_k weights (kernels/pack.h): packing round-trips, and matmul on a packed matrix equals the
-// reference on the row-major one bit for bit, on every ISA, for one token (the packed matrix-vector kernel),
-// a few (the packed small-batch kernel) and many (chunks unpacked into the row kernels).
+// Packed q4_0, q8_0, q4_k and q6_k weights (kernels/pack.h): packing round-trips, and matmul on a packed
+// matrix equals the reference on the row-major one bit for bit, on every ISA, for one token (the packed
+// matrix-vector kernel), a few (the packed small-batch kernel) and many (chunks unpacked into the row
+// kernels).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -37,8 +38,7 @@ TEST(KernelsPack, OnlyLaidOutTypesWithWholeGroupsArePackable) {
 
 TEST(KernelsPack, PackThenUnpackGivesTheRowsBack) {
     for (auto [type, n] : {std::pair{DType::q4_0, int64_t{96}}, std::pair{DType::q8_0, int64_t{96}},
-                           std::pair{DType::q4_k, int64_t{768}},
-                           std::pair{DType::q6_k, int64_t{768}}}) {
+                           std::pair{DType::q4_k, int64_t{768}}, std::pair{DType::q6_k, int64_t{768}}}) {
         const int64_t rows = 48;
         const std::vector<uint8_t> w = quantize_rows(type, randn(n * rows, 3), rows, n);
         std::vector<uint8_t> packed(w.size()), back(w.size());
@@ -67,7 +67,7 @@ TEST_P(KernelsPacked, MatmulEqualsReferenceBitForBit) {
     const Case cases[] = {
         {DType::q4_0, {32, 96, 256, 288, 2048}},  // 1, 3, 8, 9, 64 blocks
         {DType::q8_0, {32, 96, 256, 288, 2048}},
-        {DType::q4_k, {256, 768, 2048, 2304}},    // 1, 3, 8, 9 super-blocks
+        {DType::q4_k, {256, 768, 2048, 2304}},  // 1, 3, 8, 9 super-blocks
         {DType::q6_k, {256, 768, 2048, 2304}},
     };
     const int64_t outs[] = {16, 48, 160};
@@ -162,7 +162,8 @@ TEST_P(KernelsPacked, ExtremeValuesDoNotSaturate) {
     const int64_t n_in = 2048, n_out = 32;
     for (DType type : {DType::q4_0, DType::q8_0}) {
         const bool q8 = type == DType::q8_0;
-        const size_t block_bytes = q8 ? sizeof(kernels::BlockQ8_0) : sizeof(kernels::BlockQ4_0), qs_bytes = block_bytes - 2;
+        const size_t block_bytes = q8 ? sizeof(kernels::BlockQ8_0) : sizeof(kernels::BlockQ4_0),
+                     qs_bytes = block_bytes - 2;
         std::vector<uint8_t> w = quantize_rows(type, randn(n_in * n_out, 5), n_out, n_in);
         for (size_t blk = 0; blk < w.size() / block_bytes; ++blk) {
             const uint8_t level = blk % 2 ? (q8 ? 0x7F : 0xFF) : (q8 ? 0x80 : 0x00);

@@ -20,8 +20,12 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kSmallPage = 4096;
 
-uintptr_t align_down(uintptr_t p, size_t a) { return p & ~(static_cast<uintptr_t>(a) - 1); }
-uintptr_t align_up(uintptr_t p, size_t a) { return align_down(p + a - 1, a); }
+uintptr_t align_down(uintptr_t p, size_t a) {
+    return p & ~(static_cast<uintptr_t>(a) - 1);
+}
+uintptr_t align_up(uintptr_t p, size_t a) {
+    return align_down(p + a - 1, a);
+}
 
 // Maps fd whole at a 2 MiB-aligned address (reserve size + 2 MiB, keep the aligned part); MAP_FAILED on
 // failure.
@@ -80,7 +84,8 @@ int64_t file_pmd_mapped_kb(const void *p) {
             inside = addr >= begin && addr < end;
             continue;
         }
-        if (inside && line.rfind("FilePmdMapped:", 0) == 0) return std::strtoll(line.c_str() + 14, nullptr, 10);
+        if (inside && line.rfind("FilePmdMapped:", 0) == 0)
+            return std::strtoll(line.c_str() + 14, nullptr, 10);
     }
     return -1;
 }
@@ -90,9 +95,12 @@ int64_t file_pmd_mapped_kb(const void *p) {
 
 const char *huge_pages_name(HugePages h) {
     switch (h) {
-        case HugePages::unavailable: return "unavailable";
-        case HugePages::already: return "already";
-        case HugePages::refreshed: return "refreshed";
+        case HugePages::unavailable:
+            return "unavailable";
+        case HugePages::already:
+            return "already";
+        case HugePages::refreshed:
+            return "refreshed";
     }
     return "?";
 }
@@ -137,7 +145,8 @@ HugePages MappedFile::prefer_huge_pages(size_t offset, size_t len) const {
     if (data_ == nullptr || offset >= size_) return HugePages::unavailable;
     len = std::min(len, size_ - offset);
     const auto base = reinterpret_cast<uintptr_t>(data_);
-    const uintptr_t begin = align_up(base + offset, kHugePage), end = align_down(base + offset + len, kHugePage);
+    const uintptr_t begin = align_up(base + offset, kHugePage),
+                    end = align_down(base + offset + len, kHugePage);
     if (end <= begin || !thp_enabled()) return HugePages::unavailable;
     auto *range = reinterpret_cast<uint8_t *>(begin);
     if (::madvise(range, end - begin, MADV_HUGEPAGE) != 0) return HugePages::unavailable;
@@ -161,7 +170,8 @@ HugePages MappedFile::prefer_huge_pages(size_t offset, size_t len) const {
     }
     auto *range_end = reinterpret_cast<uint8_t *>(end);
     ::posix_fadvise(fd, file_offset(range), sample - range, POSIX_FADV_DONTNEED);
-    ::posix_fadvise(fd, file_offset(sample + kHugePage), range_end - (sample + kHugePage), POSIX_FADV_DONTNEED);
+    ::posix_fadvise(fd, file_offset(sample + kHugePage), range_end - (sample + kHugePage),
+                    POSIX_FADV_DONTNEED);
     ::close(fd);
     return HugePages::refreshed;
 #else
@@ -176,7 +186,8 @@ void MappedFile::avoid_huge_pages(size_t offset, size_t len) const {
     if (data_ == nullptr || offset >= size_) return;
     len = std::min(len, size_ - offset);
     const auto base = reinterpret_cast<uintptr_t>(data_);
-    const uintptr_t begin = align_down(base + offset, kSmallPage), end = align_up(base + offset + len, kSmallPage);
+    const uintptr_t begin = align_down(base + offset, kSmallPage),
+                    end = align_up(base + offset + len, kSmallPage);
     ::madvise(reinterpret_cast<void *>(begin), end - begin, MADV_NOHUGEPAGE);
 #else
     (void)offset;

@@ -17,7 +17,8 @@ namespace td {
 
 // What MappedFile::prefer_huge_pages found and did.
 enum class HugePages {
-    unavailable,  // no transparent huge pages here (disabled, old kernel or a filesystem without large folios)
+    unavailable,  // no transparent huge pages here (disabled, old kernel or a filesystem without large
+                  // folios)
     already,      // the range is in 2 MiB pages
     refreshed,    // the range was cached in 4 KiB pages and was dropped from the page cache, so that the next
                   // reads bring it back in 2 MiB pages

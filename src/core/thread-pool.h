@@ -29,7 +29,8 @@ public:
 
     // Calls fn(begin, end) over disjoint chunks covering [0, n). Chunks are claimed dynamically (guided: each
     // claim takes a share of what is left, so they shrink towards the end) so a thread that was descheduled
-    // or runs slower does not stall the others. Each chunk has at least min_chunk items (except the last). Which thread computes a chunk varies; results must not depend on it.
+    // or runs slower does not stall the others. Each chunk has at least min_chunk items (except the last).
+    // Which thread computes a chunk varies; results must not depend on it.
     void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)> &fn,
                       int64_t min_chunk = 1);
 

@@ -139,8 +139,8 @@ MatmulJob make_job(const TensorView &w, float *y, int64_t n_tokens) {
 
 // x [n_tokens][n_in] f32 in the vec_dot_type of k: the f32 rows themselves, or each row quantized once into
 // scratch. Sets *row_bytes.
-const uint8_t *prepare_x(const TypeKernels *k, const float *x, int64_t n_in, int64_t n_tokens, ThreadPool &pool,
-                         std::vector<uint8_t> &scratch, size_t *row_bytes) {
+const uint8_t *prepare_x(const TypeKernels *k, const float *x, int64_t n_in, int64_t n_tokens,
+                         ThreadPool &pool, std::vector<uint8_t> &scratch, size_t *row_bytes) {
     if (k->vec_dot_type == DType::f32) {
         *row_bytes = static_cast<size_t>(n_in) * sizeof(float);
         return reinterpret_cast<const uint8_t *>(x);
@@ -170,7 +170,9 @@ const uint8_t *prepare_x(const TypeKernels *k, const float *x, int64_t n_in, int
 }
 
 // Work items of a job: groups of kRowsPerChunk rows, so every chunk but the last starts and ends on a panel.
-int64_t n_items(const MatmulJob &job) { return (job.n_out + kRowsPerChunk - 1) / kRowsPerChunk; }
+int64_t n_items(const MatmulJob &job) {
+    return (job.n_out + kRowsPerChunk - 1) / kRowsPerChunk;
+}
 
 void run_items(const MatmulJob &job, int64_t begin, int64_t end) {
     matmul_rows(job, begin * kRowsPerChunk, std::min(end * kRowsPerChunk, job.n_out));

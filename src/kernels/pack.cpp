@@ -54,7 +54,8 @@ Layout make_q6_k() {
         l.slices.push_back({u16(offsetof(BlockQ6_K, scales) + 4 * w), 4, u16(32 + 64 * w)});
     for (size_t s = 0; s < 32; ++s) {  // ql bytes 4s..4s+3: half h = s / 16, slice k and position
         const size_t h = s / 16, k = s % 8, pos = (s % 16) / 8;
-        l.slices.push_back({u16(offsetof(BlockQ6_K, ql) + 4 * s), 4, u16(288 + 192 * (8 * h + k) + 64 * pos)});
+        l.slices.push_back(
+            {u16(offsetof(BlockQ6_K, ql) + 4 * s), 4, u16(288 + 192 * (8 * h + k) + 64 * pos)});
     }
     for (size_t s = 0; s < 16; ++s)  // qh bytes 4s..4s+3
         l.slices.push_back({u16(offsetof(BlockQ6_K, qh) + 4 * s), 4, u16(288 + 192 * s + 128)});

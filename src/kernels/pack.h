@@ -23,8 +23,8 @@
 //
 // q6_k, super-block b of a group is 16 * 210 = 3360 bytes:
 //   [0, 32) d | [32, 288) scales: bytes 4w..4w+3 of each row, w < 4 | [288, 3360) for half h < 2 and slice
-//   k < 8, 192 bytes at 288 + 192 (8h + k): ql bytes 64h + 4k.., ql bytes 64h + 32 + 4k.., qh bytes 32h + 4k..
-//   of each row (64 bytes each), in the order the kernel reads them.
+//   k < 8, 192 bytes at 288 + 192 (8h + k): ql bytes 64h + 4k.., ql bytes 64h + 32 + 4k.., qh bytes 32h +
+//   4k.. of each row (64 bytes each), in the order the kernel reads them.
 // Packing moves bytes and never changes one, so matmul on a packed matrix equals matmul on the rows bit for
 // bit.
 #pragma once

@@ -1,16 +1,15 @@
 #include "model/model.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 
 #include "core/log.h"
 #include "kernels/kernels.h"
@@ -182,16 +181,20 @@ Status Model::own_small_tensors() {
                               &l.attn_post_norm, &l.ffn_post_norm})
             if (v->data != nullptr) views.push_back(v);
     }
-    constexpr size_t kAlignFloats = 16;  // each tensor starts on a 64-byte boundary
+    // Each tensor starts at a multiple of 16 floats of small_.
+    auto padded = [](const TensorView *v) { return (static_cast<size_t>(v->n_elements()) + 15) / 16 * 16; };
     size_t total = 0;
-    for (const TensorView *v : views) total += (static_cast<size_t>(v->n_elements()) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+    for (const TensorView *v : views) total += padded(v);
     small_.assign(total, 0.0f);
     const int fd = ::open(file_.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return make_error(ErrorKind::io, "{}: cannot open for reading: {}", file_.path(), std::strerror(errno));
+    if (fd < 0)
+        return make_error(ErrorKind::io, "{}: cannot open for reading: {}", file_.path(),
+                          std::strerror(errno));
     size_t at = 0;
     for (TensorView *v : views) {
         const size_t bytes = v->n_bytes();
-        const auto offset = static_cast<off_t>(static_cast<const uint8_t *>(v->data) - file_.mapping().data());
+        const auto offset =
+            static_cast<off_t>(static_cast<const uint8_t *>(v->data) - file_.mapping().data());
         float *dst = &small_[at];
         if (::pread(fd, dst, bytes, offset) != static_cast<ssize_t>(bytes)) {
             const int err = errno;
@@ -200,7 +203,7 @@ Status Model::own_small_tensors() {
                               err != 0 ? std::strerror(err) : "short read");
         }
         v->data = dst;
-        at += (static_cast<size_t>(v->n_elements()) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+        at += padded(v);
     }
     ::close(fd);
     return {};
@@ -255,8 +258,8 @@ void Model::advise_pages() {
     const MappedFile &gguf = file_.mapping();
     const size_t data_begin = std::min(gguf.size(), file_.data_offset()), data_len = gguf.size() - data_begin;
     if (streamed < kMinStreamedBytes) {
-        // Only small tensors (norms) and embedding rows are read here: in 2 MiB pages each 8 KiB norm would
-        // map (and count in RSS) the 2 MiB around it.
+        // Only embedding rows are read through this mapping (norms and biases were copied out): in 2 MiB
+        // pages each row would map (and count in RSS) the 2 MiB around it.
         gguf.avoid_huge_pages(data_begin, data_len);
         return;
     }

@@ -86,8 +86,9 @@ private:
     TensorView tok_embd_, output_norm_, output_;
     std::vector<LayerWeights> layers_;  // [n_layer]; only the range is bound
     std::vector<float> rope_freqs_;     // [n_rot/2] llama3 frequency factors, or empty
-    std::vector<float> small_;          // the range's norms and biases (own_small_tensors), each at a multiple of 16 floats
-    PackResult pack_;                   // owns the mapping the views' packed pointers point into
+    std::vector<float>
+        small_;        // the range's norms and biases (own_small_tensors), each at a multiple of 16 floats
+    PackResult pack_;  // owns the mapping the views' packed pointers point into
 };
 
 }  // namespace td

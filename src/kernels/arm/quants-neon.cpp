@@ -26,9 +26,13 @@ inline int32x4_t dot16(int8x16_t a, int8x16_t b) {
     return vpadalq_s16(vpaddlq_s16(lo), hi);
 }
 
-// The 32 low (lo) and high (hi) nibbles of 16 packed bytes, as int8.
-inline int8x16_t low_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))); }
-inline int8x16_t high_nibbles(uint8x16_t q) { return vreinterpretq_s8_u8(vshrq_n_u8(q, 4)); }
+// The low and the high nibbles of 16 bytes, as int8.
+inline int8x16_t low_nibbles(uint8x16_t q) {
+    return vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F)));
+}
+inline int8x16_t high_nibbles(uint8x16_t q) {
+    return vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+}
 
 }  // namespace
 
