@@ -143,6 +143,46 @@ TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
     }
 }
 
+// Grouped-query attention: every head of a group gives the reference's single-head result bit for bit, for
+// the head sizes with a register kernel (64, 128, 256) and others, whole and partial blocks of heads.
+TEST_P(KernelsFast, AttentionGroupEqualsReferenceBitForBit) {
+    const int32_t head_dims[] = {8, 64, 100, 128, 256};
+    const int32_t n_qs[] = {1, 2, 3, 4, 5, 8};
+    const int32_t n_kvs[] = {1, 3, 17, 130};
+    for (int variant = 0; variant < 4; ++variant) {
+        const bool f16 = variant < 2;
+        const float softcap = variant % 2 == 0 ? 0.0f : 2.0f;
+        for (int32_t head_dim : head_dims) {
+            const int64_t stride = head_dim * 2 + 16;  // a K/V row holds other heads too
+            for (int32_t n_q : n_qs) {
+                for (int32_t n_kv : n_kvs) {
+                    const uint32_t seed = static_cast<uint32_t>(head_dim * 7919 + n_q * 101 + n_kv);
+                    const std::vector<float> q = randn(static_cast<size_t>(n_q) * head_dim, seed, 2.0f);
+                    std::vector<float> kf = randn(stride * n_kv, seed + 1);
+                    for (int32_t j = 0; j < n_kv; ++j)
+                        for (int32_t d = 0; d < head_dim; ++d)
+                            kf[j * stride + d] *= 1.0f + 0.05f * static_cast<float>(j % 7);
+                    const std::vector<uint8_t> k = kv_rows(kf, f16);
+                    const std::vector<uint8_t> v = kv_rows(randn(stride * n_kv, seed + 2, 3.0f), f16);
+                    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+                    std::vector<float> scores(static_cast<size_t>(n_q) * n_kv);
+                    std::vector<float> want(static_cast<size_t>(n_q) * head_dim),
+                        got(static_cast<size_t>(n_q) * head_dim, NAN);
+                    for (int32_t g = 0; g < n_q; ++g)
+                        kernels::ref::attention_head(&q[g * head_dim], k.data(), v.data(), f16, stride,
+                                                     head_dim, n_kv, scale, softcap, scores.data(),
+                                                     &want[g * head_dim]);
+                    kernels::attention_group(q.data(), n_q, k.data(), v.data(), f16, stride, head_dim, n_kv,
+                                             scale, softcap, scores.data(), got.data());
+                    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+                        << (f16 ? "f16" : "f32") << " head_dim " << head_dim << " n_q " << n_q << " n_kv "
+                        << n_kv << " softcap " << softcap;
+                }
+            }
+        }
+    }
+}
+
 // Soft-capping (gemma2) against the formula in doubles: s_j = c * tanh(scale * q.k_j / c), then the softmax.
 // The scores here reach ~8 and the cap is 1.5, so an uncapped or wrongly capped softmax is far off.
 TEST_P(KernelsFast, AttentionHeadSoftcapEqualsTheFormula) {

@@ -88,7 +88,7 @@ void Context::ensure_scratch(int32_t n) {
     grow(attn_, ub * hp.n_embd_q());
     grow(gate_, ub * hp.n_ff);
     grow(up_, ub * hp.n_ff);
-    grow(scores_, static_cast<size_t>(pool_->n_threads()) * n_ctx_);
+    grow(scores_, static_cast<size_t>(pool_->n_threads()) * kAttnBlock * n_ctx_);
 }
 
 Status Context::decode(const Batch &batch, const float *hidden_in) {
@@ -207,24 +207,33 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
         }
     });
 
-    // Each (row, head) attends over its own sequence's positions first..pos (causal; first > 0 only in a
-    // sliding-window layer).
+    // Each row attends over its own sequence's positions first..pos (causal; first > 0 only in a
+    // sliding-window layer). A job is one row, one K/V head and a block of the query heads that share it
+    // (grouped-query attention reads each K/V row once per block); blocks shrink when there are too few jobs
+    // to keep every thread busy.
     const float scale = hp.attn_q_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(head_dim));
     const int32_t n_gqa = hp.n_gqa();
     const size_t elem = kv_f16 ? 2 : 4;
     const int32_t n_swa = hp.layer_is_swa(il) ? hp.n_swa : 0;
+    int32_t block = std::min(n_gqa, kAttnBlock);
+    while (block > 1 &&
+           static_cast<int64_t>(n) * hp.n_head_kv * ((n_gqa + block - 1) / block) < 2 * pool.n_threads())
+        block = (block + 1) / 2;
+    const int32_t n_blocks = (n_gqa + block - 1) / block;
+    const int64_t n_jobs = static_cast<int64_t>(n) * hp.n_head_kv * n_blocks;
     pool.run([&](int ith, int nth) {
-        float *scores = &scores_[static_cast<size_t>(ith) * n_ctx_];
-        for (int64_t job = ith; job < static_cast<int64_t>(n) * hp.n_head; job += nth) {
-            const int64_t i = job / hp.n_head;
-            const int32_t h = static_cast<int32_t>(job % hp.n_head);
-            const int32_t kvh = h / n_gqa;
+        float *scores = &scores_[static_cast<size_t>(ith) * kAttnBlock * n_ctx_];
+        for (int64_t job = ith; job < n_jobs; job += nth) {
+            const int64_t i = job / (static_cast<int64_t>(hp.n_head_kv) * n_blocks);
+            const int32_t kvh = static_cast<int32_t>(job / n_blocks % hp.n_head_kv);
+            const int32_t h0 = kvh * n_gqa + static_cast<int32_t>(job % n_blocks) * block;
+            const int32_t n_q_heads = std::min(block, (kvh + 1) * n_gqa - h0);
             const int32_t first = n_swa > 0 ? std::max(0, pos[i] - n_swa + 1) : 0;
             const uint8_t *k0 = kv_.k_row(local, seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
             const uint8_t *v0 = kv_.v_row(local, seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
-            kernels::attention_head(&q_[i * n_q + h * head_dim], k0, v0, kv_f16, n_kv, head_dim,
-                                    pos[i] + 1 - first, scale, hp.attn_softcap, scores,
-                                    &attn_[i * n_q + h * head_dim]);
+            kernels::attention_group(&q_[i * n_q + h0 * head_dim], n_q_heads, k0, v0, kv_f16, n_kv, head_dim,
+                                     pos[i] + 1 - first, scale, hp.attn_softcap, scores,
+                                     &attn_[i * n_q + h0 * head_dim]);
         }
     });
     kernels::matmul(w.wo, attn_.data(), xn_.data(), n, pool, mm_scratch_);

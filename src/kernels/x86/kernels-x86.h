@@ -39,6 +39,12 @@ void swiglu(const float *gate, const float *up, float *out, int64_t n);
 
 namespace td::kernels::avx512 {
 
+// kernels/ops.h attention_group over an f16 cache, bit-identical to the reference, for head sizes 64, 128 and
+// 256 (ops-avx512.cpp); false, and nothing written, for other head sizes.
+bool attention_group_f16(const float *q, int32_t n_q, const void *k, const void *v, int64_t kv_stride,
+                         int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores,
+                         float *out);
+
 // As avx2::gemm_*, with AVX-512 VNNI: panels of 32 rows, tiles of 32 rows x 8 tokens (gemm-avx512vnni.cpp);
 // only for CPUs with avx512vnni.
 void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,

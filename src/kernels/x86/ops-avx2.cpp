@@ -43,6 +43,13 @@ inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
 }
 
+// Asks for the cache lines of [p, p + n).
+inline void prefetch_bytes(const uint8_t *p, size_t n) {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+    for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64)
+        _mm_prefetch(reinterpret_cast<const char *>(a), _MM_HINT_T0);
+}
+
 // q.k for an f16 cache in the reference's order (ref/ops-ref.cpp dot_f16_q): 64 lanes of fused
 // multiply-adds as eight registers (acc[m] = lanes 8m..8m+7), the 16-lane fold, then the rest in double.
 inline float dot_f16_q(const float *q, const uint16_t *k, int32_t n) {
@@ -110,9 +117,17 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
     for (int32_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
 
     // scores[j] = (q.k_j) * scale, or softcap * tanhf((q.k_j) * (scale / softcap)) (libm, like the reference)
+    // The rows are strided and usually out of cache (see ops-avx512.cpp): K is asked for kAhead rows ahead,
+    // each V row when its K row is read.
+    constexpr int32_t kAhead = 8;
+    const size_t head_bytes = static_cast<size_t>(head_dim) * elt;
+    for (int32_t j = 0; j < kAhead && j < n_kv; ++j)
+        prefetch_bytes(kb + static_cast<size_t>(j) * row_bytes, head_bytes);
     if (softcap != 0.0f) scale /= softcap;
     for (int32_t j = 0; j < n_kv; ++j) {
         const void *kj = kb + static_cast<size_t>(j) * row_bytes;
+        if (j + kAhead < n_kv) prefetch_bytes(kb + static_cast<size_t>(j + kAhead) * row_bytes, head_bytes);
+        prefetch_bytes(vb + static_cast<size_t>(j) * row_bytes, head_bytes);
         float dot;
         if (kv_f16) {
             dot = dot_f16_q(qr, static_cast<const uint16_t *>(kj), head_dim);
