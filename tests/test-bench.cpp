@@ -110,6 +110,43 @@ TEST(BenchRun, GenerationIsOneTokenPerCallFromPositionZero) {
     }
 }
 
+// -d: every repetition first fills each sequence with an untimed prompt of n_depth positions (BOS first),
+// then the test continues from there.
+TEST(BenchRun, DepthFillsTheContextFirst) {
+    FakeTarget fake;
+    BenchRunParams p;
+    p.reps = 1;
+    p.warmup = false;
+    p.n_batch = 4;
+    BenchTest t{0, 3, 2};
+    t.n_depth = 6;
+    ASSERT_TRUE(bench_run(fake.target(50, 1), t, p).ok());
+    // 2 x 6 prompt rows in batches of 4, then 3 steps of both sequences.
+    ASSERT_EQ(fake.calls.size(), 6u);
+    std::vector<std::pair<int32_t, int32_t>> rows;  // (seq, pos) of the prompt rows
+    for (size_t c = 0; c < 3; ++c) {
+        const Batch &b = fake.calls[c];
+        ASSERT_EQ(b.size(), 4);
+        for (int32_t i = 0; i < b.size(); ++i) {
+            rows.emplace_back(b.seq[i], b.pos[i]);
+            if (b.pos[i] == 0) {
+                EXPECT_EQ(b.token[i], 1);  // BOS
+            }
+        }
+    }
+    for (int32_t r = 0; r < 12; ++r) EXPECT_EQ(rows[r], std::make_pair(r / 6, r % 6));
+    for (int32_t step = 0; step < 3; ++step) {
+        const Batch &b = fake.calls[3 + step];
+        ASSERT_EQ(b.size(), 2);
+        for (int32_t s = 0; s < 2; ++s) {
+            EXPECT_EQ(b.seq[s], s);
+            EXPECT_EQ(b.pos[s], 6 + step);
+        }
+    }
+    t.n_depth = -1;
+    EXPECT_FALSE(bench_run(fake.target(50, 1), t, p).ok());
+}
+
 TEST(BenchRun, NoWarmupAndErrors) {
     FakeTarget fake;
     BenchRunParams p;
@@ -311,6 +348,22 @@ TEST(BenchCli, KvTypeAndPromptListsMultiply) {
     }
 }
 
+TEST(BenchCli, DepthListGivesRecordsAtEachDepth) {
+    nlohmann::json j = run_json({"-t", "1", "-d", "0,32", "-o", "json"});
+    ASSERT_EQ(j.size(), 4u);
+    const int depth[] = {0, 0, 32, 32};
+    const int prompt[] = {16, 0, 16, 0};
+    for (size_t k = 0; k < 4; ++k) {
+        EXPECT_EQ(j[k]["n_depth"], depth[k]);
+        EXPECT_EQ(j[k]["n_prompt"], prompt[k]);
+        EXPECT_GT(j[k]["avg_ts"].get<double>(), 0.0);
+    }
+    test::ProcessResult r = test::run_tandem(bench_args({"-t", "1", "-d", "32", "-o", "md"}));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("pp16 @ d32"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("tg8 @ d32"), std::string::npos) << r.out;
+}
+
 TEST(BenchCli, MarkdownTable) {
     test::ProcessResult r = test::run_tandem(bench_args({"-t", "1", "-o", "md"}));
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -360,6 +413,7 @@ TEST(BenchCli, BadFlagsFailCleanly) {
     expect_clean_failure({"bench", "-m", m, "-p", "12x"}, "tandem: error: -p/--n-prompt takes");
     expect_clean_failure({"bench", "-m", m, "-n", "-3"}, "tandem: error: -n/--n-gen takes");
     expect_clean_failure({"bench", "-m", m, "-t", "1,,2"}, "tandem: error: -t/--threads takes");
+    expect_clean_failure({"bench", "-m", m, "-d", "-1"}, "tandem: error: -d/--n-depth takes");
     expect_clean_failure({"bench", "-m", m, "-t", "0"}, "tandem: error: -t/--threads takes");
     expect_clean_failure({"bench", "-m", m, "-o", "xml"}, "tandem: error: -o/--output takes md, json");
     expect_clean_failure({"bench", "-m", m, "--kv-type", "q8_0"}, "tandem: error: --kv-type takes");

@@ -18,8 +18,8 @@
 
 #include "cli/cluster-flags.h"
 #include "cli/commands.h"
-#include "core/build-id.h"
 #include "cli/common.h"
+#include "core/build-id.h"
 #include "core/log.h"
 #include "core/thread-pool.h"
 #include "model/bench-report.h"
@@ -35,6 +35,7 @@ struct BenchOptions {
     std::vector<std::string> models;
     std::string n_prompt = "512";
     std::string n_gen = "128";
+    std::string n_depth = "0";
     std::string threads;  // empty: all hardware threads
     std::string kv_type = "f16";
     int32_t n_batch = 512;
@@ -92,15 +93,17 @@ const char *kv_type_name(KvType t) {
 }
 
 struct Plan {
-    std::vector<int32_t> n_prompt, n_gen, threads, parallel;
+    std::vector<int32_t> n_prompt, n_gen, n_depth, threads, parallel;
     std::vector<KvType> kv_types;
-    std::vector<BenchTest> tests;  // the pp tests, then the tg tests (0 entries skipped, as in llama-bench)
+    // For each depth, the pp tests, then the tg tests (0 entries skipped, as in llama-bench).
+    std::vector<BenchTest> tests;
 };
 
 Result<Plan> make_plan(const BenchOptions &opt) {
     Plan plan;
     TD_ASSIGN_OR_RETURN(plan.n_prompt, parse_int_list("-p/--n-prompt", opt.n_prompt, 0, 1 << 20));
     TD_ASSIGN_OR_RETURN(plan.n_gen, parse_int_list("-n/--n-gen", opt.n_gen, 0, 1 << 20));
+    TD_ASSIGN_OR_RETURN(plan.n_depth, parse_int_list("-d/--n-depth", opt.n_depth, 0, 1 << 20));
     const int32_t n_hw = std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
     TD_ASSIGN_OR_RETURN(plan.parallel, parse_int_list("--parallel", opt.parallel, 1, 4096));
     if (opt.threads.empty()) {
@@ -109,10 +112,12 @@ Result<Plan> make_plan(const BenchOptions &opt) {
         TD_ASSIGN_OR_RETURN(plan.threads, parse_int_list("-t/--threads", opt.threads, 1, 4096));
     }
     TD_ASSIGN_OR_RETURN(plan.kv_types, parse_kv_types(opt.kv_type));
-    for (int32_t p : plan.n_prompt)
-        if (p > 0) plan.tests.push_back({p, 0});
-    for (int32_t n : plan.n_gen)
-        if (n > 0) plan.tests.push_back({0, n});
+    for (int32_t d : plan.n_depth) {
+        for (int32_t p : plan.n_prompt)
+            if (p > 0) plan.tests.push_back({.n_prompt = p, .n_depth = d});
+        for (int32_t n : plan.n_gen)
+            if (n > 0) plan.tests.push_back({.n_gen = n, .n_depth = d});
+    }
     if (plan.tests.empty()) return invalid_input("nothing to run: every -p and -n value is 0");
     if (opt.output != "md" && opt.output != "json" && opt.output != "jsonl" && opt.output != "csv")
         return invalid_input("-o/--output takes md, json, jsonl or csv, got '{}'", opt.output);
@@ -146,7 +151,8 @@ Status bench_model(const std::string &path, const BenchOptions &opt, const Plan 
     rp.seed = opt.seed;
 
     int32_t max_tokens = 1;
-    for (const BenchTest &test : plan.tests) max_tokens = std::max(max_tokens, test.n_tokens());
+    for (const BenchTest &test : plan.tests)
+        max_tokens = std::max(max_tokens, test.n_depth + test.n_tokens());
     const bool cluster = !opt.cluster.workers.empty();
     for (KvType kv_type : plan.kv_types) {
         for (int32_t n_threads : plan.threads) {
@@ -168,15 +174,15 @@ Status bench_model(const std::string &path, const BenchOptions &opt, const Plan 
                 }
                 for (BenchTest test : plan.tests) {
                     test.n_parallel = n_par;
-                    // Locally a context per test sized to it, as llama-bench makes one of n_prompt + n_gen
-                    // positions.
+                    // Locally a context per test sized to it, as llama-bench makes one of n_depth + n_prompt
+                    // + n_gen positions.
                     std::unique_ptr<Context> ctx;
                     BenchTarget target;
                     if (cluster) {
                         target = bench_target(*engine, bos, engine_stages(*engine));
                     } else {
                         ContextParams cp;
-                        cp.n_ctx = test.n_tokens();
+                        cp.n_ctx = test.n_depth + test.n_tokens();
                         cp.n_seq = n_par;
                         cp.kv_type = kv_type;
                         TD_ASSIGN_OR_RETURN(ctx, Context::create(model, cp, pool));
@@ -187,15 +193,16 @@ Status bench_model(const std::string &path, const BenchOptions &opt, const Plan 
                     rec.type_k = rec.type_v = kv_type_name(kv_type);
                     rec.n_prompt = test.n_prompt;
                     rec.n_gen = test.n_gen;
+                    rec.n_depth = test.n_depth;
                     rec.n_parallel = n_par;
                     rec.pipeline = pipeline;
                     rec.test_time = bench_time_now();
                     TD_ASSIGN_OR_RETURN(rec.samples_ns, bench_run(target, test, rp));
                     rec.peak_rss_bytes = peak_rss_bytes();
                     std::fprintf(stderr, "tandem: bench %s %s x%d threads=%d kv=%s%s%s: %.2f ± %.2f t/s\n",
-                                 path.c_str(), test.name().c_str(), n_par, rec.n_threads, rec.type_k.c_str(),
-                                 pipeline.empty() ? "" : " ", pipeline.c_str(), rec.avg_ts(),
-                                 rec.stddev_ts());
+                                 path.c_str(), rec.test_name().c_str(), n_par, rec.n_threads,
+                                 rec.type_k.c_str(), pipeline.empty() ? "" : " ", pipeline.c_str(),
+                                 rec.avg_ts(), rec.stddev_ts());
                     records.push_back(std::move(rec));
                 }
                 if (engine) print_cluster_stats(opt.cluster, *engine);
@@ -245,6 +252,9 @@ void register_bench(CLI::App &app, Runners &runners) {
         ->default_val("512");
     cmd->add_option("-n,--n-gen", opt->n_gen, "Generation lengths, comma-separated (0: no tg test)")
         ->default_val("128");
+    cmd->add_option("-d,--n-depth", opt->n_depth,
+                    "Context depths, comma-separated: positions filled (untimed) before each test")
+        ->default_val("0");
     cmd->add_option("-t,--threads", opt->threads, "Thread counts, comma-separated (default: all cores)");
     cmd->add_option("-b,--batch-size", opt->n_batch, "Prompt tokens per forward pass")
         ->default_val(512)

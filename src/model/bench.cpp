@@ -57,9 +57,9 @@ public:
     Runner(const BenchTarget &target, const BenchRunParams &params)
         : target_(target), params_(params), rng_(params.seed), pick_(0, target.n_vocab - 1) {}
 
-    // n_par prompts of n tokens from position 0, their rows back to back in batches of n_batch; logits only
+    // n_par prompts of n tokens from position p0, their rows back to back in batches of n_batch; logits only
     // for each batch's last row. Batches are queued up to the target's depth (a pipeline overlaps them).
-    Status prompt(int32_t n, int32_t n_par) {
+    Status prompt(int32_t n, int32_t n_par, int32_t p0) {
         const int64_t total = static_cast<int64_t>(n) * n_par;
         int in_flight = 0;
         for (int64_t start = 0; start < total; start += params_.n_batch) {
@@ -67,7 +67,7 @@ public:
             batch_.clear();
             for (int64_t r = start; r < end; ++r) {
                 const int32_t i = static_cast<int32_t>(r % n);
-                batch_.add(token(i == 0), i, static_cast<int32_t>(r / n), r == end - 1);
+                batch_.add(token(p0 + i == 0), p0 + i, static_cast<int32_t>(r / n), r == end - 1);
             }
             if (in_flight == target_.max_in_flight) {
                 TD_TRY(wait());
@@ -80,14 +80,14 @@ public:
         return {};
     }
 
-    // n single-token steps from position 0 for each of n_par sequences. The sequences form
+    // n single-token steps from position p0 for each of n_par sequences. The sequences form
     // min(n_par, n_stages, max_in_flight) groups (micro-batches); each group submits its next step once its
     // previous one has returned, and the groups' steps are in flight together.
-    Status gen(int32_t n, int32_t n_par) {
+    Status gen(int32_t n, int32_t n_par, int32_t p0) {
         const int32_t n_groups =
             target_.wait ? std::max(1, std::min({n_par, target_.n_stages, target_.max_in_flight})) : 1;
-        std::vector<int32_t> next(n_groups, 0);  // [n_groups] the step each group submits next
-        std::deque<int32_t> queued;              // groups in submission order
+        std::vector<int32_t> next(n_groups, p0);  // [n_groups] the position each group submits next
+        std::deque<int32_t> queued;               // groups in submission order
         auto submit = [&](int32_t g) -> Status {
             batch_.clear();
             const int32_t first = g * n_par / n_groups, last = (g + 1) * n_par / n_groups;
@@ -101,7 +101,7 @@ public:
             TD_TRY(wait());
             const int32_t g = queued.front();
             queued.pop_front();
-            if (next[g] < n) TD_TRY(submit(g));
+            if (next[g] < p0 + n) TD_TRY(submit(g));
         }
         return {};
     }
@@ -130,6 +130,7 @@ Result<std::vector<uint64_t>> bench_run(const BenchTarget &target, const BenchTe
                              test.n_prompt, test.n_gen);
     if (test.n_parallel < 1)
         return invalid_input("parallel sequences must be at least 1, got {}", test.n_parallel);
+    if (test.n_depth < 0) return invalid_input("the depth must not be negative, got {}", test.n_depth);
     if (params.n_batch < 1) return invalid_input("the batch size must be at least 1, got {}", params.n_batch);
     if (params.reps < 1) return invalid_input("repetitions must be at least 1, got {}", params.reps);
     if (target.n_vocab < 1 || !target.submit || !target.clear)
@@ -139,18 +140,24 @@ Result<std::vector<uint64_t>> bench_run(const BenchTarget &target, const BenchTe
 
     using clock = std::chrono::steady_clock;
     Runner run(target, params);
+    // A cleared cache, then the untimed context of n_depth positions.
+    auto fill = [&]() -> Status {
+        TD_TRY(target.clear());
+        if (test.n_depth > 0) TD_TRY(run.prompt(test.n_depth, test.n_parallel, 0));
+        return {};
+    };
     auto once = [&](bool warmup) -> Status {
-        if (test.n_prompt > 0) return run.prompt(test.n_prompt, test.n_parallel);
-        return run.gen(warmup ? 1 : test.n_gen, test.n_parallel);
+        if (test.n_prompt > 0) return run.prompt(test.n_prompt, test.n_parallel, test.n_depth);
+        return run.gen(warmup ? 1 : test.n_gen, test.n_parallel, test.n_depth);
     };
     if (params.warmup) {
-        TD_TRY(target.clear());
+        TD_TRY(fill());
         TD_TRY(once(true));
     }
     std::vector<uint64_t> samples_ns;
     samples_ns.reserve(params.reps);
     for (int32_t r = 0; r < params.reps; ++r) {
-        TD_TRY(target.clear());
+        TD_TRY(fill());
         const auto t0 = clock::now();
         TD_TRY(once(false));
         const auto t1 = clock::now();

@@ -11,6 +11,9 @@
 // each submitting its next step only once its previous one returned (as real sampling would need), so every
 // stage is busy; a single stage decodes them as one batch of P rows per step.
 //
+// With n_depth D > 0 (llama-bench's -d), each repetition first fills every sequence with a D-token prompt,
+// untimed, and the timed pp or tg continues from position D: speed with a filled context.
+//
 // Each test runs a warm-up (a whole pp, or one tg step) and then `reps` timed repetitions, each from a
 // cleared cache. What is benchmarked is a BenchTarget (submit, wait, clear): a local Context, or any Engine
 // (a cluster pipeline), through the same driver and report.
@@ -35,8 +38,9 @@ struct BenchTest {
     int32_t n_prompt = 0;
     int32_t n_gen = 0;
     int32_t n_parallel = 1;  // sequences run together
+    int32_t n_depth = 0;     // positions already in each sequence's cache when the timed part starts
 
-    int32_t n_tokens() const { return n_prompt + n_gen; }  // positions per sequence
+    int32_t n_tokens() const { return n_prompt + n_gen; }  // timed positions per sequence
     std::string name() const;                              // "pp512" or "tg128", as llama-bench prints it
 };
 
