@@ -165,7 +165,7 @@ TEST_P(KernelsFast, AttentionGroupEqualsReferenceBitForBit) {
                     const std::vector<uint8_t> k = kv_rows(kf, f16);
                     const std::vector<uint8_t> v = kv_rows(randn(stride * n_kv, seed + 2, 3.0f), f16);
                     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-                    std::vector<float> scores(static_cast<size_t>(n_q) * n_kv);
+                    std::vector<float> scores(2 * static_cast<size_t>(n_q) * n_kv);
                     std::vector<float> want(static_cast<size_t>(n_q) * head_dim),
                         got(static_cast<size_t>(n_q) * head_dim, NAN);
                     for (int32_t g = 0; g < n_q; ++g)

@@ -49,7 +49,7 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
 
 // attention_head for n_q query heads that share one K/V head (grouped-query attention): head g reads
 // q + g * head_dim and writes out + g * head_dim, bit for bit what attention_head gives for it alone. The
-// K and V rows are read once for all of them.   q, out: [n_q, head_dim]   scores: [n_q * n_kv] scratch
+// K and V rows are read once for all of them.   q, out: [n_q, head_dim]   scores: [2 * n_q * n_kv] scratch
 void attention_group(const float *q, int32_t n_q, const void *k, const void *v, bool kv_f16,
                      int64_t kv_stride, int32_t head_dim, int32_t n_kv, float scale, float softcap,
                      float *scores, float *out);

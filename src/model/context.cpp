@@ -88,7 +88,7 @@ void Context::ensure_scratch(int32_t n) {
     grow(attn_, ub * hp.n_embd_q());
     grow(gate_, ub * hp.n_ff);
     grow(up_, ub * hp.n_ff);
-    grow(scores_, static_cast<size_t>(pool_->n_threads()) * kAttnBlock * n_ctx_);
+    grow(scores_, static_cast<size_t>(pool_->n_threads()) * 2 * kAttnBlock * n_ctx_);
 }
 
 Status Context::decode(const Batch &batch, const float *hidden_in) {
@@ -222,7 +222,7 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
     const int32_t n_blocks = (n_gqa + block - 1) / block;
     const int64_t n_jobs = static_cast<int64_t>(n) * hp.n_head_kv * n_blocks;
     pool.run([&](int ith, int nth) {
-        float *scores = &scores_[static_cast<size_t>(ith) * kAttnBlock * n_ctx_];
+        float *scores = &scores_[static_cast<size_t>(ith) * 2 * kAttnBlock * n_ctx_];
         for (int64_t job = ith; job < n_jobs; job += nth) {
             const int64_t i = job / (static_cast<int64_t>(hp.n_head_kv) * n_blocks);
             const int32_t kvh = static_cast<int32_t>(job / n_blocks % hp.n_head_kv);

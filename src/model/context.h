@@ -61,7 +61,7 @@ private:
     // xn_ rows [0, n) = rmsnorm(xn_ rows) * norm, when the layer has that post-norm (gemma2); else nothing.
     void post_norm(const TensorView &norm, int32_t n);
     static constexpr int32_t kMaxUbatch = 256;
-    // Query heads per attention job at most (each needs n_ctx floats of score scratch per thread).
+    // Query heads per attention job at most (each needs 2 * n_ctx floats of scratch per thread).
     static constexpr int32_t kAttnBlock = 4;
     void ensure_scratch(int32_t n_tokens);
 

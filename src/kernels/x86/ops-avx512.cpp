@@ -80,39 +80,56 @@ void attention_f16(const float *q, const uint16_t *k, const uint16_t *v, int64_t
                 for (int g = 0; g < kG; ++g) acc[g][m] = _mm512_fmadd_ps(qr[g][c + m], kz, acc[g][m]);
             }
         }
-        for (int g = 0; g < kG; ++g) {
-            float s = fold4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]) * scale;
-            if (softcap != 0.0f) s = softcap * tanhf(s);
-            scores[static_cast<size_t>(g) * n_kv + j] = s;
-        }
+        for (int g = 0; g < kG; ++g)
+            scores[static_cast<size_t>(g) * n_kv + j] =
+                fold4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]) * scale;
     }
 
-    // The online softmax over keys, heads interleaved: their update chains are independent.
-    __m512 acc[kG][kD16];
-    float m[kG], sum[kG];
+    // The online softmax's scalar side, head by head, in the reference's order: the running max M, the
+    // weight of each row vs = e^(s - M) (1 when s raises M) and the accumulator's rescale ms = e^(M_old - M)
+    // (1 when it does not), and their sum. Kept apart from the vector loop below because libm calls there
+    // would spill every accumulator register around each call.
+    float *w = scores;                                         // [kG][n_kv] s, then vs
+    float *rescale = scores + static_cast<size_t>(kG) * n_kv;  // [kG][n_kv] ms
+    float sum[kG];
     for (int g = 0; g < kG; ++g) {
-        for (int c = 0; c < kD16; ++c) acc[g][c] = _mm512_setzero_ps();
-        m[g] = -INFINITY;
-        sum[g] = 0.0f;
+        float *wg = w + static_cast<size_t>(g) * n_kv;
+        float *rg = rescale + static_cast<size_t>(g) * n_kv;
+        float m = -INFINITY, total = 0.0f;
+        for (int32_t j = 0; j < n_kv; ++j) {
+            float s = wg[j];
+            if (softcap != 0.0f) s = softcap * tanhf(s);
+            float ms = 1.0f, vs = 1.0f;
+            if (s > m) {
+                ms = expf(m - s);
+                m = s;
+            } else {
+                vs = expf(s - m);
+            }
+            wg[j] = vs;
+            rg[j] = ms;
+            total = fma1(total, ms, vs);
+        }
+        sum[g] = total;
     }
+
+    // acc = round_f16(acc * ms) when the max grew (ms == 1 leaves an f16-rounded accumulator as it is, so
+    // skipping it changes no bit), then acc = round_f16(v_j * vs + acc); the heads' chains are independent.
+    __m512 acc[kG][kD16];
+    for (int g = 0; g < kG; ++g)
+        for (int c = 0; c < kD16; ++c) acc[g][c] = _mm512_setzero_ps();
     for (int32_t j = 0; j < n_kv; ++j) {
         const uint16_t *vj = v + static_cast<size_t>(j) * kv_stride;
         __m512 vz[kD16];
         for (int c = 0; c < kD16; ++c) vz[c] = load_f16(vj + 16 * c);
         for (int g = 0; g < kG; ++g) {
-            const float s = scores[static_cast<size_t>(g) * n_kv + j];
-            float ms = 1.0f, vs = 1.0f;
-            if (s > m[g]) {
-                ms = expf(m[g] - s);
-                m[g] = s;
+            const float ms = rescale[static_cast<size_t>(g) * n_kv + j];
+            if (ms != 1.0f) {
                 const __m512 vms = _mm512_set1_ps(ms);
                 for (int c = 0; c < kD16; ++c) acc[g][c] = round_f16(_mm512_mul_ps(acc[g][c], vms));
-            } else {
-                vs = expf(s - m[g]);
             }
-            const __m512 vvs = _mm512_set1_ps(vs);
+            const __m512 vvs = _mm512_set1_ps(w[static_cast<size_t>(g) * n_kv + j]);
             for (int c = 0; c < kD16; ++c) acc[g][c] = round_f16(_mm512_fmadd_ps(vz[c], vvs, acc[g][c]));
-            sum[g] = fma1(sum[g], ms, vs);
         }
     }
     for (int g = 0; g < kG; ++g) {
