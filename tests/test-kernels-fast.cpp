@@ -128,7 +128,7 @@ TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
                 const std::vector<uint8_t> k = kv_rows(kf, f16);
                 const std::vector<uint8_t> v = kv_rows(randn(stride * n_kv, seed + 2, 3.0f), f16);
                 const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-                std::vector<float> scores(static_cast<size_t>(n_kv));
+                std::vector<float> scores(2 * static_cast<size_t>(n_kv));
                 std::vector<float> want(static_cast<size_t>(head_dim)),
                     got(static_cast<size_t>(head_dim), NAN);
                 kernels::ref::attention_head(q.data(), k.data(), v.data(), f16, stride, head_dim, n_kv, scale,
@@ -199,7 +199,7 @@ TEST_P(KernelsFast, AttentionHeadSoftcapEqualsTheFormula) {
         mx = std::max(mx, s[j]);
     }
     for (double &sj : s) sum += (sj = std::exp(sj - mx));
-    std::vector<float> got(head_dim), scores(n_kv);
+    std::vector<float> got(head_dim), scores(2 * n_kv);
     kernels::attention_head(q.data(), k.data(), v.data(), false, head_dim, head_dim, n_kv, scale, cap,
                             scores.data(), got.data());
     for (int32_t d = 0; d < head_dim; ++d) {

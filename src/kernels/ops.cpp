@@ -61,14 +61,16 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
                      int64_t kv_stride, int32_t head_dim, int32_t n_kv, float scale, float softcap,
                      float *scores, float *out) {
     TD_ASSERT(n_q >= 1, "attention_group: {} query heads", n_q);
+    TD_ASSERT(head_dim > 0 && head_dim <= 1024 && n_kv >= 0, "attention_group: head_dim {} n_kv {}", head_dim,
+              n_kv);
+    TD_ASSERT(softcap >= 0.0f, "attention_group: softcap {}", softcap);
 #if TD_KERNELS_X86
-    if (kv_f16 && isa_active() == Isa::avx512) {
-        TD_ASSERT(head_dim > 0 && head_dim <= 1024 && n_kv >= 0, "attention_group: head_dim {} n_kv {}",
-                  head_dim, n_kv);
-        TD_ASSERT(softcap >= 0.0f, "attention_group: softcap {}", softcap);
-        if (avx512::attention_group_f16(q, n_q, k, v, kv_stride, head_dim, n_kv, scale, softcap, scores, out))
-            return;
-    }
+    if (kv_f16 && isa_active() == Isa::avx512 &&
+        avx512::attention_group_f16(q, n_q, k, v, kv_stride, head_dim, n_kv, scale, softcap, scores, out))
+        return;
+    if (use_avx2())
+        return avx2::attention_group(q, n_q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores,
+                                     out);
 #endif
     for (int32_t g = 0; g < n_q; ++g)
         attention_head(q + static_cast<size_t>(g) * head_dim, k, v, kv_f16, kv_stride, head_dim, n_kv, scale,

@@ -43,7 +43,7 @@ void add_inplace(float *y, const float *x, int64_t n);
 //   s_j = scale * q.k_j,  or with logit soft-capping (softcap c > 0, gemma2):  s_j = c * tanh(s_j / c)
 //   out = sum_j softmax(s)_j v_j
 // computed with the rounding of ggml's CPU flash attention (ref/ops-ref.cpp says how). softcap 0 = none.
-//   q: [head_dim]   k, v: [n_kv rows, stride]   out: [head_dim]   scores: [n_kv] scratch
+//   q: [head_dim]   k, v: [n_kv rows, stride]   out: [head_dim]   scores: [2 * n_kv] scratch
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out);
 

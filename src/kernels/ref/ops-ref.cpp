@@ -167,6 +167,25 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
     for (int32_t d = 0; d < head_dim; ++d) out[d] = acc[d] * inv;
 }
 
+float softmax_weights(const float *s, int32_t n_kv, float softcap, float *w, float *rescale) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int32_t j = 0; j < n_kv; ++j) {
+        float sj = s[j];
+        if (softcap != 0.0f) sj = softcap * std::tanh(sj);
+        float ms = 1.0f, vs = 1.0f;
+        if (sj > m) {
+            ms = std::exp(m - sj);
+            m = sj;
+        } else {
+            vs = std::exp(sj - m);
+        }
+        w[j] = vs;
+        rescale[j] = ms;
+        sum = std::fma(sum, ms, vs);
+    }
+    return sum;
+}
+
 void store_row(const float *src, void *dst, bool to_f16, int64_t n) {
     if (to_f16) {
         uint16_t *d = static_cast<uint16_t *>(dst);

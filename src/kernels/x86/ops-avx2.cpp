@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/ref/ops-ref.h"
 #include "kernels/x86/kernels-x86.h"
 
 namespace td::kernels::avx2 {
@@ -103,74 +104,101 @@ inline __m256 expf_poly8(__m256 x) {
 
 }  // namespace
 
-void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
+void attention_group(const float *q, int32_t n_q, const void *k, const void *v, bool kv_f16,
+                     int64_t kv_stride, int32_t head_dim, int32_t n_kv, float scale, float softcap,
+                     float *scores, float *out) {
     // The reference's flash-attention arithmetic (ref/ops-ref.cpp), with the work moved around: all scores
-    // first, then the online softmax over keys with the head dimension across lanes.
-    float qr[1024];   // [head_dim] the query at the cache's precision
-    float acc[1024];  // [head_dim] running weighted sum of V rows
+    // first, then the softmax's scalar side (ref::softmax_weights), then the weighted sum of V rows with the
+    // head dimension across lanes, kG heads interleaved (their update chains are independent).
+    constexpr int kG = 4;
+    alignas(32) float qr[kG][1024];   // [head_dim] the queries at the cache's precision
+    alignas(32) float acc[kG][1024];  // [head_dim] running weighted sums of V rows
     const size_t elt = kv_f16 ? sizeof(uint16_t) : sizeof(float);
     const uint8_t *kb = static_cast<const uint8_t *>(k);
     const uint8_t *vb = static_cast<const uint8_t *>(v);
     const size_t row_bytes = static_cast<size_t>(kv_stride) * elt;
-    for (int32_t d = 0; d < head_dim; ++d) qr[d] = kv_f16 ? round_f16(q[d]) : q[d];
-    for (int32_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
-
-    // scores[j] = (q.k_j) * scale, or softcap * tanhf((q.k_j) * (scale / softcap)) (libm, like the reference)
-    // The rows are strided and usually out of cache (see ops-avx512.cpp): K is asked for kAhead rows ahead,
-    // each V row when its K row is read.
-    constexpr int32_t kAhead = 8;
     const size_t head_bytes = static_cast<size_t>(head_dim) * elt;
-    for (int32_t j = 0; j < kAhead && j < n_kv; ++j)
-        prefetch_bytes(kb + static_cast<size_t>(j) * row_bytes, head_bytes);
     if (softcap != 0.0f) scale /= softcap;
-    for (int32_t j = 0; j < n_kv; ++j) {
-        const void *kj = kb + static_cast<size_t>(j) * row_bytes;
-        if (j + kAhead < n_kv) prefetch_bytes(kb + static_cast<size_t>(j + kAhead) * row_bytes, head_bytes);
-        prefetch_bytes(vb + static_cast<size_t>(j) * row_bytes, head_bytes);
-        float dot;
-        if (kv_f16) {
-            dot = dot_f16_q(qr, static_cast<const uint16_t *>(kj), head_dim);
-        } else {
-            vec_dot_f32_f32(head_dim, &dot, kj, qr);
+    for (int32_t g0 = 0; g0 < n_q; g0 += kG) {
+        const int n_g = n_q - g0 < kG ? n_q - g0 : kG;
+        float *w = scores;                                          // [n_g][n_kv] scores, then weights
+        float *rescale = scores + static_cast<size_t>(n_g) * n_kv;  // [n_g][n_kv]
+        for (int g = 0; g < n_g; ++g) {
+            const float *qg = q + static_cast<size_t>(g0 + g) * head_dim;
+            for (int32_t d = 0; d < head_dim; ++d) qr[g][d] = kv_f16 ? round_f16(qg[d]) : qg[d];
+            for (int32_t d = 0; d < head_dim; ++d) acc[g][d] = 0.0f;
         }
-        scores[j] = dot * scale;
-        if (softcap != 0.0f) scores[j] = softcap * tanhf(scores[j]);
-    }
 
-    float m = -INFINITY, sum = 0.0f;
-    for (int32_t j = 0; j < n_kv; ++j) {
-        const float s = scores[j];
-        float ms = 1.0f;  // rescales the accumulator when the max grows
-        float vs = 1.0f;  // weight of this row: e^(s - M)
-        if (s > m) {
-            ms = expf(m - s);
-            m = s;
-            const __m256 vms = _mm256_set1_ps(ms);
-            int32_t d = 0;
-            for (; d + 8 <= head_dim; d += 8) {
-                __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), vms);
-                _mm256_storeu_ps(acc + d, kv_f16 ? round_f16(a) : a);
+        // w[g][j] = (q_g.k_j) * scale. The rows are strided and usually out of cache (see ops-avx512.cpp):
+        // while the first head reads them, K is asked for kAhead rows ahead, each V row with its K row.
+        constexpr int32_t kAhead = 8;
+        if (g0 == 0)
+            for (int32_t j = 0; j < kAhead && j < n_kv; ++j)
+                prefetch_bytes(kb + static_cast<size_t>(j) * row_bytes, head_bytes);
+        for (int g = 0; g < n_g; ++g) {
+            float *wg = w + static_cast<size_t>(g) * n_kv;
+            for (int32_t j = 0; j < n_kv; ++j) {
+                const void *kj = kb + static_cast<size_t>(j) * row_bytes;
+                if (g0 + g == 0) {
+                    if (j + kAhead < n_kv)
+                        prefetch_bytes(kb + static_cast<size_t>(j + kAhead) * row_bytes, head_bytes);
+                    prefetch_bytes(vb + static_cast<size_t>(j) * row_bytes, head_bytes);
+                }
+                float dot;
+                if (kv_f16) {
+                    dot = dot_f16_q(qr[g], static_cast<const uint16_t *>(kj), head_dim);
+                } else {
+                    vec_dot_f32_f32(head_dim, &dot, kj, qr[g]);
+                }
+                wg[j] = dot * scale;
             }
-            for (; d < head_dim; ++d) acc[d] = kv_f16 ? round_f16(acc[d] * ms) : acc[d] * ms;
-        } else {
-            vs = expf(s - m);
         }
-        const void *vj = vb + static_cast<size_t>(j) * row_bytes;
-        const __m256 vvs = _mm256_set1_ps(vs);
-        int32_t d = 0;
-        for (; d + 8 <= head_dim; d += 8) {
-            const __m256 a = _mm256_fmadd_ps(load8(vj, d, kv_f16), vvs, _mm256_loadu_ps(acc + d));
-            _mm256_storeu_ps(acc + d, kv_f16 ? round_f16(a) : a);
+        float sum[kG];
+        for (int g = 0; g < n_g; ++g)
+            sum[g] = ref::softmax_weights(w + static_cast<size_t>(g) * n_kv, n_kv, softcap,
+                                          w + static_cast<size_t>(g) * n_kv,
+                                          rescale + static_cast<size_t>(g) * n_kv);
+
+        // acc = acc * ms (rounded to f16 with an f16 cache) when the max grew; ms == 1 leaves the accumulator
+        // as it is, so it is skipped. Then acc = v_j * vs + acc (rounded likewise).
+        for (int32_t j = 0; j < n_kv; ++j) {
+            const void *vj = vb + static_cast<size_t>(j) * row_bytes;
+            for (int g = 0; g < n_g; ++g) {
+                float *ag = acc[g];
+                const float ms = rescale[static_cast<size_t>(g) * n_kv + j];
+                if (ms != 1.0f) {
+                    const __m256 vms = _mm256_set1_ps(ms);
+                    int32_t d = 0;
+                    for (; d + 8 <= head_dim; d += 8) {
+                        const __m256 a = _mm256_mul_ps(_mm256_load_ps(ag + d), vms);
+                        _mm256_store_ps(ag + d, kv_f16 ? round_f16(a) : a);
+                    }
+                    for (; d < head_dim; ++d) ag[d] = kv_f16 ? round_f16(ag[d] * ms) : ag[d] * ms;
+                }
+                const float vs = w[static_cast<size_t>(g) * n_kv + j];
+                const __m256 vvs = _mm256_set1_ps(vs);
+                int32_t d = 0;
+                for (; d + 8 <= head_dim; d += 8) {
+                    const __m256 a = _mm256_fmadd_ps(load8(vj, d, kv_f16), vvs, _mm256_load_ps(ag + d));
+                    _mm256_store_ps(ag + d, kv_f16 ? round_f16(a) : a);
+                }
+                for (; d < head_dim; ++d) {
+                    const float a = fma1(load1(vj, d, kv_f16), vs, ag[d]);
+                    ag[d] = kv_f16 ? round_f16(a) : a;
+                }
+            }
         }
-        for (; d < head_dim; ++d) {
-            const float a = fma1(load1(vj, d, kv_f16), vs, acc[d]);
-            acc[d] = kv_f16 ? round_f16(a) : a;
+        for (int g = 0; g < n_g; ++g) {
+            const float inv = sum[g] == 0.0f ? 0.0f : 1.0f / sum[g];
+            float *og = out + static_cast<size_t>(g0 + g) * head_dim;
+            for (int32_t d = 0; d < head_dim; ++d) og[d] = acc[g][d] * inv;
         }
-        sum = fma1(sum, ms, vs);
     }
-    const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
-    for (int32_t d = 0; d < head_dim; ++d) out[d] = acc[d] * inv;
+}
+
+void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
+                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
+    attention_group(q, 1, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
 }
 
 void swiglu(const float *gate, const float *up, float *out, int64_t n) {

@@ -1,11 +1,12 @@
 // AVX-512 row ops. Compiled with AVX-512 F/BW/VL (CMakeLists.txt); called only when isa_active() is avx512
-// (ops.cpp). Same linkage rule as ops-avx2.cpp: no inline functions from shared headers; exp and tanh are
-// libm's expf and tanhf, the functions the reference calls.
+// (ops.cpp). Same linkage rule as ops-avx2.cpp: no inline functions from shared headers; the softmax's exp
+// and tanh come from the reference's own scalar pass (ref::softmax_weights).
 #include <immintrin.h>
 #include <math.h>
 
 #include <cstdint>
 
+#include "kernels/ref/ops-ref.h"
 #include "kernels/x86/kernels-x86.h"
 
 // GCC 12 reports the undefined source operand of the masked intrinsics behind _mm512_cvtps_ph and the 256-bit
@@ -24,10 +25,6 @@ inline __m512 round_f16(__m512 v) {
 
 inline __m512 load_f16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
-}
-
-inline float fma1(float a, float b, float c) {
-    return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(c)));
 }
 
 // The reference's fold of ggml's four 16-lane accumulators (ref/ops-ref.cpp dot_f16_q): lanes
@@ -85,33 +82,16 @@ void attention_f16(const float *q, const uint16_t *k, const uint16_t *v, int64_t
                 fold4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]) * scale;
     }
 
-    // The online softmax's scalar side, head by head, in the reference's order: the running max M, the
-    // weight of each row vs = e^(s - M) (1 when s raises M) and the accumulator's rescale ms = e^(M_old - M)
-    // (1 when it does not), and their sum. Kept apart from the vector loop below because libm calls there
+    // The online softmax's scalar side, head by head (ref::softmax_weights): each row's weight vs, the
+    // accumulator's rescale ms, and their sum. Kept apart from the vector loop below because libm calls there
     // would spill every accumulator register around each call.
     float *w = scores;                                         // [kG][n_kv] s, then vs
     float *rescale = scores + static_cast<size_t>(kG) * n_kv;  // [kG][n_kv] ms
     float sum[kG];
-    for (int g = 0; g < kG; ++g) {
-        float *wg = w + static_cast<size_t>(g) * n_kv;
-        float *rg = rescale + static_cast<size_t>(g) * n_kv;
-        float m = -INFINITY, total = 0.0f;
-        for (int32_t j = 0; j < n_kv; ++j) {
-            float s = wg[j];
-            if (softcap != 0.0f) s = softcap * tanhf(s);
-            float ms = 1.0f, vs = 1.0f;
-            if (s > m) {
-                ms = expf(m - s);
-                m = s;
-            } else {
-                vs = expf(s - m);
-            }
-            wg[j] = vs;
-            rg[j] = ms;
-            total = fma1(total, ms, vs);
-        }
-        sum[g] = total;
-    }
+    for (int g = 0; g < kG; ++g)
+        sum[g] =
+            ref::softmax_weights(w + static_cast<size_t>(g) * n_kv, n_kv, softcap,
+                                 w + static_cast<size_t>(g) * n_kv, rescale + static_cast<size_t>(g) * n_kv);
 
     // acc = round_f16(acc * ms) when the max grew (ms == 1 leaves an f16-rounded accumulator as it is, so
     // skipping it changes no bit), then acc = round_f16(v_j * vs + acc); the heads' chains are independent.
