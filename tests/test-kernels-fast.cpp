@@ -246,6 +246,83 @@ TEST_P(KernelsFast, SwigluEqualsReferenceBitForBit) {
     }
 }
 
+TEST_P(KernelsFast, RmsnormEqualsReferenceBitForBit) {
+    for (int64_t n : {1, 7, 8, 9, 64, 100, 2048, 5632}) {
+        const std::vector<float> x = randn(n, static_cast<uint32_t>(3 * n), 3.0f);
+        const std::vector<float> w = randn(n, static_cast<uint32_t>(3 * n + 1));
+        std::vector<float> want(n), got(n, NAN), inplace = x;
+        kernels::ref::rmsnorm(x.data(), w.data(), want.data(), n, 1e-5f);
+        kernels::rmsnorm(x.data(), w.data(), got.data(), n, 1e-5f);
+        kernels::rmsnorm(inplace.data(), w.data(), inplace.data(), n, 1e-5f);  // y may alias x
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), n * sizeof(float))) << "n " << n;
+        ASSERT_EQ(0, std::memcmp(inplace.data(), want.data(), n * sizeof(float))) << "n " << n;
+    }
+}
+
+// Both pair orders, partial rotation (n_rot < head_dim), pair counts that leave a scalar tail, llama3's
+// frequency factors, linear scaling and large positions.
+TEST_P(KernelsFast, RopeEqualsReferenceBitForBit) {
+    struct Shape {
+        int32_t head_dim, n_rot;
+    };
+    const Shape shapes[] = {{64, 64}, {128, 128}, {128, 64}, {80, 80}, {96, 32}, {6, 6}, {256, 256}};
+    for (const Shape &sh : shapes) {
+        for (int order = 0; order < 2; ++order) {
+            for (int32_t pos : {0, 1, 17, 4095, 131071}) {
+                kernels::RopeParams p;
+                p.n_rot = sh.n_rot;
+                p.order = order == 0 ? kernels::RopeOrder::adjacent : kernels::RopeOrder::halves;
+                p.freq_base = pos % 2 ? 500000.0f : 10000.0f;
+                p.freq_scale = pos == 17 ? 0.25f : 1.0f;
+                const std::vector<float> factors = randn(sh.n_rot / 2, 9, 0.1f);
+                std::vector<float> ff(factors.size());
+                for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + std::fabs(factors[i]) * 8.0f;
+                if (pos == 4095) p.freq_factors = ff.data();
+                const int32_t n_head = 3;
+                const std::vector<float> x = randn(static_cast<size_t>(n_head) * sh.head_dim,
+                                                   static_cast<uint32_t>(pos + sh.head_dim));
+                std::vector<float> want = x, got = x;
+                kernels::ref::rope(want.data(), n_head, sh.head_dim, pos, p);
+                kernels::rope(got.data(), n_head, sh.head_dim, pos, p);
+                ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+                    << "head_dim " << sh.head_dim << " n_rot " << sh.n_rot << " order " << order << " pos "
+                    << pos;
+            }
+        }
+    }
+}
+
+// f16 stores with every rounding case: ties, the largest finite, overflow to infinity, subnormal results,
+// underflow to zero, infinities and NaNs (quiet, payload kept). f32 stores copy.
+TEST_P(KernelsFast, StoreRowAndAddEqualReferenceBitForBit) {
+    const float specials[] = {0.0f,      -0.0f,      1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 65504.0f,
+                              65519.99f, 65520.0f,   -70000.0f,       0x1p-14f,        0x1.8p-24f,
+                              0x1p-25f,  0x1.1p-25f, 0x1p-26f,        INFINITY,        -INFINITY,
+                              NAN,       -NAN,       1e-30f,          6.1e-5f,         -3.3e-7f};
+    for (int64_t n : {1, 7, 8, 9, 20, 512, 1000}) {
+        std::vector<float> x = randn(n, static_cast<uint32_t>(n + 5), 100.0f);
+        for (size_t i = 0; i < std::size(specials) && i < x.size(); ++i) x[i] = specials[i];
+        for (bool f16 : {true, false}) {
+            const size_t bytes = static_cast<size_t>(n) * (f16 ? 2 : 4);
+            std::vector<uint8_t> want(bytes), got(bytes, 0xAB);
+            kernels::ref::store_row(x.data(), want.data(), f16, n);
+            kernels::store_row(x.data(), got.data(), f16, n);
+            ASSERT_EQ(0, std::memcmp(got.data(), want.data(), bytes)) << "n " << n << " f16 " << f16;
+        }
+        const std::vector<float> y0 = randn(n, static_cast<uint32_t>(n + 6));
+        std::vector<float> want = y0, got = y0;
+        kernels::ref::add_inplace(want.data(), x.data(), n);
+        kernels::add_inplace(got.data(), x.data(), n);
+        for (int64_t i = 0; i < n; ++i) {
+            if (std::isnan(want[i])) {
+                EXPECT_TRUE(std::isnan(got[i])) << "n " << n << " i " << i;
+            } else {
+                ASSERT_EQ(0, std::memcmp(&got[i], &want[i], sizeof(float))) << "n " << n << " i " << i;
+            }
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsFast, ::testing::ValuesIn(test::isas_of_this_arch()),
                          test::isa_param_name);
 

@@ -23,10 +23,18 @@ bool use_avx2() {
 #endif
 
 void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
+#if TD_KERNELS_X86
+    if (use_avx2()) return avx2::rmsnorm(x, w, y, n, eps);
+#endif
     ref::rmsnorm(x, w, y, n, eps);
 }
 
 void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p) {
+    TD_ASSERT(p.n_rot > 0 && p.n_rot <= head_dim && p.n_rot % 2 == 0 && p.n_rot <= 1024,
+              "rope: n_rot {} head_dim {}", p.n_rot, head_dim);
+#if TD_KERNELS_X86
+    if (use_avx2()) return avx2::rope(x, n_head, head_dim, pos, p);
+#endif
     ref::rope(x, n_head, head_dim, pos, p);
 }
 
@@ -42,6 +50,9 @@ void swiglu(const float *gate, const float *up, float *out, int64_t n) {
 }
 
 void add_inplace(float *y, const float *x, int64_t n) {
+#if TD_KERNELS_X86
+    if (use_avx2()) return avx2::add_inplace(y, x, n);
+#endif
     ref::add_inplace(y, x, n);
 }
 
@@ -78,6 +89,9 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
 }
 
 void store_row(const float *src, void *dst, bool to_f16, int64_t n) {
+#if TD_KERNELS_X86
+    if (use_avx2()) return avx2::store_row(src, dst, to_f16, n);
+#endif
     ref::store_row(src, dst, to_f16, n);
 }
 

@@ -18,29 +18,34 @@ void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
     for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
 }
 
-void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p) {
-    TD_ASSERT(p.n_rot > 0 && p.n_rot <= head_dim && p.n_rot % 2 == 0, "n_rot {} head_dim {}", p.n_rot,
-              head_dim);
+int32_t rope_angles(int32_t pos, const RopeParams &p, float *cos_out, float *sin_out) {
+    TD_ASSERT(p.n_rot > 0 && p.n_rot % 2 == 0 && p.n_rot <= 1024, "n_rot {}", p.n_rot);
     const int32_t half = p.n_rot / 2;
-    TD_ASSERT(half <= 512, "n_rot {} too large", p.n_rot);
     // theta for pair i is pos * base^(-2i/n_rot); computed by repeated multiplication like ggml so the
     // angles (and so the logits) agree with llama.cpp to the last bits.
     const float theta_scale = std::pow(p.freq_base, -2.0f / static_cast<float>(p.n_rot));
-    float cos_sin[2 * 512];  // [half][cos, sin]
     float theta_base = static_cast<float>(pos);
     for (int32_t i = 0; i < half; ++i) {
         const float ff = p.freq_factors ? p.freq_factors[i] : 1.0f;
         const float theta = p.freq_scale * (theta_base / ff);
-        cos_sin[2 * i] = std::cos(theta);
-        cos_sin[2 * i + 1] = std::sin(theta);
+        cos_out[i] = std::cos(theta);
+        sin_out[i] = std::sin(theta);
         theta_base *= theta_scale;
     }
+    return half;
+}
+
+void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p) {
+    TD_ASSERT(p.n_rot > 0 && p.n_rot <= head_dim && p.n_rot % 2 == 0, "n_rot {} head_dim {}", p.n_rot,
+              head_dim);
+    float cos_t[512], sin_t[512];  // [n_rot / 2]
+    const int32_t half = rope_angles(pos, p, cos_t, sin_t);
     for (int32_t h = 0; h < n_head; ++h) {
         float *v = x + static_cast<int64_t>(h) * head_dim;
         for (int32_t i = 0; i < half; ++i) {
             const int32_t a = p.order == RopeOrder::adjacent ? 2 * i : i;
             const int32_t b = p.order == RopeOrder::adjacent ? 2 * i + 1 : i + half;
-            const float c = cos_sin[2 * i], s = cos_sin[2 * i + 1];
+            const float c = cos_t[i], s = sin_t[i];
             const float x0 = v[a], x1 = v[b];
             // One product rounded, the other fused: the rounding gcc gives ggml's x0*c - x1*s, x0*s + x1*c.
             v[a] = std::fma(x0, c, -(x1 * s));

@@ -17,6 +17,10 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
                     int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out);
 void store_row(const float *src, void *dst, bool to_f16, int64_t n);
 
+// RoPE's angles for one position, as rope() computes them: cos_out[i], sin_out[i] of theta_i for the n_rot /
+// 2 pairs (n_rot <= 1024). Returns n_rot / 2. Shared with the SIMD rope, which rotates with them.
+int32_t rope_angles(int32_t pos, const RopeParams &p, float *cos_out, float *sin_out);
+
 // The scalar side of attention_head's online softmax, for the SIMD kernels that compute all scores first:
 // given the scores s_j (already scaled; soft-capped here as attention_head does when softcap > 0), writes
 // w[j] = e^(s_j - M_j), or 1 when s_j raises the running max M, and rescale[j] = e^(M_(j-1) - M_j) when it

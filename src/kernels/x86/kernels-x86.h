@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/ops.h"
+
 namespace td::kernels::avx2 {
 
 void from_float_f16(const float *src, void *dst, int64_t n);
@@ -35,6 +37,11 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
 void attention_group(const float *q, int32_t n_q, const void *k, const void *v, bool kv_f16,
                      int64_t kv_stride, int32_t head_dim, int32_t n_kv, float scale, float softcap,
                      float *scores, float *out);
+// kernels/ops.h rmsnorm, rope, add_inplace and store_row, bit-identical to the reference (ops-avx2.cpp).
+void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p);
+void add_inplace(float *y, const float *x, int64_t n);
+void store_row(const float *src, void *dst, bool to_f16, int64_t n);
 // kernels/ops.h swiglu, bit-identical to the reference (ops-avx2.cpp).
 void swiglu(const float *gate, const float *up, float *out, int64_t n);
 

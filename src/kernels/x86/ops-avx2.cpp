@@ -3,6 +3,7 @@
 // function the reference's std::exp(float) calls.
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include <cstdint>
 
@@ -199,6 +200,94 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
     attention_group(q, 1, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
+}
+
+void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
+    // The squares eight at a time; their sum in double in the reference's order (one chain: the order decides
+    // the rounding); then y = (x * scale) * w eight at a time.
+    double ss = 0.0;
+    int64_t i = 0;
+    alignas(32) float sq[8];
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        _mm256_store_ps(sq, _mm256_mul_ps(v, v));
+        for (int l = 0; l < 8; ++l) ss += static_cast<double>(sq[l]);
+    }
+    for (; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
+    const float scale = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(n)) + eps);
+    const __m256 vs = _mm256_set1_ps(scale);
+    i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
+    for (; i < n; ++i) y[i] = (x[i] * scale) * w[i];
+}
+
+void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p) {
+    // The reference's angles (ref::rope_angles) and its rounding: a = fma(x0, c, -(x1 * s)),
+    // b = fma(x0, s, x1 * c), eight lanes at a time.
+    alignas(32) float cos_t[512], sin_t[512];
+    const int32_t half = ref::rope_angles(pos, p, cos_t, sin_t);
+    const bool adjacent = p.order == RopeOrder::adjacent;
+    // Adjacent pairs: lanes (x0, x1) x 4 with cos/sin repeated per pair.
+    alignas(32) float cos2[1024], sin2[1024];
+    if (adjacent)
+        for (int32_t i = 0; i < half; ++i) {
+            cos2[2 * i] = cos2[2 * i + 1] = cos_t[i];
+            sin2[2 * i] = sin2[2 * i + 1] = sin_t[i];
+        }
+    for (int32_t h = 0; h < n_head; ++h) {
+        float *v = x + static_cast<int64_t>(h) * head_dim;
+        int32_t i = 0;
+        if (adjacent) {
+            for (; i + 4 <= half; i += 4) {
+                const __m256 xv = _mm256_loadu_ps(v + 2 * i);
+                const __m256 sw = _mm256_permute_ps(xv, 0xB1);  // (x1, x0) per pair
+                const __m256 c = _mm256_load_ps(cos2 + 2 * i), sn = _mm256_load_ps(sin2 + 2 * i);
+                const __m256 even =
+                    _mm256_fmadd_ps(xv, c, _mm256_xor_ps(_mm256_mul_ps(sw, sn), _mm256_set1_ps(-0.0f)));
+                const __m256 odd = _mm256_fmadd_ps(sw, sn, _mm256_mul_ps(xv, c));
+                _mm256_storeu_ps(v + 2 * i, _mm256_blend_ps(even, odd, 0xAA));
+            }
+        } else {
+            for (; i + 8 <= half; i += 8) {
+                const __m256 x0 = _mm256_loadu_ps(v + i), x1 = _mm256_loadu_ps(v + i + half);
+                const __m256 c = _mm256_load_ps(cos_t + i), sn = _mm256_load_ps(sin_t + i);
+                _mm256_storeu_ps(
+                    v + i,
+                    _mm256_fmadd_ps(x0, c, _mm256_xor_ps(_mm256_mul_ps(x1, sn), _mm256_set1_ps(-0.0f))));
+                _mm256_storeu_ps(v + i + half, _mm256_fmadd_ps(x0, sn, _mm256_mul_ps(x1, c)));
+            }
+        }
+        for (; i < half; ++i) {
+            const int32_t a = adjacent ? 2 * i : i;
+            const int32_t b = adjacent ? 2 * i + 1 : i + half;
+            const float x0 = v[a], x1 = v[b];
+            v[a] = fma1(x0, cos_t[i], -(x1 * sin_t[i]));
+            v[b] = fma1(x0, sin_t[i], x1 * cos_t[i]);
+        }
+    }
+}
+
+void add_inplace(float *y, const float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+    for (; i < n; ++i) y[i] += x[i];
+}
+
+void store_row(const float *src, void *dst, bool to_f16, int64_t n) {
+    if (!to_f16) {
+        memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+        return;
+    }
+    // F16C rounds to nearest even and keeps NaNs quiet with their top payload bits, as fp32_to_fp16().
+    uint16_t *d = static_cast<uint16_t *>(dst);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; ++i) d[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
 void swiglu(const float *gate, const float *up, float *out, int64_t n) {
