@@ -137,7 +137,8 @@ def cpu_name():
 def section(args, results, skipped, have_llama, tandem_commit, llama_commit):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cmd = f"tandem bench -p {args.p} -n {args.n} -t {args.t} -r {args.r} -o json"
-    rounds = f"{args.rounds} rounds per model, tandem and llama-bench alternating (which goes first alternates too)"
+    rounds = (f"{args.rounds} rounds per model; in each, every test (one size at one thread count) runs once in"
+              " each engine back to back, which engine goes first alternating")
     parts = [
         BEGIN,
         "",
@@ -147,8 +148,9 @@ def section(args, results, skipped, have_llama, tandem_commit, llama_commit):
         f"Command: `bench/run-single.py` → `{cmd}`"
         + (" and `llama-bench` with the same -p/-n/-t/-r on the same files." if have_llama else "."),
         f"{rounds}; t/s is the median over the rounds of each round's mean; the ratio is the median of the"
-        " per-round ratios (each listed), > 1 means tandem is faster. Alternating rounds keep slow drifts of a"
-        " shared host (the second vCPU's speed varies over minutes) from landing on one engine only.",
+        " per-round ratios (each listed), > 1 means tandem is faster. Pairs measured seconds apart, in alternating"
+        " order, keep slow drifts of a shared host (its memory bandwidth varies over minutes) from landing on one"
+        " engine only.",
     ]
     if args.note:
         parts += ["", f"**Caveat:** {args.note}"]
@@ -186,7 +188,7 @@ def main():
     ap.add_argument("-n", default="128")
     ap.add_argument("-t", default="1,2")
     ap.add_argument("-r", default="2", help="repetitions per round (each engine's own -r)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating tandem / llama-bench rounds per model")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per model (each runs every test in both engines)")
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "benchmarks.md"))
     ap.add_argument("--no-doc", action="store_true", help="print the table instead of updating the doc")
     ap.add_argument("--note", default="", help="caveat printed above the table (e.g. a shared machine)")
@@ -205,20 +207,31 @@ def main():
         if path is None:
             skipped.append((wtype, why))
             continue
-        common = ["-m", path, "-p", args.p, "-n", args.n, "-t", args.t, "-r", args.r, "-o", "json"]
+        # Each test (one -p or -n value at one thread count) runs as a pair, tandem then llama-bench or the
+        # other way round (alternating), seconds apart: the host's memory bandwidth drifts over minutes, and a
+        # pair measured back to back sees the same conditions.
+        tests = [(p, "0") for p in args.p.split(",") if p and p != "0"]
+        tests += [("0", n) for n in args.n.split(",") if n and n != "0"]
+        threads = [t for t in args.t.split(",") if t]
         rounds = []
         for rnd in range(max(1, args.rounds)):
-            def run_tandem():
-                return run_json([args.tandem, "bench", *common],
-                                os.path.join(args.dir, f"tandem-{wtype}-r{rnd}.json"))
+            tandem_recs, llama_recs = [], []
+            for i, (t, (p, n)) in enumerate((t, pn) for t in threads for pn in tests):
+                common = ["-m", path, "-p", p, "-n", n, "-t", t, "-r", args.r, "-o", "json"]
+                tag = f"{wtype}-p{p}-n{n}-t{t}-r{rnd}"
 
-            def run_llama():
-                return run_json([llama, *common], os.path.join(args.dir, f"llama-{wtype}-r{rnd}.json")) if llama else []
+                def run_tandem():
+                    return run_json([args.tandem, "bench", *common], os.path.join(args.dir, f"tandem-{tag}.json"))
 
-            if rnd % 2 == 0:
-                tandem_recs, llama_recs = run_tandem(), run_llama()
-            else:
-                llama_recs, tandem_recs = run_llama(), run_tandem()
+                def run_llama():
+                    return run_json([llama, *common], os.path.join(args.dir, f"llama-{tag}.json")) if llama else []
+
+                if (rnd + i) % 2 == 0:
+                    ours, theirs = run_tandem(), run_llama()
+                else:
+                    theirs, ours = run_llama(), run_tandem()
+                tandem_recs += ours
+                llama_recs += theirs
             if tandem_recs:
                 tandem_commit = tandem_recs[0]["build_commit"]
             if llama_recs:
