@@ -8,6 +8,9 @@
 #if TD_KERNELS_X86
 #include "kernels/x86/kernels-x86.h"
 #endif
+#if TD_KERNELS_ARM
+#include "kernels/arm/kernels-arm.h"
+#endif
 
 namespace td::kernels {
 
@@ -26,6 +29,9 @@ void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
 #if TD_KERNELS_X86
     if (use_avx2()) return avx2::rmsnorm(x, w, y, n, eps);
 #endif
+#if TD_KERNELS_ARM
+    if (isa_active() == Isa::neon) return neon::rmsnorm(x, w, y, n, eps);
+#endif
     ref::rmsnorm(x, w, y, n, eps);
 }
 
@@ -34,6 +40,9 @@ void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopePar
               "rope: n_rot {} head_dim {}", p.n_rot, head_dim);
 #if TD_KERNELS_X86
     if (use_avx2()) return avx2::rope(x, n_head, head_dim, pos, p);
+#endif
+#if TD_KERNELS_ARM
+    if (isa_active() == Isa::neon) return neon::rope(x, n_head, head_dim, pos, p);
 #endif
     ref::rope(x, n_head, head_dim, pos, p);
 }
@@ -46,12 +55,18 @@ void swiglu(const float *gate, const float *up, float *out, int64_t n) {
 #if TD_KERNELS_X86
     if (use_avx2()) return avx2::swiglu(gate, up, out, n);
 #endif
+#if TD_KERNELS_ARM
+    if (isa_active() == Isa::neon) return neon::swiglu(gate, up, out, n);
+#endif
     ref::swiglu(gate, up, out, n);
 }
 
 void add_inplace(float *y, const float *x, int64_t n) {
 #if TD_KERNELS_X86
     if (use_avx2()) return avx2::add_inplace(y, x, n);
+#endif
+#if TD_KERNELS_ARM
+    if (isa_active() == Isa::neon) return neon::add_inplace(y, x, n);
 #endif
     ref::add_inplace(y, x, n);
 }
@@ -91,6 +106,9 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
 void store_row(const float *src, void *dst, bool to_f16, int64_t n) {
 #if TD_KERNELS_X86
     if (use_avx2()) return avx2::store_row(src, dst, to_f16, n);
+#endif
+#if TD_KERNELS_ARM
+    if (isa_active() == Isa::neon) return neon::store_row(src, dst, to_f16, n);
 #endif
     ref::store_row(src, dst, to_f16, n);
 }

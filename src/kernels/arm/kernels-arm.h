@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kernels/ops.h"
+
 namespace td::kernels::neon {
 
 void from_float_q8_0(const float *src, void *dst, int64_t n);
@@ -12,5 +14,12 @@ void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q4_k_q8_k(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q6_k_q8_k(int64_t n, float *s, const void *x, const void *y);
+
+// kernels/ops.h row ops (ops-neon.cpp).
+void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
+void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p);
+void swiglu(const float *gate, const float *up, float *out, int64_t n);
+void add_inplace(float *y, const float *x, int64_t n);
+void store_row(const float *src, void *dst, bool to_f16, int64_t n);
 
 }  // namespace td::kernels::neon
