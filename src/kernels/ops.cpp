@@ -80,6 +80,10 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
     if (use_avx2())
         return avx2::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
 #endif
+#if TD_KERNELS_ARM
+    if (kv_f16 && isa_active() == Isa::neon)
+        return neon::attention_group_f16(q, 1, k, v, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
+#endif
     ref::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
 }
 
@@ -97,6 +101,11 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
     if (use_avx2())
         return avx2::attention_group(q, n_q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores,
                                      out);
+#endif
+#if TD_KERNELS_ARM
+    if (kv_f16 && isa_active() == Isa::neon)
+        return neon::attention_group_f16(q, n_q, k, v, kv_stride, head_dim, n_kv, scale, softcap, scores,
+                                         out);
 #endif
     for (int32_t g = 0; g < n_q; ++g)
         attention_head(q + static_cast<size_t>(g) * head_dim, k, v, kv_f16, kv_stride, head_dim, n_kv, scale,

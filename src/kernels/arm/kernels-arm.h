@@ -21,5 +21,9 @@ void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopePar
 void swiglu(const float *gate, const float *up, float *out, int64_t n);
 void add_inplace(float *y, const float *x, int64_t n);
 void store_row(const float *src, void *dst, bool to_f16, int64_t n);
+// kernels/ops.h attention_group over an f16 cache (ops-neon.cpp).
+void attention_group_f16(const float *q, int32_t n_q, const void *k, const void *v, int64_t kv_stride,
+                         int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores,
+                         float *out);
 
 }  // namespace td::kernels::neon

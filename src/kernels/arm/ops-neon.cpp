@@ -9,6 +9,7 @@
 
 #include "kernels/arm/kernels-arm.h"
 #include "kernels/ref/ops-ref.h"
+#include "tensor/fp16.h"
 
 namespace td::kernels::neon {
 namespace {
@@ -47,6 +48,49 @@ inline float32x4_t expf_poly4(float32x4_t x) {
         }
     }
     return vld1q_f32(out);
+}
+
+// f32 -> f16 -> f32, round to nearest even (fp32_to_fp16()).
+inline float32x4_t round_f16(float32x4_t v) {
+    return vcvt_f32_f16(vcvt_f16_f32(v));
+}
+inline float round_f16(float v) {
+    return fp16_to_fp32(fp32_to_fp16(v));
+}
+
+// q.k for an f16 cache in the reference's order (ref/ops-ref.cpp dot_f16_q): ggml's four 16-lane
+// accumulators as 4 x 4 registers (a[j][m] = lanes 4m..4m+3 of accumulator j), the same fold, then the rest
+// of the row in double.
+inline float dot_f16_q(const float *q, const uint16_t *k, int32_t n) {
+    float32x4_t a[4][4];
+    for (auto &aj : a)
+        for (auto &am : aj) am = vdupq_n_f32(0.0f);
+    int32_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        for (int j = 0; j < 4; ++j) {
+            const float *qj = q + i + 16 * j;
+            const float16x8_t k0 = vreinterpretq_f16_u16(vld1q_u16(k + i + 16 * j));
+            const float16x8_t k1 = vreinterpretq_f16_u16(vld1q_u16(k + i + 16 * j + 8));
+            a[j][0] = vfmaq_f32(a[j][0], vld1q_f32(qj), vcvt_f32_f16(vget_low_f16(k0)));
+            a[j][1] = vfmaq_f32(a[j][1], vld1q_f32(qj + 4), vcvt_high_f32_f16(k0));
+            a[j][2] = vfmaq_f32(a[j][2], vld1q_f32(qj + 8), vcvt_f32_f16(vget_low_f16(k1)));
+            a[j][3] = vfmaq_f32(a[j][3], vld1q_f32(qj + 12), vcvt_high_f32_f16(k1));
+        }
+    }
+    float32x4_t t[4];
+    for (int m = 0; m < 4; ++m) t[m] = vaddq_f32(vaddq_f32(a[0][m], a[2][m]), vaddq_f32(a[1][m], a[3][m]));
+    const float32x4_t r = vaddq_f32(vaddq_f32(t[0], t[2]), vaddq_f32(t[1], t[3]));
+    double sum =
+        (vgetq_lane_f32(r, 0) + vgetq_lane_f32(r, 2)) + (vgetq_lane_f32(r, 1) + vgetq_lane_f32(r, 3));
+    for (; i < n; ++i) sum += static_cast<double>(q[i] * fp16_to_fp32(k[i]));
+    return static_cast<float>(sum);
+}
+
+// Asks for the cache lines of [p, p + n).
+inline void prefetch_bytes(const uint8_t *p, size_t n) {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+    for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63}; a < end; a += 64)
+        __builtin_prefetch(reinterpret_cast<const void *>(a), 0, 3);
 }
 
 }  // namespace
@@ -144,6 +188,87 @@ void store_row(const float *src, void *dst, bool to_f16, int64_t n) {
     for (; i < n; ++i) {
         const float16x4_t h = vcvt_f16_f32(vdupq_n_f32(src[i]));
         d[i] = vget_lane_u16(vreinterpret_u16_f16(h), 0);
+    }
+}
+
+}  // namespace td::kernels::neon
+
+namespace td::kernels::neon {
+
+void attention_group_f16(const float *q, int32_t n_q, const void *k, const void *v, int64_t kv_stride,
+                         int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores,
+                         float *out) {
+    // As the AVX2 kernel (x86/ops-avx2.cpp): all scores first, the softmax's scalar side
+    // (ref::softmax_weights), then the weighted sum of V rows four lanes at a time, kG heads interleaved.
+    constexpr int kG = 4;
+    float qr[kG][1024];   // the queries rounded to f16, as the reference
+    float acc[kG][1024];  // running weighted sums of V rows, rounded to f16 after every update
+    const auto *kh = static_cast<const uint16_t *>(k);
+    const auto *vh = static_cast<const uint16_t *>(v);
+    const size_t head_bytes = static_cast<size_t>(head_dim) * sizeof(uint16_t);
+    if (softcap != 0.0f) scale /= softcap;
+    for (int32_t g0 = 0; g0 < n_q; g0 += kG) {
+        const int n_g = n_q - g0 < kG ? n_q - g0 : kG;
+        float *w = scores;                                          // [n_g][n_kv] scores, then weights
+        float *rescale = scores + static_cast<size_t>(n_g) * n_kv;  // [n_g][n_kv]
+        for (int g = 0; g < n_g; ++g) {
+            const float *qg = q + static_cast<size_t>(g0 + g) * head_dim;
+            for (int32_t d = 0; d < head_dim; ++d) {
+                qr[g][d] = round_f16(qg[d]);
+                acc[g][d] = 0.0f;
+            }
+        }
+        // The rows are strided and usually out of cache: while the first head reads them, K is asked for
+        // kAhead rows ahead, each V row with its K row.
+        constexpr int32_t kAhead = 8;
+        for (int g = 0; g < n_g; ++g) {
+            float *wg = w + static_cast<size_t>(g) * n_kv;
+            for (int32_t j = 0; j < n_kv; ++j) {
+                const uint16_t *kj = kh + static_cast<size_t>(j) * kv_stride;
+                if (g0 + g == 0) {
+                    if (j + kAhead < n_kv)
+                        prefetch_bytes(reinterpret_cast<const uint8_t *>(kj + kAhead * kv_stride),
+                                       head_bytes);
+                    prefetch_bytes(reinterpret_cast<const uint8_t *>(vh + static_cast<size_t>(j) * kv_stride),
+                                   head_bytes);
+                }
+                wg[j] = dot_f16_q(qr[g], kj, head_dim) * scale;
+            }
+        }
+        float sum[kG];
+        for (int g = 0; g < n_g; ++g)
+            sum[g] = ref::softmax_weights(w + static_cast<size_t>(g) * n_kv, n_kv, softcap,
+                                          w + static_cast<size_t>(g) * n_kv,
+                                          rescale + static_cast<size_t>(g) * n_kv);
+        // acc = round_f16(acc * ms) when the max grew (ms == 1 changes no bit, so it is skipped), then
+        // acc = round_f16(v_j * vs + acc).
+        for (int32_t j = 0; j < n_kv; ++j) {
+            const uint16_t *vj = vh + static_cast<size_t>(j) * kv_stride;
+            for (int g = 0; g < n_g; ++g) {
+                float *ag = acc[g];
+                const float ms = rescale[static_cast<size_t>(g) * n_kv + j];
+                if (ms != 1.0f) {
+                    const float32x4_t vms = vdupq_n_f32(ms);
+                    int32_t d = 0;
+                    for (; d + 4 <= head_dim; d += 4)
+                        vst1q_f32(ag + d, round_f16(vmulq_f32(vld1q_f32(ag + d), vms)));
+                    for (; d < head_dim; ++d) ag[d] = round_f16(ag[d] * ms);
+                }
+                const float vs = w[static_cast<size_t>(g) * n_kv + j];
+                const float32x4_t vvs = vdupq_n_f32(vs);
+                int32_t d = 0;
+                for (; d + 4 <= head_dim; d += 4) {
+                    const float32x4_t vf = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(vj + d)));
+                    vst1q_f32(ag + d, round_f16(vfmaq_f32(vld1q_f32(ag + d), vf, vvs)));
+                }
+                for (; d < head_dim; ++d) ag[d] = round_f16(std::fma(fp16_to_fp32(vj[d]), vs, ag[d]));
+            }
+        }
+        for (int g = 0; g < n_g; ++g) {
+            const float inv = sum[g] == 0.0f ? 0.0f : 1.0f / sum[g];
+            float *og = out + static_cast<size_t>(g0 + g) * head_dim;
+            for (int32_t d = 0; d < head_dim; ++d) og[d] = acc[g][d] * inv;
+        }
     }
 }
 
