@@ -108,6 +108,18 @@ std::vector<uint8_t> kv_rows(const std::vector<float> &v, bool f16) {
     return out;
 }
 
+// K and V rows of n_kv positions (stride elements each, head_dim of them used) in the cache's type. The keys
+// grow along the positions, so the running max moves often (the accumulator rescale path).
+struct KvRows {
+    std::vector<uint8_t> k, v;
+};
+KvRows make_kv_rows(int64_t stride, int32_t head_dim, int32_t n_kv, uint32_t seed, bool f16) {
+    std::vector<float> kf = randn(stride * n_kv, seed + 1);
+    for (int32_t j = 0; j < n_kv; ++j)
+        for (int32_t d = 0; d < head_dim; ++d) kf[j * stride + d] *= 1.0f + 0.05f * static_cast<float>(j % 7);
+    return {kv_rows(kf, f16), kv_rows(randn(stride * n_kv, seed + 2, 3.0f), f16)};
+}
+
 // With and without gemma2's logit soft-capping (a cap of 2 bends most of these scores).
 TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
     const int32_t head_dims[] = {8, 64, 100, 128};
@@ -120,13 +132,7 @@ TEST_P(KernelsFast, AttentionHeadEqualsReferenceBitForBit) {
             for (int32_t n_kv : n_kvs) {
                 const uint32_t seed = static_cast<uint32_t>(head_dim * 1000 + n_kv);
                 const std::vector<float> q = randn(head_dim, seed, 2.0f);
-                // Growing keys make the running max move often (the accumulator rescale path).
-                std::vector<float> kf = randn(stride * n_kv, seed + 1);
-                for (int32_t j = 0; j < n_kv; ++j)
-                    for (int32_t d = 0; d < head_dim; ++d)
-                        kf[j * stride + d] *= 1.0f + 0.05f * static_cast<float>(j % 7);
-                const std::vector<uint8_t> k = kv_rows(kf, f16);
-                const std::vector<uint8_t> v = kv_rows(randn(stride * n_kv, seed + 2, 3.0f), f16);
+                const auto [k, v] = make_kv_rows(stride, head_dim, n_kv, seed, f16);
                 const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
                 std::vector<float> scores(2 * static_cast<size_t>(n_kv));
                 std::vector<float> want(static_cast<size_t>(head_dim)),
@@ -158,12 +164,7 @@ TEST_P(KernelsFast, AttentionGroupEqualsReferenceBitForBit) {
                 for (int32_t n_kv : n_kvs) {
                     const uint32_t seed = static_cast<uint32_t>(head_dim * 7919 + n_q * 101 + n_kv);
                     const std::vector<float> q = randn(static_cast<size_t>(n_q) * head_dim, seed, 2.0f);
-                    std::vector<float> kf = randn(stride * n_kv, seed + 1);
-                    for (int32_t j = 0; j < n_kv; ++j)
-                        for (int32_t d = 0; d < head_dim; ++d)
-                            kf[j * stride + d] *= 1.0f + 0.05f * static_cast<float>(j % 7);
-                    const std::vector<uint8_t> k = kv_rows(kf, f16);
-                    const std::vector<uint8_t> v = kv_rows(randn(stride * n_kv, seed + 2, 3.0f), f16);
+                    const auto [k, v] = make_kv_rows(stride, head_dim, n_kv, seed, f16);
                     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
                     std::vector<float> scores(2 * static_cast<size_t>(n_q) * n_kv);
                     std::vector<float> want(static_cast<size_t>(n_q) * head_dim),
