@@ -73,18 +73,7 @@ void add_inplace(float *y, const float *x, int64_t n) {
 
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
-    TD_ASSERT(head_dim > 0 && head_dim <= 1024 && n_kv >= 0, "attention_head: head_dim {} n_kv {}", head_dim,
-              n_kv);
-    TD_ASSERT(softcap >= 0.0f, "attention_head: softcap {}", softcap);
-#if TD_KERNELS_X86
-    if (use_avx2())
-        return avx2::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
-#endif
-#if TD_KERNELS_ARM
-    if (kv_f16 && isa_active() == Isa::neon)
-        return neon::attention_group_f16(q, 1, k, v, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
-#endif
-    ref::attention_head(q, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
+    attention_group(q, 1, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
 }
 
 void attention_group(const float *q, int32_t n_q, const void *k, const void *v, bool kv_f16,
@@ -108,8 +97,8 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
                                          out);
 #endif
     for (int32_t g = 0; g < n_q; ++g)
-        attention_head(q + static_cast<size_t>(g) * head_dim, k, v, kv_f16, kv_stride, head_dim, n_kv, scale,
-                       softcap, scores, out + static_cast<size_t>(g) * head_dim);
+        ref::attention_head(q + static_cast<size_t>(g) * head_dim, k, v, kv_f16, kv_stride, head_dim, n_kv,
+                            scale, softcap, scores, out + static_cast<size_t>(g) * head_dim);
 }
 
 void store_row(const float *src, void *dst, bool to_f16, int64_t n) {

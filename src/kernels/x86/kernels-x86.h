@@ -31,9 +31,7 @@ void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, si
 void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 
-// kernels/ops.h attention_head and attention_group, bit-identical to the reference (ops-avx2.cpp).
-void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out);
+// kernels/ops.h attention_group (and so attention_head), bit-identical to the reference (ops-avx2.cpp).
 void attention_group(const float *q, int32_t n_q, const void *k, const void *v, bool kv_f16,
                      int64_t kv_stride, int32_t head_dim, int32_t n_kv, float scale, float softcap,
                      float *scores, float *out);

@@ -197,11 +197,6 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
     }
 }
 
-void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
-                    int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
-    attention_group(q, 1, k, v, kv_f16, kv_stride, head_dim, n_kv, scale, softcap, scores, out);
-}
-
 void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps) {
     // The squares eight at a time; their sum in double in the reference's order (one chain: the order decides
     // the rounding); then y = (x * scale) * w eight at a time.
