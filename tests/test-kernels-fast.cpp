@@ -210,17 +210,22 @@ TEST_P(KernelsFast, AttentionHeadSoftcapEqualsTheFormula) {
     }
 }
 
-// The f32 dot (f32 matmuls, attention over an f32 cache) in the reference's lane order, fused tail included.
-TEST_P(KernelsFast, VecDotF32EqualsReferenceBitForBit) {
-    const TypeKernels *k = kernels::type_kernels(DType::f32);
-    const TypeKernels *r = kernels::type_kernels_ref(DType::f32);
-    for (int64_t n : {1, 7, 8, 33, 64, 100, 172, 2048, 2049}) {
-        const std::vector<float> x = randn(n, static_cast<uint32_t>(n)),
-                                 y = randn(n, static_cast<uint32_t>(n + 1));
-        float s = NAN, s_ref = NAN;
-        k->vec_dot(n, &s, x.data(), y.data());
-        r->vec_dot(n, &s_ref, x.data(), y.data());
-        ASSERT_EQ(0, std::memcmp(&s, &s_ref, sizeof(float))) << "n " << n << ": " << s << " vs " << s_ref;
+// The f32 dot (f32 matmuls, attention over an f32 cache) and the f16 dot (f16 weights) in the reference's
+// lane orders, tails included.
+TEST_P(KernelsFast, VecDotF32AndF16EqualReferenceBitForBit) {
+    for (DType type : {DType::f32, DType::f16}) {
+        const TypeKernels *k = kernels::type_kernels(type);
+        const TypeKernels *r = kernels::type_kernels_ref(type);
+        for (int64_t n : {1, 7, 8, 33, 64, 100, 172, 2048, 2049}) {
+            const std::vector<uint8_t> x = test::quantize_rows(type, randn(n, static_cast<uint32_t>(n)), 1, n);
+            const std::vector<uint8_t> y =
+                test::quantize_rows(type, randn(n, static_cast<uint32_t>(n + 1)), 1, n);
+            float s = NAN, s_ref = NAN;
+            k->vec_dot(n, &s, x.data(), y.data());
+            r->vec_dot(n, &s_ref, x.data(), y.data());
+            ASSERT_EQ(0, std::memcmp(&s, &s_ref, sizeof(float)))
+                << dtype_name(type) << " n " << n << ": " << s << " vs " << s_ref;
+        }
     }
 }
 

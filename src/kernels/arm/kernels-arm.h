@@ -9,11 +9,25 @@
 
 namespace td::kernels::neon {
 
+// Quantizers and dot products (quants-neon.cpp), one per kernels.h table entry.
+void from_float_f16(const float *src, void *dst, int64_t n);
 void from_float_q8_0(const float *src, void *dst, int64_t n);
+void from_float_q8_1(const float *src, void *dst, int64_t n);
+void from_float_q8_k(const float *src, void *dst, int64_t n);
+void vec_dot_f32_f32(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_f16_f16(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q4_1_q8_1(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q5_0_q8_0(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q5_1_q8_1(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q8_1_q8_1(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q2_k_q8_k(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q3_k_q8_k(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q4_k_q8_k(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q5_k_q8_k(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q6_k_q8_k(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q8_k_q8_k(int64_t n, float *s, const void *x, const void *y);
 
 // kernels/ops.h row ops (ops-neon.cpp).
 void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);

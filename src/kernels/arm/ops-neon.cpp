@@ -176,19 +176,8 @@ void add_inplace(float *y, const float *x, int64_t n) {
 }
 
 void store_row(const float *src, void *dst, bool to_f16, int64_t n) {
-    if (!to_f16) {
-        std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-        return;
-    }
-    // fcvtn rounds to nearest even (the default FPCR mode) and keeps NaNs quiet with their top payload bits,
-    // as fp32_to_fp16().
-    auto *d = static_cast<uint16_t *>(dst);
-    int64_t i = 0;
-    for (; i + 4 <= n; i += 4) vst1_u16(d + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(src + i))));
-    for (; i < n; ++i) {
-        const float16x4_t h = vcvt_f16_f32(vdupq_n_f32(src[i]));
-        d[i] = vget_lane_u16(vreinterpret_u16_f16(h), 0);
-    }
+    if (to_f16) return from_float_f16(src, dst, n);
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
 }  // namespace td::kernels::neon

@@ -12,11 +12,16 @@ namespace td::kernels::avx2 {
 
 void from_float_f16(const float *src, void *dst, int64_t n);
 void from_float_q8_0(const float *src, void *dst, int64_t n);
+void from_float_q8_1(const float *src, void *dst, int64_t n);
 
 void vec_dot_f32_f32(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_f16_f16(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q4_1_q8_1(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q5_0_q8_0(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q5_1_q8_1(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *x, const void *y);
+void vec_dot_q8_1_q8_1(int64_t n, float *s, const void *x, const void *y);
 
 // y[t * y_stride + r] = vec_dot(n, w row r, x row t) for r < n_rows, t < n_tokens, bit for bit: panels of 16
 // weight rows unpacked once per call, then tiles of 16 rows x 4 tokens (gemm-avx2.cpp, gemm-panel.h). w rows

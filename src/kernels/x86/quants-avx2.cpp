@@ -1,5 +1,6 @@
-// AVX2 (+F16C) quantizers for the activation side of a matmul. Both write exactly the reference's bytes.
-// Same linkage rule as vec-dot-avx2.cpp: no inline functions from shared headers in this file.
+// AVX2 (+F16C) quantizers for the activation side of a matmul (f16, q8_0, q8_1). Each writes exactly the
+// reference's bytes. Same linkage rule as vec-dot-avx2.cpp: no inline functions from shared headers in this
+// file.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -39,31 +40,55 @@ void from_float_f16(const float *src, void *dst, int64_t n) {
     for (; i < n; ++i) y[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+namespace {
+
+// One block of 32 as q8_0 and q8_1 quantize it: qs = round(x / d) (half away from zero), d = absmax / 127;
+// returns d.
+float quantize_block_q8(const float *x, int8_t *qs) {
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + 8 * k);
+    const __m256 amax8 =
+        _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_bit, v[0]), _mm256_andnot_ps(sign_bit, v[1])),
+                      _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[2]), _mm256_andnot_ps(sign_bit, v[3])));
+    // Scalar d and 1/d exactly as the reference computes them (not 127 / amax, which rounds differently).
+    const float d = hmax_f32x8(amax8) / 127;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q[4];  // [4][8] int32 in -127..127
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v[k], vid)));
+    // Packing works per 128-bit half, leaving 4-byte groups in the order 0 2 4 6 1 3 5 7 of the 8 groups
+    // of 4 elements; the permute puts them back in element order.
+    const __m256i q16a = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i q16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i q8 = _mm256_packs_epi16(q16a, q16b);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(qs), ordered);
+    return d;
+}
+
+}  // namespace
+
 void from_float_q8_0(const float *src, void *dst, int64_t n) {
     BlockQ8_0 *y = static_cast<BlockQ8_0 *>(dst);  // [n / 32]
-    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
-    for (int64_t b = 0; b < n / kQK; ++b) {
-        const float *x = src + b * kQK;  // [32]
-        __m256 v[4];
-        for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + 8 * k);
-        const __m256 amax8 =
-            _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign_bit, v[0]), _mm256_andnot_ps(sign_bit, v[1])),
-                          _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[2]), _mm256_andnot_ps(sign_bit, v[3])));
-        // Scalar d and 1/d exactly as the reference computes them (not 127 / amax, which rounds differently).
-        const float d = hmax_f32x8(amax8) / 127;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    for (int64_t b = 0; b < n / kQK; ++b)
+        y[b].d = _cvtss_sh(quantize_block_q8(src + b * kQK, y[b].qs), _MM_FROUND_TO_NEAREST_INT);
+}
 
-        const __m256 vid = _mm256_set1_ps(id);
-        __m256i q[4];  // [4][8] int32 in -127..127
-        for (int k = 0; k < 4; ++k) q[k] = _mm256_cvtps_epi32(round_half_away(_mm256_mul_ps(v[k], vid)));
-        // Packing works per 128-bit half, leaving 4-byte groups in the order 0 2 4 6 1 3 5 7 of the 8 groups
-        // of 4 elements; the permute puts them back in element order.
-        const __m256i q16a = _mm256_packs_epi32(q[0], q[1]);
-        const __m256i q16b = _mm256_packs_epi32(q[2], q[3]);
-        const __m256i q8 = _mm256_packs_epi16(q16a, q16b);
-        const __m256i ordered = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(y[b].qs), ordered);
+// As q8_0, plus s = d * sum(q).
+void from_float_q8_1(const float *src, void *dst, int64_t n) {
+    BlockQ8_1 *y = static_cast<BlockQ8_1 *>(dst);  // [n / 32]
+    for (int64_t b = 0; b < n / kQK; ++b) {
+        const float d = quantize_block_q8(src + b * kQK, y[b].qs);
+        y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        // maddubs(1, q) sums pairs, madd(., 1) quadruples; |sum| <= 32 * 127.
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(y[b].qs));
+        const __m256i s4 =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
+        h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+        y[b].s = _cvtss_sh(static_cast<float>(_mm_cvtsi128_si32(h)) * d, _MM_FROUND_TO_NEAREST_INT);
     }
 }
 

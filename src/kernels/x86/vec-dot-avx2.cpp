@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/blocks.h"
 #include "kernels/x86/kernels-x86.h"
@@ -55,34 +56,28 @@ inline __m256i sum_blocks_i32x8(const __m256i s[8]) {
     return _mm256_add_epi32(lo, hi);
 }
 
-// q4_0 nibbles -> 32 int8 in element order (low nibbles are elements 0..15, high nibbles 16..31), minus 8.
-inline __m256i unpack_q4_0(const uint8_t *qs) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
-    const __m256i nibbles =
-        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
-    return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
-}
-
 inline __m256i load_i8x32(const int8_t *p) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p));
 }
 
-// Scales dx_k * dy_k of eight consecutive blocks, as the reference computes them (float product).
-template <typename BX, typename BY>
-inline __m256 block_scales(const BX *x, const BY *y) {
-    alignas(16) uint16_t dx[8];
-    alignas(16) uint16_t dy[8];
-    for (int k = 0; k < 8; ++k) {
-        dx[k] = x[k].d;
-        dy[k] = y[k].d;
-    }
-    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i *>(dx))),
-                         _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i *>(dy))));
+// Eight consecutive halves, one per block, as floats: field(block k) gives block k's half.
+template <typename B, typename Field>
+inline __m256 block_halves(const B *blocks, Field field) {
+    alignas(16) uint16_t h[8];
+    for (int k = 0; k < 8; ++k) h[k] = field(blocks[k]);
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i *>(h)));
 }
 
-// The shared skeleton of q4_0 x q8_0 and q8_0 x q8_0: `block_dot(x, y)` gives one block's 8 int32 partials.
-template <typename BX, typename BlockDot>
-inline float dot_blocks(int64_t n, const BX *x, const BlockQ8_0 *y, BlockDot block_dot) {
+// Block types with a minimum (q4_1, q5_1) add mx * sy to each block's scaled sum.
+template <typename BX>
+constexpr bool kHasMin = requires(const BX &b) {
+    b.m;
+};
+
+// The skeleton of every 32-element block dot: `block_dot(x, y)` gives one block's 8 int32 partials; block b
+// adds dx * dy * sumi (+ mx * sy), computed as the reference writes it, into lane b % 8.
+template <typename BX, typename BY, typename BlockDot>
+inline float dot_blocks(int64_t n, const BX *x, const BY *y, BlockDot block_dot) {
     const int64_t nb = n / kQK;
     __m256 acc = _mm256_setzero_ps();  // lane k: blocks b with b % 8 == k
     int64_t b = 0;
@@ -90,15 +85,47 @@ inline float dot_blocks(int64_t n, const BX *x, const BlockQ8_0 *y, BlockDot blo
         __m256i partial[kDotLanes];
         for (int k = 0; k < kDotLanes; ++k) partial[k] = block_dot(x[b + k], y[b + k]);
         const __m256 sumf = _mm256_cvtepi32_ps(sum_blocks_i32x8(partial));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(block_scales(x + b, y + b), sumf));
+        const __m256 scales = _mm256_mul_ps(block_halves(x + b, [](const BX &v) { return v.d; }),
+                                            block_halves(y + b, [](const BY &v) { return v.d; }));
+        __m256 v = _mm256_mul_ps(scales, sumf);
+        if constexpr (kHasMin<BX>)
+            v = _mm256_add_ps(v, _mm256_mul_ps(block_halves(x + b, [](const BX &u) { return u.m; }),
+                                               block_halves(y + b, [](const BY &u) { return u.s; })));
+        acc = _mm256_add_ps(acc, v);
     }
     alignas(32) float lanes[kDotLanes];
     _mm256_store_ps(lanes, acc);
     for (; b < nb; ++b) {
         const float sumi = static_cast<float>(hsum_i32x8(block_dot(x[b], y[b])));
-        lanes[b % kDotLanes] += half_to_float(x[b].d) * half_to_float(y[b].d) * sumi;
+        float v = half_to_float(x[b].d) * half_to_float(y[b].d) * sumi;
+        if constexpr (kHasMin<BX>) v = v + half_to_float(x[b].m) * half_to_float(y[b].s);
+        lanes[b % kDotLanes] += v;
     }
     return dot_lanes_sum(lanes);
+}
+
+// q4 nibbles (low: elements 0..15, high: 16..31) as 32 unsigned levels in element order.
+inline __m256i unpack_nibbles(const uint8_t *qs) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+}
+
+// q5 levels: the nibbles plus 16 where bit i of qh (element i's fifth bit) is set.
+inline __m256i unpack_q5(const uint8_t *qs, const uint8_t *qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, sizeof bits);
+    // Byte i gets byte i / 8 of bits; OR-ing every bit but i % 8 makes it all ones exactly when bit i is set.
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int>(bits)),
+        _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE)),
+                                          _mm256_set1_epi8(-1));
+    return _mm256_or_si256(unpack_nibbles(qs), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+}
+
+// Unsigned levels (<= 31) times signed int8: maddubs pairs <= 2 * 31 * 128, exact.
+inline __m256i dot_u8x32(__m256i levels, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(levels, y), _mm256_set1_epi16(1));
 }
 
 }  // namespace
@@ -120,8 +147,7 @@ void vec_dot_f32_f32(int64_t n, float *s, const void *vx, const void *vy) {
     float sum = hsum_f32x8(_mm256_add_ps(lo, hi));
     const int64_t fused = n - n % 8;  // first product of the fused tail
     for (; i < fused; ++i) sum += x[i] * y[i];
-    for (; i < n; ++i)
-        sum = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(x[i]), _mm_set_ss(y[i]), _mm_set_ss(sum)));
+    for (; i < n; ++i) sum = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(x[i]), _mm_set_ss(y[i]), _mm_set_ss(sum)));
     *s = sum;
 }
 
@@ -150,7 +176,31 @@ void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
     const BlockQ4_0 *x = static_cast<const BlockQ4_0 *>(vx);  // [n / 32]
     const BlockQ8_0 *y = static_cast<const BlockQ8_0 *>(vy);  // [n / 32]
     *s = dot_blocks(n, x, y, [](const BlockQ4_0 &bx, const BlockQ8_0 &by) {
-        return dot_i8x32(unpack_q4_0(bx.qs), load_i8x32(by.qs));
+        return dot_i8x32(_mm256_sub_epi8(unpack_nibbles(bx.qs), _mm256_set1_epi8(8)), load_i8x32(by.qs));
+    });
+}
+
+void vec_dot_q4_1_q8_1(int64_t n, float *s, const void *vx, const void *vy) {
+    const BlockQ4_1 *x = static_cast<const BlockQ4_1 *>(vx);  // [n / 32]
+    const BlockQ8_1 *y = static_cast<const BlockQ8_1 *>(vy);  // [n / 32]
+    *s = dot_blocks(n, x, y, [](const BlockQ4_1 &bx, const BlockQ8_1 &by) {
+        return dot_u8x32(unpack_nibbles(bx.qs), load_i8x32(by.qs));
+    });
+}
+
+void vec_dot_q5_0_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
+    const BlockQ5_0 *x = static_cast<const BlockQ5_0 *>(vx);  // [n / 32]
+    const BlockQ8_0 *y = static_cast<const BlockQ8_0 *>(vy);  // [n / 32]
+    *s = dot_blocks(n, x, y, [](const BlockQ5_0 &bx, const BlockQ8_0 &by) {
+        return dot_i8x32(_mm256_sub_epi8(unpack_q5(bx.qs, bx.qh), _mm256_set1_epi8(16)), load_i8x32(by.qs));
+    });
+}
+
+void vec_dot_q5_1_q8_1(int64_t n, float *s, const void *vx, const void *vy) {
+    const BlockQ5_1 *x = static_cast<const BlockQ5_1 *>(vx);  // [n / 32]
+    const BlockQ8_1 *y = static_cast<const BlockQ8_1 *>(vy);  // [n / 32]
+    *s = dot_blocks(n, x, y, [](const BlockQ5_1 &bx, const BlockQ8_1 &by) {
+        return dot_u8x32(unpack_q5(bx.qs, bx.qh), load_i8x32(by.qs));
     });
 }
 
@@ -158,6 +208,14 @@ void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
     const BlockQ8_0 *x = static_cast<const BlockQ8_0 *>(vx);  // [n / 32]
     const BlockQ8_0 *y = static_cast<const BlockQ8_0 *>(vy);  // [n / 32]
     *s = dot_blocks(n, x, y, [](const BlockQ8_0 &bx, const BlockQ8_0 &by) {
+        return dot_i8x32(load_i8x32(bx.qs), load_i8x32(by.qs));
+    });
+}
+
+void vec_dot_q8_1_q8_1(int64_t n, float *s, const void *vx, const void *vy) {
+    const BlockQ8_1 *x = static_cast<const BlockQ8_1 *>(vx);  // [n / 32]
+    const BlockQ8_1 *y = static_cast<const BlockQ8_1 *>(vy);  // [n / 32]
+    *s = dot_blocks(n, x, y, [](const BlockQ8_1 &bx, const BlockQ8_1 &by) {
         return dot_i8x32(load_i8x32(bx.qs), load_i8x32(by.qs));
     });
 }
