@@ -32,11 +32,11 @@ using test::weight_view;
 class KernelsFast : public test::IsaTest {};
 
 // Every (row, token) of matmul equals the reference's single vec_dot, for tile remainders in both
-// directions, block counts below, at and above multiples of 8, and any thread count. The q4_0/q8_0 kernels
-// cut rows into panels of 8 or 16-row vectors (1 or 2 per panel: 19 and 40 rows give full and partial
+// directions, block counts below, at and above multiples of 8, and any thread count. The q4_0/q5_0/q8_0
+// kernels cut rows into panels of 8 or 16-row vectors (1 or 2 per panel: 19 and 40 rows give full and partial
 // panels) and tokens into tiles of 4 or 8 (9 and 17 tokens leave remainders).
 TEST_P(KernelsFast, MatmulEqualsReferenceBitForBit) {
-    const DType types[] = {DType::q4_0, DType::q8_0, DType::f16, DType::f32};
+    const DType types[] = {DType::q4_0, DType::q5_0, DType::q8_0, DType::f16, DType::f32};
     const int64_t lengths[] = {32, 96, 256, 288, 4096};  // 1, 3, 8, 9, 128 blocks
     const int64_t outs[] = {1, 5, 19, 40};
     ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
@@ -217,7 +217,8 @@ TEST_P(KernelsFast, VecDotF32AndF16EqualReferenceBitForBit) {
         const TypeKernels *k = kernels::type_kernels(type);
         const TypeKernels *r = kernels::type_kernels_ref(type);
         for (int64_t n : {1, 7, 8, 33, 64, 100, 172, 2048, 2049}) {
-            const std::vector<uint8_t> x = test::quantize_rows(type, randn(n, static_cast<uint32_t>(n)), 1, n);
+            const std::vector<uint8_t> x =
+                test::quantize_rows(type, randn(n, static_cast<uint32_t>(n)), 1, n);
             const std::vector<uint8_t> y =
                 test::quantize_rows(type, randn(n, static_cast<uint32_t>(n + 1)), 1, n);
             float s = NAN, s_ref = NAN;

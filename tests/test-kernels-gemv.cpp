@@ -44,6 +44,7 @@ std::vector<uint8_t> random_weights(DType type, int64_t n_in, int64_t n_out, uin
         uint8_t *blk = w.data() + static_cast<size_t>(i) * tr.block_bytes;
         switch (type) {
             case DType::q4_0:
+            case DType::q5_0:
             case DType::q8_0:
                 put_half(blk);  // d
                 break;
@@ -72,7 +73,7 @@ struct Case {
 TEST_P(KernelsGemv, OneTokenMatmulEqualsReferenceBitForBit) {
     const Case cases[] = {
         {DType::q4_0, {32, 96, 256, 288, 2048}},  // 1, 3, 8, 9, 64 blocks
-        {DType::q8_0, {32, 96, 256, 288, 2048}},
+        {DType::q5_0, {32, 96, 256, 288, 2048}}, {DType::q8_0, {32, 96, 256, 288, 2048}},
         {DType::q4_k, {256, 768, 2048, 2304}},  // 1, 3, 8, 9 super-blocks
         {DType::q6_k, {256, 768, 2048, 2304}},
     };
@@ -108,7 +109,7 @@ TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
     const int64_t n_in = 2048, n_out = 11;
     ThreadPool pool(2);
     std::vector<uint8_t> scratch;
-    for (DType type : {DType::q4_0, DType::q8_0, DType::q4_k, DType::q6_k}) {
+    for (DType type : {DType::q4_0, DType::q5_0, DType::q8_0, DType::q4_k, DType::q6_k}) {
         std::vector<uint8_t> w = random_weights(type, n_in, n_out, 99);
         // Row 0: every quant byte all ones (top levels and scales; q8_0 gets -1), the half scales kept
         // finite.

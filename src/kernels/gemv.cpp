@@ -1,8 +1,8 @@
 // Kernel choice for matmul() beyond the tile GEMM: on row-major weights, the matrix-vector (one token)
 // kernel; nullptr means vec_dot per weight row, which streams each row once in one linear stream; a
 // specialised kernel processes 8 rows per pass (sharing the activation loads and the per-block float work)
-// where that is faster: the 4-bit and K-quant types, whose dot products are compute-bound. q8_0 stays on
-// vec_dot: it is memory-bound, and one linear stream reads faster. On packed weights (kernels/pack.h), the
+// where that is faster: the 4- and 5-bit and K-quant types, whose dot products are compute-bound. q8_0 stays
+// on vec_dot: it is memory-bound, and one linear stream reads faster. On packed weights (kernels/pack.h), the
 // packed kernels.
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
@@ -20,6 +20,8 @@ GemmFn gemv_for(DType type) {
         switch (type) {
             case DType::q4_0:
                 return avx512::gemv_q4_0_q8_0;
+            case DType::q5_0:
+                return avx512::gemv_q5_0_q8_0;
             case DType::q4_k:
                 return avx512::gemv_q4_k_q8_k;
             case DType::q6_k:

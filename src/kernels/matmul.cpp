@@ -33,9 +33,11 @@ GemmFn gemm_for(DType type) {
     if (isa != Isa::avx2 && isa != Isa::avx512) return nullptr;
     if (avx512_vnni_active()) {
         if (type == DType::q4_0) return avx512::gemm_q4_0_q8_0;
+        if (type == DType::q5_0) return avx512::gemm_q5_0_q8_0;
         if (type == DType::q8_0) return avx512::gemm_q8_0_q8_0;
     }
     if (type == DType::q4_0) return avx2::gemm_q4_0_q8_0;
+    if (type == DType::q5_0) return avx2::gemm_q5_0_q8_0;
     if (type == DType::q8_0) return avx2::gemm_q8_0_q8_0;
 #else
     (void)type;

@@ -1,16 +1,18 @@
-// AVX2 matrix-matrix kernels for q4_0 and q8_0 weights x q8_0 activations: the panel kernel of gemm-panel.h
-// (layout and canonical order explained there) with 8 rows per ymm. Compiled with -mavx2 -mfma -mf16c; same
-// linkage rule as vec-dot-avx2.cpp.
+// AVX2 matrix-matrix kernels for q4_0, q5_0 and q8_0 weights x q8_0 activations: the panel kernel of
+// gemm-panel.h (layout and canonical order explained there) with 8 rows per ymm. Compiled with -mavx2 -mfma
+// -mf16c; same linkage rule as vec-dot-avx2.cpp.
 //
 // The group multiply-add is vpmaddubsw (u8 x s8 -> pairs summed in saturating int16) then vpmaddwd by 1:
 // exact while every pair sum stays below 32768.
 //   q4_0: u = q in 0..15 (c = 8 taken out through the block sums): |pair| <= 2 * 15 * 127.
+//   q5_0: u = q in 0..31 (c = 16): |pair| <= 2 * 31 * 127.
 //   q8_0: |x| as u8 times y with x's sign (c = 0): |pair| <= 2 * 128 * 127, because y is never -128
 //         (from_float) while a weight of -128 (which a file may hold) gives |x| = 128.
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/blocks.h"
 #include "kernels/x86/gemm-panel.h"
@@ -74,20 +76,46 @@ struct Ymm {
     }
 };
 
-// Group g of a block pairs with activation bytes 4g..4g+3 in both types.
+// Group g of a block pairs with activation bytes 4g..4g+3 in every type.
+// Low nibbles of qs bytes 4g.. are elements 4g..; high nibbles are elements 16 + 4g.. (group g + 4).
+inline void unpack_nibbles(const uint8_t *const qs[8], __m256i out[panel::kGroups]) {
+    __m256i o[4];
+    transpose_8x4(qs, 0, o);
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    for (int g = 0; g < 4; ++g) {
+        out[g] = _mm256_and_si256(o[g], m);
+        out[g + 4] = _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m);
+    }
+}
+
 struct Q4_0 : Ymm {
     using Block = BlockQ4_0;
     static constexpr int kLinesPerGroup = 1;
     static constexpr int32_t kOffset = 8;
     static VI dot(VI acc, const VI *w, VI y) { return madd(acc, w[0], y); }
-    // Low nibbles of qs bytes 4g.. are elements 4g..; high nibbles are elements 16 + 4g.. (group g + 4).
-    static void unpack(const uint8_t *const qs[kLanes], VI out[panel::kGroups]) {
-        VI o[4];
-        transpose_8x4(qs, 0, o);
-        const VI m = _mm256_set1_epi8(0x0F);
-        for (int g = 0; g < 4; ++g) {
-            out[g] = _mm256_and_si256(o[g], m);
-            out[g + 4] = _mm256_and_si256(_mm256_srli_epi16(o[g], 4), m);
+    static void unpack(const Block *const *, const uint8_t *const qs[kLanes], VI out[panel::kGroups]) {
+        unpack_nibbles(qs, out);
+    }
+};
+
+// The nibbles plus 16 where the element's bit of qh is set: lane r of group g takes bits 4g..4g+3 of row
+// r's qh, one per byte.
+struct Q5_0 : Q4_0 {
+    using Block = BlockQ5_0;
+    static constexpr int32_t kOffset = 16;
+    static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
+                       VI out[panel::kGroups]) {
+        unpack_nibbles(qs, out);
+        alignas(32) uint32_t h[kLanes];
+        for (int r = 0; r < kLanes; ++r) std::memcpy(&h[r], blk[r]->qh, sizeof h[r]);
+        const VI qh = _mm256_load_si256(reinterpret_cast<const __m256i *>(h));
+        const VI low_byte = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0,
+                                             4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+        const VI bit = _mm256_set1_epi32(0x08040201);  // byte j selects bit j
+        for (int g = 0; g < panel::kGroups; ++g) {
+            const VI b = _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * g), low_byte);
+            const VI set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+            out[g] = _mm256_or_si256(out[g], _mm256_and_si256(set, _mm256_set1_epi8(16)));
         }
     }
 };
@@ -97,7 +125,7 @@ struct Q8_0 : Ymm {
     static constexpr int kLinesPerGroup = 2;  // |x|, x (for its sign)
     static constexpr int32_t kOffset = 0;
     static VI dot(VI acc, const VI *w, VI y) { return madd(acc, w[0], _mm256_sign_epi8(y, w[1])); }
-    static void unpack(const uint8_t *const qs[kLanes], VI out[2 * panel::kGroups]) {
+    static void unpack(const Block *const *, const uint8_t *const qs[kLanes], VI out[2 * panel::kGroups]) {
         VI x[panel::kGroups];
         transpose_8x4(qs, 0, x);
         transpose_8x4(qs, 16, x + 4);
@@ -113,6 +141,11 @@ struct Q8_0 : Ymm {
 void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     panel::gemm<Q4_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
+}
+
+void gemm_q5_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    panel::gemm<Q5_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
 }
 
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,

@@ -7,8 +7,8 @@
 //   panel[b][g][l][v]: one vector per (block b, group g < 8, stored line l, row vector v < R)
 // One multiply-add of that vector with the token's 4 activation bytes broadcast then adds 4 products into
 // every row's lane, and the 8 groups give each row's exact block sum in its own lane, with no horizontal
-// adds. Where the weights were made unsigned by an offset c (u = q for q4_0, c = 8; u = x + 128 for q8_0 on
-// VNNI), the lane starts at -c * sum_j y_j, a per-token block sum computed once per call.
+// adds. Where the weights were made unsigned by an offset c (u = q for q4_0, c = 8; q5_0, c = 16; u = x + 128
+// for q8_0 on VNNI), the lane starts at -c * sum_j y_j, a per-token block sum computed once per call.
 //
 // Canonical order (ref/vec-dot-ref.cpp): block b's exact sum is scaled by (dx_b * dy_b) in float and added
 // into accumulator lane b % 8, and the 8 lanes are summed with dot_lanes_sum's tree at the end. The 8
@@ -19,7 +19,9 @@
 //   VI, VF                          integer and float vectors of kLanes 32-bit lanes
 //   kLanes, kMaxRowVecs, kMaxTokens rows per vector; register tile: row vectors x tokens
 //   kLinesPerGroup, kOffset         vectors stored per group; the offset c (0: none)
-//   unpack(qs[kLanes], out)         one block of kLanes rows -> out[g * kLinesPerGroup + l]
+//   unpack(blk[kLanes], qs[kLanes], out)
+//                                   one block of kLanes rows (qs: their quants) -> out[g * kLinesPerGroup +
+//                                   l]
 //   dot(acc, w, y)                  acc + the 4-byte group products of each lane (w: kLinesPerGroup lines)
 //   set1_i, load_i, store_i, set1_f, load_f, store_f, add_f, mul_f, cvt_f, scales_f(d[kLanes] halves),
 //   store_rows(y, v, n)             store the first n lanes
@@ -86,15 +88,16 @@ void unpack_panel(int64_t nb, const uint8_t *w, size_t w_stride, int n_rows, Lin
     for (int64_t b = 0; b < nb; ++b) {
         Line<K> *pb = panel + b * kLines * R;
         for (int v = 0; v < R; ++v) {
+            const Block *blk[K::kLanes];
             const uint8_t *qs[K::kLanes];
             alignas(32) uint16_t d[K::kLanes];
             for (int r = 0; r < K::kLanes; ++r) {
-                const Block &blk = rows[v * K::kLanes + r][b];
-                qs[r] = reinterpret_cast<const uint8_t *>(blk.qs);
-                d[r] = blk.d;
+                blk[r] = &rows[v * K::kLanes + r][b];
+                qs[r] = reinterpret_cast<const uint8_t *>(blk[r]->qs);
+                d[r] = blk[r]->d;
             }
             typename K::VI u[kLines];
-            K::unpack(qs, u);
+            K::unpack(blk, qs, u);
             for (int l = 0; l < kLines; ++l) K::store_i(&pb[l * R + v], u[l]);
             K::store_f(scales + (b * R + v) * K::kLanes, K::scales_f(d));
         }

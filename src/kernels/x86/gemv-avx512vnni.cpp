@@ -15,8 +15,10 @@
 #include <immintrin.h>
 
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/blocks.h"
 #include "kernels/x86/kernels-x86.h"
@@ -122,20 +124,25 @@ inline bool tile_offsets_fit(size_t w_stride) {
     return w_stride <= static_cast<size_t>(INT32_MAX) / kTileRows;
 }
 
-void gemv_q4_0_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_0 *x, float *y,
-                   int64_t n_rows) {
+// q4_0 and q5_0: four rows per zmm (one 128-bit quarter each, 16 bytes of qs: low nibbles are elements
+// 0..15, high nibbles 16..31). q5_0 adds 16 where bit e of the row's qh is set, through byte masks.
+template <typename BlockX>
+void gemv_q4_q5_0_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_0 *x, float *y,
+                      int64_t n_rows) {
+    constexpr bool kFifthBit = std::is_same_v<BlockX, BlockQ5_0>;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i eights = _mm512_set1_epi8(8);
+    const __m512i offset = _mm512_set1_epi8(kFifthBit ? 16 : 8);
     gemv_tiles(n / kQK, w, w_stride, y, n_rows, [&](int64_t b, const uint8_t *const *rows, __m256i row_off) {
         const BlockQ8_0 &yb = x[b];
         const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i *>(yb.qs)));
         const __m512i yhi =
             _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i *>(yb.qs + 16)));
-        // -8 sum y, spread over the four lanes of each row.
+        // -offset * sum y, spread over the four lanes of each row.
         const __m512i init = _mm512_sub_epi32(
             _mm512_setzero_si512(),
-            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), eights, ylo), eights, yhi));
-        const size_t at = static_cast<size_t>(b) * sizeof(BlockQ4_0) + 2;  // qs of block b
+            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, ylo), offset, yhi));
+        const size_t block_at = static_cast<size_t>(b) * sizeof(BlockX);
+        const size_t at = block_at + offsetof(BlockX, qs);
         auto load4 = [&](int r) {
             __m512i v =
                 _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i *>(rows[r] + at)));
@@ -146,13 +153,27 @@ void gemv_q4_0_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_0
             return _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i *>(rows[r + 3] + at)),
                                       3);
         };
-        auto dot4 = [&](__m512i q) {
-            const __m512i lo = _mm512_and_si512(q, m4);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+        auto dot4 = [&](int r) {
+            const __m512i q = load4(r);
+            __m512i lo = _mm512_and_si512(q, m4);
+            __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            if constexpr (kFifthBit) {
+                // Byte j of quarter i: bit j (low nibbles) or 16 + j (high) of row r + i's qh.
+                uint64_t lo_bits = 0, hi_bits = 0;
+                for (int i = 0; i < 4; ++i) {
+                    uint32_t qh;
+                    std::memcpy(&qh, rows[r + i] + block_at + offsetof(BlockQ5_0, qh), sizeof qh);
+                    lo_bits |= static_cast<uint64_t>(qh & 0xFFFFu) << (16 * i);
+                    hi_bits |= static_cast<uint64_t>(qh >> 16) << (16 * i);
+                }
+                const __m512i sixteen = _mm512_set1_epi8(16);
+                lo = _mm512_mask_add_epi8(lo, static_cast<__mmask64>(lo_bits), lo, sixteen);
+                hi = _mm512_mask_add_epi8(hi, static_cast<__mmask64>(hi_bits), hi, sixteen);
+            }
             return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo, ylo), hi, yhi);
         };
-        const __m256i sumi = reduce_rows_4x4(dot4(load4(0)), dot4(load4(4)));
-        const __m256 dx = gather_halves(rows[0] + static_cast<size_t>(b) * sizeof(BlockQ4_0), row_off, false);
+        const __m256i sumi = reduce_rows_4x4(dot4(0), dot4(4));
+        const __m256 dx = gather_halves(rows[0] + block_at, row_off, false);
         const __m256 scale = _mm256_mul_ps(dx, _mm256_set1_ps(half_to_float(yb.d)));
         return _mm256_mul_ps(scale, _mm256_cvtepi32_ps(sumi));
     });
@@ -309,8 +330,14 @@ void gemv_tokens(int64_t n, const void *w, size_t w_stride, const void *x, size_
 
 void gemv_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
-    gemv_tokens<BlockQ8_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens, gemv_q4_0_one,
-                           avx2::vec_dot_q4_0_q8_0);
+    gemv_tokens<BlockQ8_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                           gemv_q4_q5_0_one<BlockQ4_0>, avx2::vec_dot_q4_0_q8_0);
+}
+
+void gemv_q5_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemv_tokens<BlockQ8_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                           gemv_q4_q5_0_one<BlockQ5_0>, avx2::vec_dot_q5_0_q8_0);
 }
 
 void gemv_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,

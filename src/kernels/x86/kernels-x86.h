@@ -28,6 +28,8 @@ void vec_dot_q8_1_q8_1(int64_t n, float *s, const void *x, const void *y);
 // are w_stride bytes apart, x (q8_0) rows x_stride. Best called with many rows (a multiple of 32) at once.
 void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q5_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 // The same contract on packed q4_0 weights (kernels/pack.h): w is the packed matrix at the call's first row
@@ -62,6 +64,8 @@ bool attention_group_f16(const float *q, int32_t n_q, const void *k, const void 
 // only for CPUs with avx512vnni.
 void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q5_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 
@@ -70,6 +74,8 @@ void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, si
 // y[t * y_stride + r] = the reference vec_dot(n, w row r, x row t), bit for bit. Meant for n_tokens == 1.
 // (q8_0 has none: it is memory-bound, and vec_dot streaming one row at a time reads memory faster.)
 void gemv_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemv_q5_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemv_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
