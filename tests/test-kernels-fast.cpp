@@ -36,7 +36,8 @@ class KernelsFast : public test::IsaTest {};
 // kernels cut rows into panels of 8 or 16-row vectors (1 or 2 per panel: 19 and 40 rows give full and partial
 // panels) and tokens into tiles of 4 or 8 (9 and 17 tokens leave remainders).
 TEST_P(KernelsFast, MatmulEqualsReferenceBitForBit) {
-    const DType types[] = {DType::q4_0, DType::q5_0, DType::q8_0, DType::f16, DType::f32};
+    const DType types[] = {DType::q4_0, DType::q5_0, DType::q4_1, DType::q5_1,
+                           DType::q8_0, DType::f16,  DType::f32};
     const int64_t lengths[] = {32, 96, 256, 288, 4096};  // 1, 3, 8, 9, 128 blocks
     const int64_t outs[] = {1, 5, 19, 40};
     ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};

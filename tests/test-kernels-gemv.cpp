@@ -48,6 +48,11 @@ std::vector<uint8_t> random_weights(DType type, int64_t n_in, int64_t n_out, uin
             case DType::q8_0:
                 put_half(blk);  // d
                 break;
+            case DType::q4_1:
+            case DType::q5_1:
+                put_half(blk);      // d
+                put_half(blk + 2);  // m
+                break;
             case DType::q4_k:
                 put_half(blk + offsetof(kernels::BlockQ4_K, d));
                 put_half(blk + offsetof(kernels::BlockQ4_K, dmin));
@@ -109,7 +114,8 @@ TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
     const int64_t n_in = 2048, n_out = 11;
     ThreadPool pool(2);
     std::vector<uint8_t> scratch;
-    for (DType type : {DType::q4_0, DType::q5_0, DType::q8_0, DType::q4_k, DType::q6_k}) {
+    for (DType type :
+         {DType::q4_0, DType::q5_0, DType::q4_1, DType::q5_1, DType::q8_0, DType::q4_k, DType::q6_k}) {
         std::vector<uint8_t> w = random_weights(type, n_in, n_out, 99);
         // Row 0: every quant byte all ones (top levels and scales; q8_0 gets -1), the half scales kept
         // finite.
@@ -124,6 +130,8 @@ TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
                 std::memcpy(p, q, 4);  // d, dmin
             } else if (type == DType::q6_k) {
                 std::memcpy(p + offsetof(kernels::BlockQ6_K, d), q + offsetof(kernels::BlockQ6_K, d), 2);
+            } else if (type == DType::q4_1 || type == DType::q5_1) {
+                std::memcpy(p, q, 4);  // d, m
             } else {
                 std::memcpy(p, q, 2);  // d
             }

@@ -22,6 +22,10 @@ GemmFn gemv_for(DType type) {
                 return avx512::gemv_q4_0_q8_0;
             case DType::q5_0:
                 return avx512::gemv_q5_0_q8_0;
+            case DType::q4_1:
+                return avx512::gemv_q4_1_q8_1;
+            case DType::q5_1:
+                return avx512::gemv_q5_1_q8_1;
             case DType::q4_k:
                 return avx512::gemv_q4_k_q8_k;
             case DType::q6_k:

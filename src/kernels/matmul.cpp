@@ -35,10 +35,14 @@ GemmFn gemm_for(DType type) {
         if (type == DType::q4_0) return avx512::gemm_q4_0_q8_0;
         if (type == DType::q5_0) return avx512::gemm_q5_0_q8_0;
         if (type == DType::q8_0) return avx512::gemm_q8_0_q8_0;
+        if (type == DType::q4_1) return avx512::gemm_q4_1_q8_1;
+        if (type == DType::q5_1) return avx512::gemm_q5_1_q8_1;
     }
     if (type == DType::q4_0) return avx2::gemm_q4_0_q8_0;
     if (type == DType::q5_0) return avx2::gemm_q5_0_q8_0;
     if (type == DType::q8_0) return avx2::gemm_q8_0_q8_0;
+    if (type == DType::q4_1) return avx2::gemm_q4_1_q8_1;
+    if (type == DType::q5_1) return avx2::gemm_q5_1_q8_1;
 #else
     (void)type;
 #endif

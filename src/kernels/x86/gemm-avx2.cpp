@@ -1,11 +1,12 @@
-// AVX2 matrix-matrix kernels for q4_0, q5_0 and q8_0 weights x q8_0 activations: the panel kernel of
-// gemm-panel.h (layout and canonical order explained there) with 8 rows per ymm. Compiled with -mavx2 -mfma
-// -mf16c; same linkage rule as vec-dot-avx2.cpp.
+// AVX2 matrix-matrix kernels for q4_0, q5_0 and q8_0 weights x q8_0 activations and q4_1, q5_1 x q8_1: the
+// panel kernel of gemm-panel.h (layout and canonical order explained there) with 8 rows per ymm. Compiled
+// with -mavx2 -mfma -mf16c; same linkage rule as vec-dot-avx2.cpp.
 //
 // The group multiply-add is vpmaddubsw (u8 x s8 -> pairs summed in saturating int16) then vpmaddwd by 1:
 // exact while every pair sum stays below 32768.
 //   q4_0: u = q in 0..15 (c = 8 taken out through the block sums): |pair| <= 2 * 15 * 127.
 //   q5_0: u = q in 0..31 (c = 16): |pair| <= 2 * 31 * 127.
+//   q4_1, q5_1: u = q in 0..15 or 0..31 (c = 0; the minimum enters through q8_1's s): as above.
 //   q8_0: |x| as u8 times y with x's sign (c = 0): |pair| <= 2 * 128 * 127, because y is never -128
 //         (from_float) while a weight of -128 (which a file may hold) gives |x| = 128.
 #include <immintrin.h>
@@ -98,25 +99,49 @@ struct Q4_0 : Ymm {
     }
 };
 
-// The nibbles plus 16 where the element's bit of qh is set: lane r of group g takes bits 4g..4g+3 of row
+// Adds 16 where the element's bit of qh is set (q5_0, q5_1): lane r of group g takes bits 4g..4g+3 of row
 // r's qh, one per byte.
+template <typename Block>
+void add_fifth_bits(const Block *const blk[8], __m256i out[panel::kGroups]) {
+    alignas(32) uint32_t h[8];
+    for (int r = 0; r < 8; ++r) std::memcpy(&h[r], blk[r]->qh, sizeof h[r]);
+    const __m256i qh = _mm256_load_si256(reinterpret_cast<const __m256i *>(h));
+    const __m256i low_byte = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0,
+                                              4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+    const __m256i bit = _mm256_set1_epi32(0x08040201);  // byte j selects bit j
+    for (int g = 0; g < panel::kGroups; ++g) {
+        const __m256i b = _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * g), low_byte);
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+        out[g] = _mm256_or_si256(out[g], _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+}
+
 struct Q5_0 : Q4_0 {
     using Block = BlockQ5_0;
     static constexpr int32_t kOffset = 16;
     static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
                        VI out[panel::kGroups]) {
         unpack_nibbles(qs, out);
-        alignas(32) uint32_t h[kLanes];
-        for (int r = 0; r < kLanes; ++r) std::memcpy(&h[r], blk[r]->qh, sizeof h[r]);
-        const VI qh = _mm256_load_si256(reinterpret_cast<const __m256i *>(h));
-        const VI low_byte = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0,
-                                             4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
-        const VI bit = _mm256_set1_epi32(0x08040201);  // byte j selects bit j
-        for (int g = 0; g < panel::kGroups; ++g) {
-            const VI b = _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * g), low_byte);
-            const VI set = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
-            out[g] = _mm256_or_si256(out[g], _mm256_and_si256(set, _mm256_set1_epi8(16)));
-        }
+        add_fifth_bits(blk, out);
+    }
+};
+
+// q4_1 and q5_1: the unsigned levels themselves (no offset); the minimum enters through q8_1's s.
+struct Q4_1 : Q4_0 {
+    using Block = BlockQ4_1;
+    static constexpr int32_t kOffset = 0;
+    static void unpack(const Block *const *, const uint8_t *const qs[kLanes], VI out[panel::kGroups]) {
+        unpack_nibbles(qs, out);
+    }
+};
+
+struct Q5_1 : Q4_0 {
+    using Block = BlockQ5_1;
+    static constexpr int32_t kOffset = 0;
+    static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
+                       VI out[panel::kGroups]) {
+        unpack_nibbles(qs, out);
+        add_fifth_bits(blk, out);
     }
 };
 
@@ -146,6 +171,16 @@ void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, si
 void gemm_q5_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     panel::gemm<Q5_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
+}
+
+void gemm_q4_1_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    panel::gemm<Q4_1>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
+}
+
+void gemm_q5_1_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    panel::gemm<Q5_1>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
 }
 
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,

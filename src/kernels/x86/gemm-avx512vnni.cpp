@@ -1,11 +1,11 @@
-// AVX-512 VNNI matrix-matrix kernels for q4_0, q5_0 and q8_0 weights x q8_0 activations: the panel kernel of
-// gemm-panel.h (layout and canonical order explained there) with 16 rows per zmm and vpdpbusd (u8 x s8 ->
-// int32, exact) as the group multiply-add. Compiled with the AVX-512 F/BW/VL + VNNI flags; matmul calls it
-// only when cpuid reports avx512vnni. Same linkage rule as vec-dot-avx2.cpp.
+// AVX-512 VNNI matrix-matrix kernels for q4_0, q5_0 and q8_0 weights x q8_0 activations and q4_1, q5_1 x
+// q8_1: the panel kernel of gemm-panel.h (layout and canonical order explained there) with 16 rows per zmm
+// and vpdpbusd (u8 x s8 -> int32, exact) as the group multiply-add. Compiled with the AVX-512 F/BW/VL + VNNI
+// flags; matmul calls it only when cpuid reports avx512vnni. Same linkage rule as vec-dot-avx2.cpp.
 //
 // vpdpbusd wants an unsigned first operand, so weights are made unsigned by an offset and the offset is taken
 // back out exactly: sum_j (u_j - c) y_j = sum_j u_j y_j - c * sum_j y_j, with u = q (q4_0, c = 8) or
-// u = q (q5_0, c = 16) or u = x + 128 (q8_0, c = 128).
+// u = q (q5_0, c = 16) or u = x + 128 (q8_0, c = 128); q4_1 and q5_1 levels are unsigned already (c = 0).
 #include <immintrin.h>
 
 #include <cstddef>
@@ -100,26 +100,50 @@ struct Q4_0 : Zmm {
     }
 };
 
-// The nibbles plus 16 where the element's bit of qh is set: lane r of group g takes bits 4g..4g+3 of row
+// Adds 16 where the element's bit of qh is set (q5_0, q5_1): lane r of group g takes bits 4g..4g+3 of row
 // r's qh, one per byte.
+template <typename Block>
+void add_fifth_bits(const Block *const blk[16], __m512i out[panel::kGroups]) {
+    alignas(64) uint32_t h[16];
+    for (int r = 0; r < 16; ++r) std::memcpy(&h[r], blk[r]->qh, sizeof h[r]);
+    const __m512i qh = _mm512_load_si512(h);
+    // Each byte of a lane takes the lane's low byte (vpshufb indexes within each 128-bit quarter).
+    const __m512i low_byte =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+    const __m512i bit = _mm512_set1_epi32(0x08040201);  // byte j selects bit j
+    for (int g = 0; g < panel::kGroups; ++g) {
+        const __m512i b = _mm512_shuffle_epi8(_mm512_srli_epi32(qh, 4 * g), low_byte);
+        const __mmask64 set = _mm512_test_epi8_mask(b, bit);
+        out[g] = _mm512_or_si512(out[g], _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(16)));
+    }
+}
+
 struct Q5_0 : Zmm {
     using Block = BlockQ5_0;
     static constexpr int32_t kOffset = 16;
     static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
                        VI out[panel::kGroups]) {
         unpack_nibbles(qs, out);
-        alignas(64) uint32_t h[kLanes];
-        for (int r = 0; r < kLanes; ++r) std::memcpy(&h[r], blk[r]->qh, sizeof h[r]);
-        const VI qh = _mm512_load_si512(h);
-        // Each byte of a lane takes the lane's low byte (vpshufb indexes within each 128-bit quarter).
-        const VI low_byte =
-            _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
-        const VI bit = _mm512_set1_epi32(0x08040201);  // byte j selects bit j
-        for (int g = 0; g < panel::kGroups; ++g) {
-            const VI b = _mm512_shuffle_epi8(_mm512_srli_epi32(qh, 4 * g), low_byte);
-            const __mmask64 set = _mm512_test_epi8_mask(b, bit);
-            out[g] = _mm512_or_si512(out[g], _mm512_maskz_mov_epi8(set, _mm512_set1_epi8(16)));
-        }
+        add_fifth_bits(blk, out);
+    }
+};
+
+// q4_1 and q5_1: the unsigned levels themselves (no offset); the minimum enters through q8_1's s.
+struct Q4_1 : Zmm {
+    using Block = BlockQ4_1;
+    static constexpr int32_t kOffset = 0;
+    static void unpack(const Block *const *, const uint8_t *const qs[kLanes], VI out[panel::kGroups]) {
+        unpack_nibbles(qs, out);
+    }
+};
+
+struct Q5_1 : Zmm {
+    using Block = BlockQ5_1;
+    static constexpr int32_t kOffset = 0;
+    static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
+                       VI out[panel::kGroups]) {
+        unpack_nibbles(qs, out);
+        add_fifth_bits(blk, out);
     }
 };
 
@@ -143,6 +167,16 @@ void gemm_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, si
 void gemm_q5_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     panel::gemm<Q5_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
+}
+
+void gemm_q4_1_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    panel::gemm<Q4_1>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
+}
+
+void gemm_q5_1_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    panel::gemm<Q5_1>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens);
 }
 
 void gemm_q8_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,

@@ -1,6 +1,7 @@
-// The matrix-matrix kernel shared by gemm-avx2.cpp and gemm-avx512vnni.cpp: q4_0 / q8_0 weights x q8_0
-// activations, one int32 vector lane per weight row. Included only by those ISA files, inside an anonymous
-// namespace, so each gets its own copy compiled with its own flags (blocks.h's linkage rule).
+// The matrix-matrix kernel shared by gemm-avx2.cpp and gemm-avx512vnni.cpp: q4_0 / q5_0 / q8_0 weights x
+// q8_0 activations and q4_1 / q5_1 weights x q8_1 activations, one int32 vector lane per weight row. Included
+// only by those ISA files, inside an anonymous namespace, so each gets its own copy compiled with its own
+// flags (blocks.h's linkage rule).
 //
 // A panel of up to R vectors of weight rows is unpacked once per call into unsigned bytes, interleaved so
 // that vector (b, g) holds bytes 4g..4g+3 of block b of each row:
@@ -10,9 +11,10 @@
 // adds. Where the weights were made unsigned by an offset c (u = q for q4_0, c = 8; q5_0, c = 16; u = x + 128
 // for q8_0 on VNNI), the lane starts at -c * sum_j y_j, a per-token block sum computed once per call.
 //
-// Canonical order (ref/vec-dot-ref.cpp): block b's exact sum is scaled by (dx_b * dy_b) in float and added
-// into accumulator lane b % 8, and the 8 lanes are summed with dot_lanes_sum's tree at the end. The 8
-// accumulators of each (row, token) live in a small stack buffer, so every output equals vec_dot bit for bit
+// Canonical order (ref/vec-dot-ref.cpp): block b's exact sum is scaled by (dx_b * dy_b) in float, plus
+// mx_b * sy_b for the types with a minimum, and added into accumulator lane b % 8; the 8 lanes are summed
+// with dot_lanes_sum's tree at the end. The 8 accumulators of each (row, token) live in a small stack buffer,
+// so every output equals vec_dot bit for bit
 // whatever the batch, the tile or the thread.
 //
 // The ISA policy K provides (see the ISA files):
@@ -32,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,10 +47,20 @@ namespace panel {
 
 constexpr int kGroups = kQK / 4;  // 4-byte groups per block
 
-// Per (token, block) values shared by every weight row: the activation scale and -c * sum_j y_j.
+// Weight types with a minimum (q4_1, q5_1: x = d q + m) pair with q8_1 activations, whose s is dy * sum q;
+// block b then adds dx dy sumi + mx sy (the reference's expression).
+template <typename K>
+constexpr bool kHasMin = requires(const typename K::Block &b) {
+    b.m;
+};
+template <typename K>
+using XBlock = std::conditional_t<kHasMin<K>, BlockQ8_1, BlockQ8_0>;
+
+// Per (token, block) values shared by every weight row: the activation scale, -c * sum_j y_j, and q8_1's s.
 struct TokenBlock {
     float d;
     int32_t neg_offset;
+    float s;
 };
 
 // One stored vector. A type of this file only, so std::vector<Line<K>> is instantiated per ISA file.
@@ -62,22 +75,26 @@ inline int32_t load_i32(const int8_t *p) {
     return v;
 }
 
-// out [n_tokens][nb]: every block's activation scale and -c * sum_j y_j.
+// out [n_tokens][nb]: every block's activation scale, -c * sum_j y_j and s.
 template <typename K>
 void token_blocks(int64_t nb, const uint8_t *x, size_t x_stride, int64_t n_tokens, TokenBlock *out) {
     for (int64_t t = 0; t < n_tokens; ++t) {
-        const BlockQ8_0 *xb = reinterpret_cast<const BlockQ8_0 *>(x + static_cast<size_t>(t) * x_stride);
+        const auto *xb = reinterpret_cast<const XBlock<K> *>(x + static_cast<size_t>(t) * x_stride);
         for (int64_t b = 0; b < nb; ++b) {
             const int32_t neg = K::kOffset == 0 ? 0 : -K::kOffset * block_sum_i8(xb[b].qs);
-            out[t * nb + b] = {_cvtsh_ss(xb[b].d), neg};
+            float s = 0.0f;
+            if constexpr (kHasMin<K>) s = _cvtsh_ss(xb[b].s);
+            out[t * nb + b] = {_cvtsh_ss(xb[b].d), neg, s};
         }
     }
 }
 
 // Rows [0, n_rows) of w (n_rows <= R * kLanes; missing rows repeat the last one) -> panel
-// [nb][kGroups][kLinesPerGroup][R] and their scales -> scales [nb][R][kLanes] floats.
+// [nb][kGroups][kLinesPerGroup][R], their scales -> scales [nb][R][kLanes] floats and (types with a minimum)
+// their minimums -> mins, the same layout.
 template <typename K, int R>
-void unpack_panel(int64_t nb, const uint8_t *w, size_t w_stride, int n_rows, Line<K> *panel, float *scales) {
+void unpack_panel(int64_t nb, const uint8_t *w, size_t w_stride, int n_rows, Line<K> *panel, float *scales,
+                  float *mins) {
     using Block = typename K::Block;
     constexpr int kLines = kGroups * K::kLinesPerGroup;
     const Block *rows[R * K::kLanes];
@@ -91,23 +108,26 @@ void unpack_panel(int64_t nb, const uint8_t *w, size_t w_stride, int n_rows, Lin
             const Block *blk[K::kLanes];
             const uint8_t *qs[K::kLanes];
             alignas(32) uint16_t d[K::kLanes];
+            alignas(32) uint16_t m[K::kLanes];
             for (int r = 0; r < K::kLanes; ++r) {
                 blk[r] = &rows[v * K::kLanes + r][b];
                 qs[r] = reinterpret_cast<const uint8_t *>(blk[r]->qs);
                 d[r] = blk[r]->d;
+                if constexpr (kHasMin<K>) m[r] = blk[r]->m;
             }
             typename K::VI u[kLines];
             K::unpack(blk, qs, u);
             for (int l = 0; l < kLines; ++l) K::store_i(&pb[l * R + v], u[l]);
             K::store_f(scales + (b * R + v) * K::kLanes, K::scales_f(d));
+            if constexpr (kHasMin<K>) K::store_f(mins + (b * R + v) * K::kLanes, K::scales_f(m));
         }
     }
 }
 
 // y[t][v * kLanes + r] for R row vectors x NT tokens of a panel, over all nb blocks. tb: [NT][nb].
 template <typename K, int R, int NT>
-void tile(int64_t nb, const Line<K> *panel, const float *scales, const uint8_t *x, size_t x_stride,
-          const TokenBlock *tb, float *y, int64_t y_stride, int n_rows) {
+void tile(int64_t nb, const Line<K> *panel, const float *scales, const float *mins, const uint8_t *x,
+          size_t x_stride, const TokenBlock *tb, float *y, int64_t y_stride, int n_rows) {
     using VI = typename K::VI;
     using VF = typename K::VF;
     constexpr int kLpg = K::kLinesPerGroup;
@@ -115,9 +135,9 @@ void tile(int64_t nb, const Line<K> *panel, const float *scales, const uint8_t *
     for (int v = 0; v < R; ++v)
         for (int t = 0; t < NT; ++t)
             for (int k = 0; k < kDotLanes; ++k) K::store_f(lanes[v][t][k], K::set1_f(0.0f));
-    const BlockQ8_0 *xt[NT];  // [NT] rows of nb blocks
+    const XBlock<K> *xt[NT];  // [NT] rows of nb blocks
     for (int t = 0; t < NT; ++t)
-        xt[t] = reinterpret_cast<const BlockQ8_0 *>(x + static_cast<size_t>(t) * x_stride);
+        xt[t] = reinterpret_cast<const XBlock<K> *>(x + static_cast<size_t>(t) * x_stride);
 
     for (int64_t b = 0; b < nb; ++b) {
         const Line<K> *pb = panel + b * kGroups * kLpg * R;
@@ -136,12 +156,17 @@ void tile(int64_t nb, const Line<K> *panel, const float *scales, const uint8_t *
             }
         }
         VF dw[R];
-        for (int v = 0; v < R; ++v) dw[v] = K::load_f(scales + (b * R + v) * K::kLanes);
+        VF mw[R];
+        for (int v = 0; v < R; ++v) {
+            dw[v] = K::load_f(scales + (b * R + v) * K::kLanes);
+            if constexpr (kHasMin<K>) mw[v] = K::load_f(mins + (b * R + v) * K::kLanes);
+        }
         const int k = static_cast<int>(b % kDotLanes);
         for (int t = 0; t < NT; ++t) {
             const VF dy = K::set1_f(tb[t * nb + b].d);
             for (int v = 0; v < R; ++v) {
-                const VF p = K::mul_f(K::mul_f(dw[v], dy), K::cvt_f(acc[v][t]));
+                VF p = K::mul_f(K::mul_f(dw[v], dy), K::cvt_f(acc[v][t]));
+                if constexpr (kHasMin<K>) p = K::add_f(p, K::mul_f(mw[v], K::set1_f(tb[t * nb + b].s)));
                 K::store_f(lanes[v][t][k], K::add_f(K::load_f(lanes[v][t][k]), p));
             }
         }
@@ -164,8 +189,10 @@ void tile(int64_t nb, const Line<K> *panel, const float *scales, const uint8_t *
 
 template <typename K, int R, int... NT>
 void tile_n(int nt, std::integer_sequence<int, NT...>, int64_t nb, const Line<K> *panel, const float *scales,
-            const uint8_t *x, size_t x_stride, const TokenBlock *tb, float *y, int64_t y_stride, int n_rows) {
-    ((nt == NT + 1 ? tile<K, R, NT + 1>(nb, panel, scales, x, x_stride, tb, y, y_stride, n_rows) : void()),
+            const float *mins, const uint8_t *x, size_t x_stride, const TokenBlock *tb, float *y,
+            int64_t y_stride, int n_rows) {
+    ((nt == NT + 1 ? tile<K, R, NT + 1>(nb, panel, scales, mins, x, x_stride, tb, y, y_stride, n_rows)
+                   : void()),
      ...);
 }
 
@@ -173,7 +200,7 @@ void tile_n(int nt, std::integer_sequence<int, NT...>, int64_t nb, const Line<K>
 template <typename K>
 struct Scratch {
     std::vector<Line<K>> panel;      // [nb][kGroups][kLinesPerGroup][kMaxRowVecs]
-    std::vector<Line<K>> scales;     // [nb][kMaxRowVecs] kLanes floats each
+    std::vector<Line<K>> scales;     // [nb][kMaxRowVecs] kLanes floats each, then as many minimums
     std::vector<TokenBlock> tokens;  // [n_tokens][nb]
 };
 
@@ -191,8 +218,9 @@ void gemm(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_str
     if (s.panel.size() < n_lines) s.panel.resize(n_lines);
     // Every container holds a type of this file only, so its code is this ISA file's own copy.
     const size_t n_scales = static_cast<size_t>(nb) * K::kMaxRowVecs;
-    if (s.scales.size() < n_scales) s.scales.resize(n_scales);
+    if (s.scales.size() < 2 * n_scales) s.scales.resize(2 * n_scales);
     float *scales = reinterpret_cast<float *>(s.scales.data());
+    float *mins = reinterpret_cast<float *>(s.scales.data() + n_scales);
     const size_t n_tb = static_cast<size_t>(nb * n_tokens);
     if (s.tokens.size() < n_tb) s.tokens.resize(n_tb);
     token_blocks<K>(nb, xb, x_stride, n_tokens, s.tokens.data());
@@ -203,19 +231,19 @@ void gemm(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_str
         const uint8_t *wr = wb + static_cast<size_t>(r0) * w_stride;
         const bool full = nr > K::kLanes;  // both row vectors hold rows
         if (full)
-            unpack_panel<K, K::kMaxRowVecs>(nb, wr, w_stride, nr, s.panel.data(), scales);
+            unpack_panel<K, K::kMaxRowVecs>(nb, wr, w_stride, nr, s.panel.data(), scales, mins);
         else
-            unpack_panel<K, 1>(nb, wr, w_stride, nr, s.panel.data(), scales);
+            unpack_panel<K, 1>(nb, wr, w_stride, nr, s.panel.data(), scales, mins);
         for (int64_t t0 = 0; t0 < n_tokens; t0 += K::kMaxTokens) {
             const int nt = static_cast<int>(n_tokens - t0 < K::kMaxTokens ? n_tokens - t0 : K::kMaxTokens);
             const uint8_t *xt = xb + static_cast<size_t>(t0) * x_stride;
             const TokenBlock *tb = s.tokens.data() + t0 * nb;
             float *yt = y + t0 * y_stride + r0;
             if (full)
-                tile_n<K, K::kMaxRowVecs>(nt, nts, nb, s.panel.data(), scales, xt, x_stride, tb, yt, y_stride,
-                                          nr);
+                tile_n<K, K::kMaxRowVecs>(nt, nts, nb, s.panel.data(), scales, mins, xt, x_stride, tb, yt,
+                                          y_stride, nr);
             else
-                tile_n<K, 1>(nt, nts, nb, s.panel.data(), scales, xt, x_stride, tb, yt, y_stride, nr);
+                tile_n<K, 1>(nt, nts, nb, s.panel.data(), scales, mins, xt, x_stride, tb, yt, y_stride, nr);
         }
     }
 }

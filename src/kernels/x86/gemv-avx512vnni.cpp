@@ -124,23 +124,31 @@ inline bool tile_offsets_fit(size_t w_stride) {
     return w_stride <= static_cast<size_t>(INT32_MAX) / kTileRows;
 }
 
-// q4_0 and q5_0: four rows per zmm (one 128-bit quarter each, 16 bytes of qs: low nibbles are elements
-// 0..15, high nibbles 16..31). q5_0 adds 16 where bit e of the row's qh is set, through byte masks.
+// q4_0, q5_0, q4_1 and q5_1: four rows per zmm (one 128-bit quarter each, 16 bytes of qs: low nibbles are
+// elements 0..15, high nibbles 16..31). The 5-bit types add 16 where bit e of the row's qh is set, through
+// byte masks. q4_0 and q5_0 take their offset (8, 16) out through the activation sums; q4_1 and q5_1 (q8_1
+// activations) add mx * sy per block instead.
 template <typename BlockX>
-void gemv_q4_q5_0_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_0 *x, float *y,
+void gemv_4_5_bit_one(int64_t n, const uint8_t *w, size_t w_stride, const void *vx, float *y,
                       int64_t n_rows) {
-    constexpr bool kFifthBit = std::is_same_v<BlockX, BlockQ5_0>;
+    constexpr bool kFifthBit = std::is_same_v<BlockX, BlockQ5_0> || std::is_same_v<BlockX, BlockQ5_1>;
+    constexpr bool kMin = std::is_same_v<BlockX, BlockQ4_1> || std::is_same_v<BlockX, BlockQ5_1>;
+    using BlockY = std::conditional_t<kMin, BlockQ8_1, BlockQ8_0>;
+    const auto *x = static_cast<const BlockY *>(vx);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i offset = _mm512_set1_epi8(kFifthBit ? 16 : 8);
+    const __m512i offset = _mm512_set1_epi8(kMin ? 0 : (kFifthBit ? 16 : 8));
     gemv_tiles(n / kQK, w, w_stride, y, n_rows, [&](int64_t b, const uint8_t *const *rows, __m256i row_off) {
-        const BlockQ8_0 &yb = x[b];
+        const BlockY &yb = x[b];
         const __m512i ylo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i *>(yb.qs)));
         const __m512i yhi =
             _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i *>(yb.qs + 16)));
         // -offset * sum y, spread over the four lanes of each row.
-        const __m512i init = _mm512_sub_epi32(
-            _mm512_setzero_si512(),
-            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, ylo), offset, yhi));
+        const __m512i init =
+            kMin ? _mm512_setzero_si512()
+                 : _mm512_sub_epi32(
+                       _mm512_setzero_si512(),
+                       _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, ylo), offset,
+                                           yhi));
         const size_t block_at = static_cast<size_t>(b) * sizeof(BlockX);
         const size_t at = block_at + offsetof(BlockX, qs);
         auto load4 = [&](int r) {
@@ -162,7 +170,7 @@ void gemv_q4_q5_0_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ
                 uint64_t lo_bits = 0, hi_bits = 0;
                 for (int i = 0; i < 4; ++i) {
                     uint32_t qh;
-                    std::memcpy(&qh, rows[r + i] + block_at + offsetof(BlockQ5_0, qh), sizeof qh);
+                    std::memcpy(&qh, rows[r + i] + block_at + offsetof(BlockX, qh), sizeof qh);
                     lo_bits |= static_cast<uint64_t>(qh & 0xFFFFu) << (16 * i);
                     hi_bits |= static_cast<uint64_t>(qh >> 16) << (16 * i);
                 }
@@ -175,7 +183,14 @@ void gemv_q4_q5_0_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ
         const __m256i sumi = reduce_rows_4x4(dot4(0), dot4(4));
         const __m256 dx = gather_halves(rows[0] + block_at, row_off, false);
         const __m256 scale = _mm256_mul_ps(dx, _mm256_set1_ps(half_to_float(yb.d)));
-        return _mm256_mul_ps(scale, _mm256_cvtepi32_ps(sumi));
+        const __m256 v = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(sumi));
+        if constexpr (kMin) {
+            // m follows d in the block: the high half of the same 32-bit gather.
+            const __m256 mx = gather_halves(rows[0] + block_at, row_off, true);
+            return _mm256_add_ps(v, _mm256_mul_ps(mx, _mm256_set1_ps(half_to_float(yb.s))));
+        } else {
+            return v;
+        }
     });
 }
 
@@ -331,13 +346,25 @@ void gemv_tokens(int64_t n, const void *w, size_t w_stride, const void *x, size_
 void gemv_q4_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     gemv_tokens<BlockQ8_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
-                           gemv_q4_q5_0_one<BlockQ4_0>, avx2::vec_dot_q4_0_q8_0);
+                           gemv_4_5_bit_one<BlockQ4_0>, avx2::vec_dot_q4_0_q8_0);
 }
 
 void gemv_q5_0_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     gemv_tokens<BlockQ8_0>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
-                           gemv_q4_q5_0_one<BlockQ5_0>, avx2::vec_dot_q5_0_q8_0);
+                           gemv_4_5_bit_one<BlockQ5_0>, avx2::vec_dot_q5_0_q8_0);
+}
+
+void gemv_q4_1_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemv_tokens<BlockQ8_1>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                           gemv_4_5_bit_one<BlockQ4_1>, avx2::vec_dot_q4_1_q8_1);
+}
+
+void gemv_q5_1_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemv_tokens<BlockQ8_1>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                           gemv_4_5_bit_one<BlockQ5_1>, avx2::vec_dot_q5_1_q8_1);
 }
 
 void gemv_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
