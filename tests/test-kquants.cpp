@@ -426,13 +426,13 @@ TEST(KQuantsSynthMix, Q4_K_MMixesTypesLikeLlamaCpp) {
     }
     // q5_k_m has the same plan on a q5_k base; a tied output puts q6_k on the token embedding.
     SynthParams q5 = small_model("q5_k_m");
-    EXPECT_EQ(synth_tensor_type(q5, "blk.0.attn_q.weight", 0), DType::q5_k);
-    EXPECT_EQ(synth_tensor_type(q5, "blk.1.attn_v.weight", 1), DType::q6_k);
+    EXPECT_EQ(synth_tensor_type(q5, "blk.0.attn_q.weight", 0, 256), DType::q5_k);
+    EXPECT_EQ(synth_tensor_type(q5, "blk.1.attn_v.weight", 1, 256), DType::q6_k);
     q5.tied_output = true;
-    EXPECT_EQ(synth_tensor_type(q5, "token_embd.weight", -1), DType::q6_k);
+    EXPECT_EQ(synth_tensor_type(q5, "token_embd.weight", -1, 256), DType::q6_k);
 }
 
-TEST(KQuantsSynthMix, NamesAndShapeErrors) {
+TEST(KQuantsSynthMix, Names) {
     SynthParams sp;
     EXPECT_TRUE(synth_parse_type("q6_k", sp).ok());
     EXPECT_EQ(sp.type, DType::q6_k);
@@ -440,6 +440,28 @@ TEST(KQuantsSynthMix, NamesAndShapeErrors) {
     const Status bad = synth_parse_type("q4_k_x", sp);
     ASSERT_FALSE(bad.ok());
     EXPECT_NE(bad.message().find("q4_k_m"), std::string::npos) << bad.message();
+}
+
+// Rows that are not a multiple of 256 (Qwen2.5-0.5B's width 896, here 128) take llama.cpp's fallback types,
+// and the model still loads and generates.
+TEST(KQuantsSynthMix, RowsOffTheSuperBlockFallBackLikeLlamaCpp) {
+    SynthParams k;
+    ASSERT_TRUE(synth_parse_type("q4_k_m", k).ok());
+    k.n_layer = 8;
+    EXPECT_EQ(synth_tensor_type(k, "blk.1.attn_q.weight", 1, 896), DType::q5_0);
+    EXPECT_EQ(synth_tensor_type(k, "blk.0.attn_v.weight", 0, 896), DType::q8_0);  // q6_k's fallback
+    EXPECT_EQ(synth_tensor_type(k, "blk.1.ffn_down.weight", 1, 4864), DType::q4_k);
+    EXPECT_EQ(synth_tensor_type(k, "output.weight", -1, 896), DType::q8_0);
+    ASSERT_TRUE(synth_parse_type("q5_k_m", k).ok());
+    EXPECT_EQ(synth_tensor_type(k, "blk.1.attn_q.weight", 1, 896), DType::q5_1);
+    ASSERT_TRUE(synth_parse_type("q3_k", k).ok());
+    EXPECT_EQ(synth_tensor_type(k, "blk.1.attn_q.weight", 1, 896), DType::q4_0);
+    ASSERT_TRUE(synth_parse_type("q2_k", k).ok());
+    EXPECT_EQ(synth_tensor_type(k, "blk.1.attn_q.weight", 1, 896), DType::q4_0);
+    EXPECT_EQ(synth_tensor_type(k, "blk.1.attn_q.weight", 1, 48), DType::f16);  // no block type fits
+    ASSERT_TRUE(synth_parse_type("q8_0", k).ok());
+    EXPECT_EQ(synth_tensor_type(k, "blk.1.attn_q.weight", 1, 48), DType::f16);
+    EXPECT_EQ(synth_tensor_type(k, "blk.1.attn_q.weight", 1, 64), DType::q8_0);
 
     if (!test::shared_exists("models/stories260K.gguf")) GTEST_SKIP();
     test::TempDir dir;
@@ -447,10 +469,24 @@ TEST(KQuantsSynthMix, NamesAndShapeErrors) {
     s.n_embd = 128;
     s.n_head = 2;
     s.n_head_kv = 1;
-    ThreadPool pool(1);
-    const Status st = synth_model(s, dir.file("bad.gguf"), pool);
-    ASSERT_FALSE(st.ok());
-    EXPECT_NE(st.message().find("multiples of 256"), std::string::npos) << st.message();
+    const std::string path = dir.file("fallback.gguf");
+    ThreadPool pool(2);
+    const Status st = synth_model(s, path, pool);
+    ASSERT_TRUE(st.ok()) << st.message();
+    auto f = gguf::File::open(path);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(f->find_tensor("blk.1.attn_q.weight")->type, DType::q5_0);
+    EXPECT_EQ(f->find_tensor("blk.1.ffn_down.weight")->type, DType::q6_k);  // last layer; n_ff 512 fits
+    EXPECT_EQ(f->find_tensor("output.weight")->type, DType::q8_0);
+    auto m = Model::load(path);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    auto ctx = Context::create(*m, {}, pool);
+    ASSERT_TRUE(ctx.ok()) << ctx.status().message();
+    Batch batch;
+    for (int32_t i = 0; i < 3; ++i) batch.add(std::vector<int32_t>{1, 403, 407}[i], i, 0, i == 2);
+    ASSERT_TRUE((*ctx)->decode(batch).ok());
+    for (int32_t k = 0; k < (*m)->hparams().n_vocab; ++k)
+        ASSERT_TRUE(std::isfinite((*ctx)->logits()[k])) << k;
 }
 
 TEST(KQuantsSynthMix, CliAcceptsMixNames) {
@@ -464,10 +500,11 @@ TEST(KQuantsSynthMix, CliAcceptsMixNames) {
     auto f = gguf::File::open(out);
     ASSERT_TRUE(f.ok());
     EXPECT_EQ(f->find_tensor("output.weight")->type, DType::q6_k);
-    const auto bad = test::run_tandem({"synth", "-o", dir.file("x.gguf"), "--dim", "64", "--type", "q4_k",
-                                       "--vocab-from", test::shared_path("models/stories260K.gguf")});
+    const auto bad =
+        test::run_tandem({"synth", "-o", dir.file("x.gguf"), "--dim", "64", "--heads", "3", "--type", "q4_k",
+                          "--vocab-from", test::shared_path("models/stories260K.gguf")});
     EXPECT_EQ(bad.exit_code, 1);
-    EXPECT_NE(bad.err.find("multiples of 256"), std::string::npos) << bad.err;
+    EXPECT_NE(bad.err.find("not a multiple of --heads"), std::string::npos) << bad.err;
 }
 
 }  // namespace

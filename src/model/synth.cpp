@@ -108,15 +108,38 @@ Status synth_parse_type(std::string_view name, SynthParams &params) {
     return {};
 }
 
-DType synth_tensor_type(const SynthParams &p, std::string_view tensor, int32_t layer) {
-    if (p.mix == SynthMix::none) return p.type;
-    const DType base = p.mix == SynthMix::q4_k_m ? DType::q4_k : DType::q5_k;
-    if (tensor == "output.weight") return DType::q6_k;
-    if (tensor == "token_embd.weight") return p.tied_output ? DType::q6_k : base;
-    if ((ends_with(tensor, ".attn_v.weight") || ends_with(tensor, ".ffn_down.weight")) &&
-        use_more_bits(layer, p.n_layer))
-        return DType::q6_k;
-    return base;
+DType synth_tensor_type(const SynthParams &p, std::string_view tensor, int32_t layer, int64_t n_in) {
+    DType type = p.type;
+    if (p.mix != SynthMix::none) {
+        const DType base = p.mix == SynthMix::q4_k_m ? DType::q4_k : DType::q5_k;
+        type = base;
+        if (tensor == "output.weight") type = DType::q6_k;
+        if (tensor == "token_embd.weight") type = p.tied_output ? DType::q6_k : base;
+        if ((ends_with(tensor, ".attn_v.weight") || ends_with(tensor, ".ffn_down.weight")) &&
+            use_more_bits(layer, p.n_layer))
+            type = DType::q6_k;
+    }
+    if (n_in % dtype_traits(type).block_size == 0) return type;
+    // llama.cpp's tensor_type_fallback: rows that are not a multiple of a K-quant's 256 take the 32-element
+    // type of about the same size; rows that fit no block type stay f16.
+    switch (type) {
+        case DType::q2_k:
+        case DType::q3_k:
+            type = DType::q4_0;
+            break;
+        case DType::q4_k:
+            type = DType::q5_0;
+            break;
+        case DType::q5_k:
+            type = DType::q5_1;
+            break;
+        case DType::q6_k:
+            type = DType::q8_0;
+            break;
+        default:
+            break;
+    }
+    return n_in % dtype_traits(type).block_size == 0 ? type : DType::f16;
 }
 
 Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &pool) {
@@ -137,11 +160,6 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
         return invalid_input("synth: --heads {} is not a multiple of --kv-heads {}", p.n_head, p.n_head_kv);
     const int32_t head_dim = p.head_dim > 0 ? p.head_dim : p.n_embd / p.n_head;
     if (head_dim % 2 != 0) return invalid_input("synth: head size {} must be even", head_dim);
-    const bool k_quant = p.mix != SynthMix::none || dtype_traits(p.type).block_size == 256;
-    if (k_quant && (p.n_embd % 256 != 0 || p.n_ff % 256 != 0))
-        return invalid_input(
-            "synth: K-quant types need --dim and --ffn to be multiples of 256 (got {} and {})", p.n_embd,
-            p.n_ff);
     if (p.vocab_from.empty()) return invalid_input("synth: --vocab-from MODEL.gguf is required");
     TD_ASSIGN_OR_RETURN(gguf::File vocab_file, gguf::File::open(p.vocab_from));
     const gguf::Value *tokens = vocab_file.find("tokenizer.ggml.tokens");
@@ -181,7 +199,7 @@ Status synth_model(const SynthParams &p, const std::string &path, ThreadPool &po
     TensorMaker make{w, pool, p.seed};
     // A matrix named `name` of layer `il` (-1: outside the blocks), in the type the plan gives it.
     auto matrix = [&](const std::string &name, int64_t n_in, int64_t rows, int32_t il) {
-        return make.add(name, n_in, rows, synth_tensor_type(p, name, il));
+        return make.add(name, n_in, rows, synth_tensor_type(p, name, il, n_in));
     };
     TD_TRY(matrix("token_embd.weight", n_embd, n_vocab, -1));
     TD_TRY(make.add("output_norm.weight", n_embd, 0, DType::f32));

@@ -45,15 +45,18 @@ struct SynthParams {
 // Parses a --type value: a dtype name ("q8_0", "q6_k", case-insensitive) sets `type` and clears `mix`; a mix
 // name ("q4_k_m", "q5_k_m") sets `mix`. Error: any other name, listing the accepted ones.
 Status synth_parse_type(std::string_view name, SynthParams &params);
-// The type synth writes matrix `tensor` (a GGUF name such as "blk.3.attn_v.weight") with; `layer` is its
-// block index (ignored for tensors outside the blocks).
-DType synth_tensor_type(const SynthParams &params, std::string_view tensor, int32_t layer);
+// The type synth writes matrix `tensor` (a GGUF name such as "blk.3.attn_v.weight", rows of n_in elements)
+// with; `layer` is its block index (ignored for tensors outside the blocks). Where n_in is not a multiple of
+// the type's block size, llama.cpp's fallback: q2_k, q3_k -> q4_0, q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0,
+// and f16 where no block type fits.
+DType synth_tensor_type(const SynthParams &params, std::string_view tensor, int32_t layer, int64_t n_in);
 
 // Writes the model to `path`. Weights are uniform with the variance of N(0, 0.02^2) (deterministic for a
 // seed), quantized to `type` with the reference quantizer; biases, Q/K norm and gemma2 post-norm weights are
 // random f32 too (norms around 1), so a forward pass that ignores them gives different logits. Errors:
-// unknown arch, non-positive soft-caps, shape problems (n_embd not a multiple of n_head or of the type's
-// block size (256 for the K-quants), n_head not a multiple of n_head_kv), unreadable vocab file, i/o.
+// unknown arch, non-positive soft-caps, shape problems (n_embd not a multiple of n_head, n_head not a
+// multiple of n_head_kv), unreadable vocab file, i/o. Rows that do not fit the type take
+// synth_tensor_type's fallback, as llama.cpp's quantizer does.
 Status synth_model(const SynthParams &params, const std::string &path, ThreadPool &pool);
 
 }  // namespace td
