@@ -31,14 +31,16 @@ TEST(KernelsPack, OnlyLaidOutTypesWithWholeGroupsArePackable) {
     EXPECT_FALSE(kernels::packable(DType::q4_0, 64, 24));  // not whole groups of 16 rows
     EXPECT_FALSE(kernels::packable(DType::q4_0, 48, 16));  // not whole blocks
     EXPECT_TRUE(kernels::packable(DType::q8_0, 64, 16));
+    EXPECT_TRUE(kernels::packable(DType::q5_0, 896, 4864));
     EXPECT_FALSE(kernels::packable(DType::q8_0, 64, 8));
-    EXPECT_FALSE(kernels::packable(DType::q5_0, 64, 16));
+    EXPECT_FALSE(kernels::packable(DType::q5_1, 64, 16));
     EXPECT_FALSE(kernels::packable(DType::f32, 64, 16));
 }
 
 TEST(KernelsPack, PackThenUnpackGivesTheRowsBack) {
-    for (auto [type, n] : {std::pair{DType::q4_0, int64_t{96}}, std::pair{DType::q8_0, int64_t{96}},
-                           std::pair{DType::q4_k, int64_t{768}}, std::pair{DType::q6_k, int64_t{768}}}) {
+    for (auto [type, n] : {std::pair{DType::q4_0, int64_t{96}}, std::pair{DType::q5_0, int64_t{96}},
+                           std::pair{DType::q8_0, int64_t{96}}, std::pair{DType::q4_k, int64_t{768}},
+                           std::pair{DType::q6_k, int64_t{768}}}) {
         const int64_t rows = 48;
         const std::vector<uint8_t> w = quantize_rows(type, randn(n * rows, 3), rows, n);
         std::vector<uint8_t> packed(w.size()), back(w.size());
@@ -66,12 +68,12 @@ TEST_P(KernelsPacked, MatmulEqualsReferenceBitForBit) {
     };
     const Case cases[] = {
         {DType::q4_0, {32, 96, 256, 288, 2048}},  // 1, 3, 8, 9, 64 blocks
-        {DType::q8_0, {32, 96, 256, 288, 2048}},
+        {DType::q5_0, {32, 96, 256, 288, 2048}}, {DType::q8_0, {32, 96, 256, 288, 2048}},
         {DType::q4_k, {256, 768, 2048, 2304}},  // 1, 3, 8, 9 super-blocks
         {DType::q6_k, {256, 768, 2048, 2304}},
     };
     const int64_t outs[] = {16, 48, 160};
-    const int64_t batches[] = {1, 2, 3, 5, 16, 17, 40};
+    const int64_t batches[] = {1, 2, 3, 5, 16, 17, 40, 60};  // 60: past every packed kernel's batch limit
     ThreadPool pools[] = {ThreadPool(1), ThreadPool(3)};
     std::vector<uint8_t> scratch;
     uint32_t seed = 7;

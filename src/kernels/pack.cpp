@@ -32,6 +32,17 @@ Layout make_x_0(size_t block_bytes) {
     return l;
 }
 
+// q5_0: d, the 32 fifth bits (qh) of each row as one 4-byte slice, then qs as q4_0's.
+Layout make_q5_0() {
+    Layout l{sizeof(BlockQ5_0), kQK, {}};
+    auto u16 = [](size_t v) { return static_cast<uint16_t>(v); };
+    l.slices.push_back({u16(offsetof(BlockQ5_0, d)), 2, 0});
+    l.slices.push_back({u16(offsetof(BlockQ5_0, qh)), 4, 32});
+    for (size_t k = 0; k < 4; ++k)
+        l.slices.push_back({u16(offsetof(BlockQ5_0, qs) + 4 * k), 4, u16(96 + 64 * k)});
+    return l;
+}
+
 Layout make_q4_k() {
     Layout l{sizeof(BlockQ4_K), kQK_K, {}};
     l.slices.push_back({0, 2, 0});   // d
@@ -63,11 +74,13 @@ Layout make_q6_k() {
 }
 
 const Layout *layout_of(DType type) {
-    static const Layout q4_0 = make_x_0(sizeof(BlockQ4_0)), q8_0 = make_x_0(sizeof(BlockQ8_0)),
-                        q4_k = make_q4_k(), q6_k = make_q6_k();
+    static const Layout q4_0 = make_x_0(sizeof(BlockQ4_0)), q5_0 = make_q5_0(),
+                        q8_0 = make_x_0(sizeof(BlockQ8_0)), q4_k = make_q4_k(), q6_k = make_q6_k();
     switch (type) {
         case DType::q4_0:
             return &q4_0;
+        case DType::q5_0:
+            return &q5_0;
         case DType::q8_0:
             return &q8_0;
         case DType::q4_k:

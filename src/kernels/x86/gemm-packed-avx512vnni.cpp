@@ -1,9 +1,9 @@
-// q4_0 x q8_0, q4_k x q8_k and q6_k x q8_k on packed weights (kernels/pack.h) with AVX-512 VNNI: one zmm
-// holds a 4-byte slice of each of the 16 rows of a group, so vpdpbusd with a broadcast 4-byte slice of the
-// activations adds each row's products into its own int32 lane: no horizontal sums, no gathers, and the
-// weights are one linear stream.
-// Compiled with the AVX-512 + VNNI flags; matmul calls it only when cpuid reports avx512vnni. Same linkage
-// rule as vec-dot-avx2.cpp: no inline function with external linkage from a shared header here.
+// q4_0, q5_0, q8_0 x q8_0, q4_k x q8_k and q6_k x q8_k on packed weights (kernels/pack.h) with AVX-512 VNNI:
+// one zmm holds a 4-byte slice of each of the 16 rows of a group, so vpdpbusd with a broadcast 4-byte slice
+// of the activations adds each row's products into its own int32 lane: no horizontal sums, no gathers, and
+// the weights are one linear stream. Compiled with the AVX-512 + VNNI flags; matmul calls it only when cpuid
+// reports avx512vnni. Same linkage rule as vec-dot-avx2.cpp: no inline function with external linkage from a
+// shared header here.
 //
 // Bit-exact with the reference vec_dot: a block's integer sum is exact whatever the order; offsets of
 // unsigned levels come back out through the activation block sums; the scaled sum of (super-)block b is
@@ -87,6 +87,54 @@ struct Q4_0 {
         for (int t = 0; t < NT; ++t) {
             const int8_t *xq = tok[t].x[b].qs;
             // Two dependency chains of 4 (the low and the high nibbles) instead of one of 8.
+            __m512i s = _mm512_set1_epi32(tok[t].offset[b]), s_hi = _mm512_setzero_si512();
+            for (int k = 0; k < 4; ++k) {
+                s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
+                s_hi = _mm512_dpbusd_epi32(s_hi, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
+            }
+            s = _mm512_add_epi32(s, s_hi);
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
+            acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)));
+        }
+    }
+};
+
+// q5_0: as q4_0, plus 16 on the levels whose bit of qh is set (lane i of the qh vector is row i's qh; for
+// slice k, byte j of a lane takes bit 4k + j (elements 4k..) or 16 + 4k + j (elements 16 + 4k..)); stored
+// + 16.
+struct Q5_0 {
+    using Token = TokenRow;
+    static constexpr size_t kBlockBytes = kPackRows * sizeof(BlockQ5_0);  // 352: scales, qh, 4 slices of 64 B
+    static constexpr int32_t kOffsetPerSum = -16;
+
+    template <int NT>
+    static void block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
+                      int lane) {
+        const __m512i m4 = _mm512_set1_epi8(0x0F);
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        // byte[m]: byte m of each lane's qh in all four of the lane's bytes (vpshufb works per 128 bits).
+        const __m512i lane_base =
+            _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+        const __m512i qh = _mm512_loadu_si512(g + 32);
+        __m512i byte[4];
+        for (int m = 0; m < 4; ++m)
+            byte[m] =
+                _mm512_shuffle_epi8(qh, _mm512_add_epi8(lane_base, _mm512_set1_epi8(static_cast<char>(m))));
+        const __m512i bits[2] = {_mm512_set1_epi32(0x08040201),
+                                 _mm512_set1_epi32(static_cast<int>(0x80402010u))};
+        __m512i lo[4], hi[4];
+        for (int k = 0; k < 4; ++k) {
+            const __m512i q = _mm512_loadu_si512(g + 96 + 64 * k);
+            lo[k] = _mm512_and_si512(q, m4);
+            hi[k] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+            lo[k] =
+                _mm512_mask_add_epi8(lo[k], _mm512_test_epi8_mask(byte[k / 2], bits[k % 2]), lo[k], sixteen);
+            hi[k] = _mm512_mask_add_epi8(hi[k], _mm512_test_epi8_mask(byte[2 + k / 2], bits[k % 2]), hi[k],
+                                         sixteen);
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
+        for (int t = 0; t < NT; ++t) {
+            const int8_t *xq = tok[t].x[b].qs;
             __m512i s = _mm512_set1_epi32(tok[t].offset[b]), s_hi = _mm512_setzero_si512();
             for (int k = 0; k < 4; ++k) {
                 s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
@@ -475,6 +523,13 @@ void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
         return;
     }
     run_groups<Q4_0>(nb, w, w_stride, tokens, n_rows, n_tokens);
+}
+
+void gemm_q5_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    const int64_t nb = n / kQK;
+    run_groups<Q5_0>(nb, w, w_stride, q8_0_tokens<Q5_0>(x, x_stride, y, y_stride, n_tokens, nb), n_rows,
+                     n_tokens);
 }
 
 void gemm_q8_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
