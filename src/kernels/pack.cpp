@@ -16,6 +16,18 @@ struct Slice {
     uint16_t src, size, dst;
 };
 
+// Every slice is 2 or 4 bytes: fixed-size copies compile to one load and one store each, where a call to
+// memcpy per slice cost a tenth of a batch's time on the unpacking path.
+inline void copy_slice(uint8_t *to, const uint8_t *from, uint16_t size) {
+    if (size == 4) {
+        std::memcpy(to, from, 4);
+    } else if (size == 2) {
+        std::memcpy(to, from, 2);
+    } else {
+        std::memcpy(to, from, size);
+    }
+}
+
 struct Layout {
     size_t block_bytes = 0;   // of one row's block
     int64_t block_elems = 0;  // elements per block
@@ -112,7 +124,7 @@ void pack_rows(DType type, const void *src, int64_t n, int64_t n_rows, void *dst
             uint8_t *p = out + static_cast<size_t>(g * nb + b) * group_block;
             for (int64_t r = 0; r < kPackRows; ++r) {
                 const uint8_t *blk = in + (static_cast<size_t>((g * kPackRows + r) * nb + b)) * l.block_bytes;
-                for (const Slice &s : l.slices) std::memcpy(p + s.dst + r * s.size, blk + s.src, s.size);
+                for (const Slice &s : l.slices) copy_slice(p + s.dst + r * s.size, blk + s.src, s.size);
             }
         }
 }
@@ -132,7 +144,7 @@ void unpack_rows(DType type, const void *packed, int64_t n, int64_t row_begin, i
             const uint8_t *p = in + static_cast<size_t>(group * nb + b) * group_block;
             for (int64_t r = 0; r < kPackRows; ++r) {
                 uint8_t *blk = out + (static_cast<size_t>((g * kPackRows + r) * nb + b)) * l.block_bytes;
-                for (const Slice &s : l.slices) std::memcpy(blk + s.src, p + s.dst + r * s.size, s.size);
+                for (const Slice &s : l.slices) copy_slice(blk + s.src, p + s.dst + r * s.size, s.size);
             }
         }
     }
