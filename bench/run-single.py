@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Single-machine throughput: tandem vs llama.cpp on the same 1B-shaped synthetic models.
+"""Single-machine throughput: tandem vs llama.cpp on the same synthetic models (1B-shaped, or with --shape
+qwen0.5b Qwen2.5-0.5B-shaped).
 
-Makes the models when missing (tandem synth, random weights, llama SPM vocabulary), runs
+Makes the models when missing (tandem synth, random weights, a real vocabulary), runs
 `tandem bench -o json` on each and, when a llama.cpp `llama-bench` binary is given (--llama-bench or
 $LLAMA_BENCH), runs it on the same files with the same tests and thread counts. Writes a side-by-side table
-into docs/benchmarks.md between its markers (only that section changes) and keeps the raw JSON of both
-beside the models.
+into docs/benchmarks.md between the shape's markers (only that section changes) and keeps the raw JSON of
+both beside the models.
 
   bench/run-single.py                                   # tandem only
   LLAMA_BENCH=/path/to/llama-bench bench/run-single.py  # side by side
   bench/run-single.py --types q4_0 -t 1 --rounds 1 --no-doc   # quick look, nothing written to docs/
+  bench/run-single.py --shape qwen0.5b --types q4_k_m,q5_k_m  # the K-quant files of a 896-wide model
 
 Models live outside the repository: $TANDEM_BENCH_DIR or /tmp/tandem-bench. Only the Python standard
 library is used.
@@ -24,11 +26,31 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BEGIN = "<!-- bench:run-single:begin -->"
-END = "<!-- bench:run-single:end -->"
-
-# Llama-3.2-1B-like shape (16 layers, 2048 wide, GQA 32/8) with the llama SPM vocabulary.
-SHAPE = ["--dim", "2048", "--layers", "16", "--heads", "32", "--kv-heads", "8", "--ffn", "5632"]
+# Model shapes (--shape): the label in the table, the file name prefix, synth's shape flags, the default
+# vocabulary, the doc section's title and its markers.
+SHAPES = {
+    # Llama-3.2-1B-like (16 layers, 2048 wide, GQA 32/8) with the llama SPM vocabulary.
+    "1b": {
+        "label": "1B",
+        "prefix": "1b",
+        "synth": ["--dim", "2048", "--layers", "16", "--heads", "32", "--kv-heads", "8", "--ffn", "5632"],
+        "vocab": "ggml-vocab-llama-spm.gguf",
+        "title": "Single machine: tandem vs llama.cpp (1B synthetic)",
+        "markers": "bench:run-single",
+    },
+    # Qwen2.5-0.5B-like (qwen2 biases, 24 layers, 896 wide, GQA 14/2, tied output). Rows of 896 are not a
+    # multiple of 256, so its K-quant files are mostly llama.cpp's fallback types (q4_k_m: q5_0 and q8_0).
+    # The GPT-2 vocabulary (50257 tokens) stands in for Qwen's 151936.
+    "qwen0.5b": {
+        "label": "0.5B qwen2",
+        "prefix": "qwen05b",
+        "synth": ["--arch", "qwen2", "--dim", "896", "--layers", "24", "--heads", "14", "--kv-heads", "2",
+                  "--ffn", "4864", "--tied"],
+        "vocab": "ggml-vocab-gpt-2.gguf",
+        "title": "Single machine: tandem vs llama.cpp (Qwen2.5-0.5B-shaped synthetic)",
+        "markers": "bench:run-single:qwen0.5b",
+    },
+}
 
 
 def log(msg):
@@ -43,13 +65,13 @@ def default_tandem():
     return os.path.join(REPO, "build/release/tandem")
 
 
-def make_model(tandem, vocab, out_dir, wtype):
+def make_model(tandem, vocab, out_dir, shape, wtype):
     """Returns (path, None) or (None, why it was skipped)."""
-    path = os.path.join(out_dir, f"1b-{wtype}.gguf")
+    path = os.path.join(out_dir, f"{shape['prefix']}-{wtype}.gguf")
     if os.path.exists(path):
         return path, None
     log(f"synthesizing {path}")
-    cmd = [tandem, "synth", "-o", path + ".part", *SHAPE, "--vocab-from", vocab, "--type", wtype]
+    cmd = [tandem, "synth", "-o", path + ".part", *shape["synth"], "--vocab-from", vocab, "--type", wtype]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         why = (r.stderr.strip().splitlines() or ["synth failed"])[-1]
@@ -88,7 +110,7 @@ def median(xs):
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def table(results, skipped, have_llama):
+def table(results, skipped, have_llama, label):
     """results: (wtype, rounds) with rounds a list of (tandem records, llama records), one per round."""
     head = "| model | size | test | threads | tandem t/s |"
     sep = "| --- | ---: | --- | ---: | ---: |"
@@ -102,7 +124,7 @@ def table(results, skipped, have_llama):
             k = key(rec)
             ours = [r["avg_ts"] for t_recs, _ in rounds for r in t_recs if key(r) == k]
             size = f"{int(rec['model_size']) / 2**30:.2f} GiB"
-            row = f"| 1B {wtype} | {size} | {test_name(rec)} | {rec['n_threads']} | {median(ours):.2f} |"
+            row = f"| {label} {wtype} | {size} | {test_name(rec)} | {rec['n_threads']} | {median(ours):.2f} |"
             if have_llama:
                 ratios, theirs = [], []
                 for t_recs, l_recs in rounds:
@@ -139,13 +161,14 @@ def section(args, results, skipped, have_llama, tandem_commit, llama_commit):
     cmd = f"tandem bench -p {args.p} -n {args.n} -t {args.t} -r {args.r} -o json"
     rounds = (f"{args.rounds} rounds per model; in each, every test (one size at one thread count) runs once in"
               " each engine back to back, which engine goes first alternating")
+    shape = SHAPES[args.shape]
     parts = [
-        BEGIN,
+        f"<!-- {shape['markers']}:begin -->",
         "",
         f"Measured {now} on {cpu_name()} ({os.cpu_count()} logical CPUs), tandem `{tandem_commit}`"
         + (f", llama.cpp `{llama_commit}`" if have_llama else "")
         + ".",
-        f"Command: `bench/run-single.py` → `{cmd}`"
+        f"Command: `bench/run-single.py{'' if args.shape == '1b' else ' --shape ' + args.shape}` → `{cmd}`"
         + (" and `llama-bench` with the same -p/-n/-t/-r on the same files." if have_llama else "."),
         f"{rounds}; t/s is the median over the rounds of each round's mean; the ratio is the median of the"
         " per-round ratios (each listed), > 1 means tandem is faster. Pairs measured seconds apart, in alternating"
@@ -154,23 +177,24 @@ def section(args, results, skipped, have_llama, tandem_commit, llama_commit):
     ]
     if args.note:
         parts += ["", f"**Caveat:** {args.note}"]
-    parts += ["", table(results, skipped, have_llama), "", END]
+    parts += ["", table(results, skipped, have_llama, shape["label"]), "", f"<!-- {shape['markers']}:end -->"]
     return "\n".join(parts)
 
 
-def write_doc(doc, text):
+def write_doc(doc, text, shape):
+    begin, end_marker = f"<!-- {shape['markers']}:begin -->", f"<!-- {shape['markers']}:end -->"
     content = ""
     if os.path.exists(doc):
         with open(doc) as f:
             content = f.read()
-    if BEGIN in content and END in content:
-        start = content.index(BEGIN)
-        end = content.index(END) + len(END)
+    if begin in content and end_marker in content:
+        start = content.index(begin)
+        end = content.index(end_marker) + len(end_marker)
         content = content[:start] + text + content[end:]
     else:
         if content and not content.endswith("\n"):
             content += "\n"
-        content += "\n## Single machine: tandem vs llama.cpp (1B synthetic)\n\n" + text + "\n"
+        content += f"\n## {shape['title']}\n\n" + text + "\n"
     with open(doc, "w") as f:
         f.write(content)
     log(f"updated {doc}")
@@ -182,7 +206,8 @@ def main():
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH", ""))
     ap.add_argument("--tandem", default=os.environ.get("TANDEM_BIN", default_tandem()))
     ap.add_argument("--dir", default=os.environ.get("TANDEM_BENCH_DIR", "/tmp/tandem-bench"))
-    ap.add_argument("--vocab", default=os.path.join(REPO, "..", "shared", "vocab", "ggml-vocab-llama-spm.gguf"))
+    ap.add_argument("--shape", default="1b", choices=sorted(SHAPES), help="model shape (default 1b)")
+    ap.add_argument("--vocab", default="", help="vocabulary GGUF (default: the shape's, from ../shared/vocab)")
     ap.add_argument("--types", default="q4_0,q8_0,q4_k_m", help="weight types, comma-separated")
     ap.add_argument("-p", default="512")
     ap.add_argument("-n", default="128")
@@ -199,11 +224,13 @@ def main():
     if llama and not os.access(llama, os.X_OK):
         sys.exit(f"run-single: no llama-bench binary at {llama}")
     os.makedirs(args.dir, exist_ok=True)
+    shape = SHAPES[args.shape]
+    vocab = args.vocab or os.path.join(REPO, "..", "shared", "vocab", shape["vocab"])
 
     results, skipped = [], []
     tandem_commit, llama_commit = "?", "?"
     for wtype in [t for t in args.types.split(",") if t]:
-        path, why = make_model(args.tandem, args.vocab, args.dir, wtype)
+        path, why = make_model(args.tandem, vocab, args.dir, shape, wtype)
         if path is None:
             skipped.append((wtype, why))
             continue
@@ -243,7 +270,7 @@ def main():
     if args.no_doc:
         print(text)
     else:
-        write_doc(args.doc, text)
+        write_doc(args.doc, text, shape)
         print(text)
 
 
