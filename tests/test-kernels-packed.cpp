@@ -33,12 +33,14 @@ TEST(KernelsPack, OnlyLaidOutTypesWithWholeGroupsArePackable) {
     EXPECT_TRUE(kernels::packable(DType::q8_0, 64, 16));
     EXPECT_TRUE(kernels::packable(DType::q5_0, 896, 4864));
     EXPECT_FALSE(kernels::packable(DType::q8_0, 64, 8));
-    EXPECT_FALSE(kernels::packable(DType::q5_1, 64, 16));
+    EXPECT_TRUE(kernels::packable(DType::q5_1, 64, 16));
+    EXPECT_FALSE(kernels::packable(DType::q8_1, 64, 16));
     EXPECT_FALSE(kernels::packable(DType::f32, 64, 16));
 }
 
 TEST(KernelsPack, PackThenUnpackGivesTheRowsBack) {
     for (auto [type, n] : {std::pair{DType::q4_0, int64_t{96}}, std::pair{DType::q5_0, int64_t{96}},
+                           std::pair{DType::q4_1, int64_t{96}}, std::pair{DType::q5_1, int64_t{96}},
                            std::pair{DType::q8_0, int64_t{96}}, std::pair{DType::q4_k, int64_t{768}},
                            std::pair{DType::q6_k, int64_t{768}}}) {
         const int64_t rows = 48;
@@ -68,7 +70,8 @@ TEST_P(KernelsPacked, MatmulEqualsReferenceBitForBit) {
     };
     const Case cases[] = {
         {DType::q4_0, {32, 96, 256, 288, 2048}},  // 1, 3, 8, 9, 64 blocks
-        {DType::q5_0, {32, 96, 256, 288, 2048}}, {DType::q8_0, {32, 96, 256, 288, 2048}},
+        {DType::q5_0, {32, 96, 256, 288, 2048}}, {DType::q4_1, {32, 96, 256, 288, 2048}},
+        {DType::q5_1, {32, 96, 256, 288, 2048}}, {DType::q8_0, {32, 96, 256, 288, 2048}},
         {DType::q4_k, {256, 768, 2048, 2304}},  // 1, 3, 8, 9 super-blocks
         {DType::q6_k, {256, 768, 2048, 2304}},
     };

@@ -44,7 +44,7 @@ GemmFn gemv_for(DType type) {
 // bench pp on the 1B q4_0 synth model, 1 thread: 84 against 69 t/s at 16 tokens, 88 against 93 at 64). The
 // AVX-512 VNNI one wins at every batch size measured (1 to 512 tokens).
 constexpr int64_t kPackedMaxTokensAvx2 = 32;
-constexpr int64_t kPackedMaxTokensQ5_0 = 48;
+constexpr int64_t kPackedMaxTokens4_5Bit = 48;
 
 GemmFn gemm_packed_for(DType type, int64_t n_tokens) {
 #if TD_KERNELS_X86
@@ -57,8 +57,13 @@ GemmFn gemm_packed_for(DType type, int64_t n_tokens) {
     if (type == DType::q8_0) return avx512_vnni_active() ? avx512::gemm_q8_0x16_q8_0 : nullptr;
     // q5_0 packed against unpacking 32-row chunks into the panel GEMM (Qwen2.5-0.5B-shaped Q4_K_M synth
     // model, 1 thread): pp8 253 / 110, pp32 276 / 222, pp64 249 / 260, pp512 201 / 230 t/s.
-    if (type == DType::q5_0)
-        return avx512_vnni_active() && n_tokens <= kPackedMaxTokensQ5_0 ? avx512::gemm_q5_0x16_q8_0 : nullptr;
+    // q4_1 and q5_1 share q5_0's kernel shape and limit.
+    if (type == DType::q5_0 || type == DType::q4_1 || type == DType::q5_1) {
+        if (!avx512_vnni_active() || n_tokens > kPackedMaxTokens4_5Bit) return nullptr;
+        return type == DType::q5_0
+                   ? avx512::gemm_q5_0x16_q8_0
+                   : (type == DType::q4_1 ? avx512::gemm_q4_1x16_q8_1 : avx512::gemm_q5_1x16_q8_1);
+    }
     if (type != DType::q4_0) return nullptr;
     if (avx512_vnni_active()) return avx512::gemm_q4_0x16_q8_0;
     const Isa isa = isa_active();

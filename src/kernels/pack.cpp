@@ -44,14 +44,25 @@ Layout make_x_0(size_t block_bytes) {
     return l;
 }
 
-// q5_0: d, the 32 fifth bits (qh) of each row as one 4-byte slice, then qs as q4_0's.
-Layout make_q5_0() {
-    Layout l{sizeof(BlockQ5_0), kQK, {}};
+// q4_1, q5_0, q5_1: the 16 rows' d, then (q4_1, q5_1) their m, then (q5_0, q5_1) their qh as one 4-byte slice
+// each, then qs as q4_0's.
+template <typename Block>
+Layout make_4_5_bit() {
+    Layout l{sizeof(Block), kQK, {}};
     auto u16 = [](size_t v) { return static_cast<uint16_t>(v); };
-    l.slices.push_back({u16(offsetof(BlockQ5_0, d)), 2, 0});
-    l.slices.push_back({u16(offsetof(BlockQ5_0, qh)), 4, 32});
+    size_t at = 0;
+    l.slices.push_back({u16(offsetof(Block, d)), 2, u16(at)});
+    at += 2 * kPackRows;
+    if constexpr (requires(const Block &b) { b.m; }) {
+        l.slices.push_back({u16(offsetof(Block, m)), 2, u16(at)});
+        at += 2 * kPackRows;
+    }
+    if constexpr (requires(const Block &b) { b.qh; }) {
+        l.slices.push_back({u16(offsetof(Block, qh)), 4, u16(at)});
+        at += 4 * kPackRows;
+    }
     for (size_t k = 0; k < 4; ++k)
-        l.slices.push_back({u16(offsetof(BlockQ5_0, qs) + 4 * k), 4, u16(96 + 64 * k)});
+        l.slices.push_back({u16(offsetof(Block, qs) + 4 * k), 4, u16(at + 64 * k)});
     return l;
 }
 
@@ -86,13 +97,18 @@ Layout make_q6_k() {
 }
 
 const Layout *layout_of(DType type) {
-    static const Layout q4_0 = make_x_0(sizeof(BlockQ4_0)), q5_0 = make_q5_0(),
+    static const Layout q4_0 = make_x_0(sizeof(BlockQ4_0)), q4_1 = make_4_5_bit<BlockQ4_1>(),
+                        q5_0 = make_4_5_bit<BlockQ5_0>(), q5_1 = make_4_5_bit<BlockQ5_1>(),
                         q8_0 = make_x_0(sizeof(BlockQ8_0)), q4_k = make_q4_k(), q6_k = make_q6_k();
     switch (type) {
         case DType::q4_0:
             return &q4_0;
+        case DType::q4_1:
+            return &q4_1;
         case DType::q5_0:
             return &q5_0;
+        case DType::q5_1:
+            return &q5_1;
         case DType::q8_0:
             return &q8_0;
         case DType::q4_k:

@@ -15,7 +15,7 @@
 //
 // q5_0, the same 16-row groups; block b of a group is 16 * 22 = 352 bytes: [0, 32) d of rows 0..15, [32, 96)
 // qh of rows 0..15 (4 bytes each: bit e is element e's fifth bit), then qs as q4_0's, 64 bytes per 4-byte
-// slice at 96 + 64k.
+// slice at 96 + 64k. q4_1 (320 bytes) and q5_1 (384): d, then the 16 m (32 bytes), then (q5_1) qh, then qs.
 //
 // q8_0, the same 16-row groups; block b of a group is 16 * 34 = 544 bytes: [0, 32) d of rows 0..15, then
 // for k < 8, 64 bytes at 32 + 64k: qs[4k..4k+3] of each row (signed, as in BlockQ8_0).
@@ -41,8 +41,8 @@ namespace td::kernels {
 
 constexpr int64_t kPackRows = 16;
 
-// Whether a [n_rows rows of n] matrix of `type` has a packed layout (q4_0, q5_0, q8_0, q4_k or q6_k, n_rows
-// a multiple of 16).
+// Whether a [n_rows rows of n] matrix of `type` has a packed layout (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k or
+// q6_k, n_rows a multiple of 16).
 bool packable(DType type, int64_t n, int64_t n_rows);
 // Whether the active ISA has a kernel for packed `type` (matmul otherwise unpacks chunks of rows first, which
 // is correct but slower than the rows): worth packing.

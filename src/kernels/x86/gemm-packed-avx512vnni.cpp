@@ -1,9 +1,9 @@
-// q4_0, q5_0, q8_0 x q8_0, q4_k x q8_k and q6_k x q8_k on packed weights (kernels/pack.h) with AVX-512 VNNI:
-// one zmm holds a 4-byte slice of each of the 16 rows of a group, so vpdpbusd with a broadcast 4-byte slice
-// of the activations adds each row's products into its own int32 lane: no horizontal sums, no gathers, and
-// the weights are one linear stream. Compiled with the AVX-512 + VNNI flags; matmul calls it only when cpuid
-// reports avx512vnni. Same linkage rule as vec-dot-avx2.cpp: no inline function with external linkage from a
-// shared header here.
+// q4_0, q5_0, q8_0 x q8_0, q4_1, q5_1 x q8_1, q4_k x q8_k and q6_k x q8_k on packed weights (kernels/pack.h)
+// with AVX-512 VNNI: one zmm holds a 4-byte slice of each of the 16 rows of a group, so vpdpbusd with a
+// broadcast 4-byte slice of the activations adds each row's products into its own int32 lane: no horizontal
+// sums, no gathers, and the weights are one linear stream. Compiled with the AVX-512 + VNNI flags; matmul
+// calls it only when cpuid reports avx512vnni. Same linkage rule as vec-dot-avx2.cpp: no inline function with
+// external linkage from a shared header here.
 //
 // Bit-exact with the reference vec_dot: a block's integer sum is exact whatever the order; offsets of
 // unsigned levels come back out through the activation block sums; the scaled sum of (super-)block b is
@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/blocks.h"
@@ -99,39 +100,45 @@ struct Q4_0 {
     }
 };
 
-// q5_0: as q4_0, plus 16 on the levels whose bit of qh is set (lane i of the qh vector is row i's qh; for
-// slice k, byte j of a lane takes bit 4k + j (elements 4k..) or 16 + 4k + j (elements 16 + 4k..)); stored
-// + 16.
+// The levels of one packed 4- or 5-bit block: slice k (64 bytes at qs + 64k) gives lo[k] (elements 4k..4k+3
+// of each row) and hi[k] (elements 16 + 4k..). With qh (lane i: row i's 32 fifth bits; nullptr for 4-bit
+// types), 16 is added where the element's bit is set: for slice k, byte j of a lane takes bit 4k + j (lo) or
+// 16 + 4k + j (hi).
+inline void unpack_4_5_bit(const uint8_t *qs, const uint8_t *qh, __m512i lo[4], __m512i hi[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 4; ++k) {
+        const __m512i q = _mm512_loadu_si512(qs + 64 * k);
+        lo[k] = _mm512_and_si512(q, m4);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    }
+    if (qh == nullptr) return;
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    // byte[m]: byte m of each lane's qh in all four of the lane's bytes (vpshufb works per 128 bits).
+    const __m512i lane_base =
+        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
+    const __m512i h = _mm512_loadu_si512(qh);
+    __m512i byte[4];
+    for (int m = 0; m < 4; ++m)
+        byte[m] = _mm512_shuffle_epi8(h, _mm512_add_epi8(lane_base, _mm512_set1_epi8(static_cast<char>(m))));
+    const __m512i bits[2] = {_mm512_set1_epi32(0x08040201), _mm512_set1_epi32(static_cast<int>(0x80402010u))};
+    for (int k = 0; k < 4; ++k) {
+        lo[k] = _mm512_mask_add_epi8(lo[k], _mm512_test_epi8_mask(byte[k / 2], bits[k % 2]), lo[k], sixteen);
+        hi[k] =
+            _mm512_mask_add_epi8(hi[k], _mm512_test_epi8_mask(byte[2 + k / 2], bits[k % 2]), hi[k], sixteen);
+    }
+}
+
+// q5_0: as q4_0 with the fifth bits (pack.h: [0, 32) d, [32, 96) qh, then qs); levels stored + 16.
 struct Q5_0 {
     using Token = TokenRow;
-    static constexpr size_t kBlockBytes = kPackRows * sizeof(BlockQ5_0);  // 352: scales, qh, 4 slices of 64 B
+    static constexpr size_t kBlockBytes = kPackRows * sizeof(BlockQ5_0);  // 352
     static constexpr int32_t kOffsetPerSum = -16;
 
     template <int NT>
     static void block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
                       int lane) {
-        const __m512i m4 = _mm512_set1_epi8(0x0F);
-        const __m512i sixteen = _mm512_set1_epi8(16);
-        // byte[m]: byte m of each lane's qh in all four of the lane's bytes (vpshufb works per 128 bits).
-        const __m512i lane_base =
-            _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12));
-        const __m512i qh = _mm512_loadu_si512(g + 32);
-        __m512i byte[4];
-        for (int m = 0; m < 4; ++m)
-            byte[m] =
-                _mm512_shuffle_epi8(qh, _mm512_add_epi8(lane_base, _mm512_set1_epi8(static_cast<char>(m))));
-        const __m512i bits[2] = {_mm512_set1_epi32(0x08040201),
-                                 _mm512_set1_epi32(static_cast<int>(0x80402010u))};
         __m512i lo[4], hi[4];
-        for (int k = 0; k < 4; ++k) {
-            const __m512i q = _mm512_loadu_si512(g + 96 + 64 * k);
-            lo[k] = _mm512_and_si512(q, m4);
-            hi[k] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-            lo[k] =
-                _mm512_mask_add_epi8(lo[k], _mm512_test_epi8_mask(byte[k / 2], bits[k % 2]), lo[k], sixteen);
-            hi[k] = _mm512_mask_add_epi8(hi[k], _mm512_test_epi8_mask(byte[2 + k / 2], bits[k % 2]), hi[k],
-                                         sixteen);
-        }
+        unpack_4_5_bit(g + 96, g + 32, lo, hi);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
         for (int t = 0; t < NT; ++t) {
             const int8_t *xq = tok[t].x[b].qs;
@@ -143,6 +150,45 @@ struct Q5_0 {
             s = _mm512_add_epi32(s, s_hi);
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
             acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)));
+        }
+    }
+};
+
+// One token's q8_1 activations with each block's scale and s (dy * sum q) as floats.
+struct TokenRow1 {
+    const BlockQ8_1 *x;
+    const float *dx;  // [nb]
+    const float *sx;  // [nb]
+    float *y;         // the token's output row, at the call's first row
+};
+
+// q4_1 and q5_1 (x = d q + m): unsigned levels, no offset; block b adds (dw dy) sumi + mw sy, the reference's
+// expression. Packed as [0, 32) d, [32, 64) m, (q5_1) [64, 128) qh, then qs.
+template <typename Block>
+struct MinBlock {
+    static constexpr bool kFifth = std::is_same_v<Block, BlockQ5_1>;
+    using Token = TokenRow1;
+    static constexpr size_t kBlockBytes = kPackRows * sizeof(Block);  // 320 or 384
+
+    template <int NT>
+    static void block(const uint8_t *g, int64_t b, const TokenRow1 *tok, __m512 (&acc)[NT][kDotLanes],
+                      int lane) {
+        __m512i lo[4], hi[4];
+        unpack_4_5_bit(g + (kFifth ? 128 : 64), kFifth ? g + 64 : nullptr, lo, hi);
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
+        const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g + 32)));
+        for (int t = 0; t < NT; ++t) {
+            const int8_t *xq = tok[t].x[b].qs;
+            __m512i s = _mm512_setzero_si512(), s_hi = _mm512_setzero_si512();
+            for (int k = 0; k < 4; ++k) {
+                s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
+                s_hi = _mm512_dpbusd_epi32(s_hi, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
+            }
+            s = _mm512_add_epi32(s, s_hi);
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
+            const __m512 v = _mm512_add_ps(_mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)),
+                                           _mm512_mul_ps(mw, _mm512_set1_ps(tok[t].sx[b])));
+            acc[t][lane] = _mm512_add_ps(acc[t][lane], v);
         }
     }
 };
@@ -452,6 +498,27 @@ const TokenRow *q8_0_tokens(const void *x, size_t x_stride, float *y, int64_t y_
     return tokens.data();
 }
 
+// Per-token scales and sums of q8_1 activations, computed once per call.
+const TokenRow1 *q8_1_tokens(const void *x, size_t x_stride, float *y, int64_t y_stride, int64_t n_tokens,
+                             int64_t nb) {
+    thread_local std::vector<float> scales, sums;  // [n_tokens][nb]
+    thread_local std::vector<TokenRow1> tokens;    // [n_tokens]
+    const size_t need = static_cast<size_t>(n_tokens * nb);
+    if (scales.size() < need) scales.resize(need), sums.resize(need);
+    if (tokens.size() < static_cast<size_t>(n_tokens)) tokens.resize(static_cast<size_t>(n_tokens));
+    for (int64_t t = 0; t < n_tokens; ++t) {
+        const auto *xt = reinterpret_cast<const BlockQ8_1 *>(static_cast<const uint8_t *>(x) + t * x_stride);
+        float *dx = scales.data() + t * nb;
+        float *sx = sums.data() + t * nb;
+        for (int64_t b = 0; b < nb; ++b) {
+            dx[b] = _cvtsh_ss(xt[b].d);
+            sx[b] = _cvtsh_ss(xt[b].s);
+        }
+        tokens[t] = TokenRow1{xt, dx, sx, y + t * y_stride};
+    }
+    return tokens.data();
+}
+
 // ---- the shared skeleton
 // -----------------------------------------------------------------------------------
 
@@ -530,6 +597,20 @@ void gemm_q5_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
     const int64_t nb = n / kQK;
     run_groups<Q5_0>(nb, w, w_stride, q8_0_tokens<Q5_0>(x, x_stride, y, y_stride, n_tokens, nb), n_rows,
                      n_tokens);
+}
+
+void gemm_q4_1x16_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    const int64_t nb = n / kQK;
+    run_groups<MinBlock<BlockQ4_1>>(nb, w, w_stride, q8_1_tokens(x, x_stride, y, y_stride, n_tokens, nb),
+                                    n_rows, n_tokens);
+}
+
+void gemm_q5_1x16_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    const int64_t nb = n / kQK;
+    run_groups<MinBlock<BlockQ5_1>>(nb, w, w_stride, q8_1_tokens(x, x_stride, y, y_stride, n_tokens, nb),
+                                    n_rows, n_tokens);
 }
 
 void gemm_q8_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,

@@ -98,6 +98,10 @@ void gemv_q6_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, si
 // q4_k and q6_k ones take packed K-quant weights and q8_k activations.
 void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q4_1x16_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q5_1x16_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q5_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q8_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
