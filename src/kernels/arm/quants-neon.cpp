@@ -151,56 +151,54 @@ void from_float_q8_1(const float *src, void *dst, int64_t n) {
     }
 }
 
+// q4_0, q4_1, q5_0, q5_1: the nibbles (byte j: element j low, j + 16 high), plus 16 where the element's bit
+// of qh is set in the 5-bit types. q4_0 and q5_0 subtract their offset (8, 16); q4_1 and q5_1 keep the levels
+// and add mx * sy: v = dx * dy * sumi (+ mx * sy), the reference's expression.
+template <typename BX, typename BY>
+void dot_4_5_bit(int64_t n, float *s, const void *vx, const void *vy, const char *type) {
+    lanes_dot<BX, BY>(n, kQK, type, s, vx, vy, [](const BX &xb, const BY &yb) {
+        constexpr bool kFifth = requires(const BX &b) {
+            b.qh;
+        };
+        constexpr bool kMin = requires(const BX &b) {
+            b.m;
+        };
+        const uint8x16_t q = vld1q_u8(xb.qs);
+        uint8x16_t lo = vandq_u8(q, vdupq_n_u8(0x0F)), hi = vshrq_n_u8(q, 4);
+        if constexpr (kFifth) {
+            lo = vorrq_u8(lo, fifth_bits(xb.qh[0], xb.qh[1]));
+            hi = vorrq_u8(hi, fifth_bits(xb.qh[2], xb.qh[3]));
+        }
+        int8x16_t l = vreinterpretq_s8_u8(lo), h = vreinterpretq_s8_u8(hi);
+        if constexpr (!kMin) {
+            const int8x16_t offset = vdupq_n_s8(kFifth ? 16 : 8);
+            l = vsubq_s8(l, offset);
+            h = vsubq_s8(h, offset);
+        }
+        const int32_t sumi = vaddvq_s32(vaddq_s32(dot16(l, vld1q_s8(yb.qs)), dot16(h, vld1q_s8(yb.qs + 16))));
+        const float v = fp16_to_fp32(xb.d) * fp16_to_fp32(yb.d) * static_cast<float>(sumi);
+        if constexpr (kMin) {
+            return v + fp16_to_fp32(xb.m) * fp16_to_fp32(yb.s);
+        } else {
+            return v;
+        }
+    });
+}
+
 void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
-    lanes_dot<BlockQ4_0, BlockQ8_0>(n, kQK, "q4_0", s, vx, vy, [](const BlockQ4_0 &xb, const BlockQ8_0 &yb) {
-        const uint8x16_t q = vld1q_u8(xb.qs);  // byte j: element j (low), element j + 16 (high)
-        const int8x16_t eight = vdupq_n_s8(8);
-        const int8x16_t lo = vsubq_s8(low_nibbles(q), eight), hi = vsubq_s8(high_nibbles(q), eight);
-        const int32_t sumi =
-            vaddvq_s32(vaddq_s32(dot16(lo, vld1q_s8(yb.qs)), dot16(hi, vld1q_s8(yb.qs + 16))));
-        return fp16_to_fp32(xb.d) * fp16_to_fp32(yb.d) * static_cast<float>(sumi);
-    });
+    dot_4_5_bit<BlockQ4_0, BlockQ8_0>(n, s, vx, vy, "q4_0");
 }
 
-// Levels 0..15; v = dx * dy * sumi + mx * sy.
 void vec_dot_q4_1_q8_1(int64_t n, float *s, const void *vx, const void *vy) {
-    lanes_dot<BlockQ4_1, BlockQ8_1>(n, kQK, "q4_1", s, vx, vy, [](const BlockQ4_1 &xb, const BlockQ8_1 &yb) {
-        const uint8x16_t q = vld1q_u8(xb.qs);
-        const int32_t sumi = vaddvq_s32(
-            vaddq_s32(dot16(low_nibbles(q), vld1q_s8(yb.qs)), dot16(high_nibbles(q), vld1q_s8(yb.qs + 16))));
-        return fp16_to_fp32(xb.d) * fp16_to_fp32(yb.d) * static_cast<float>(sumi) +
-               fp16_to_fp32(xb.m) * fp16_to_fp32(yb.s);
-    });
+    dot_4_5_bit<BlockQ4_1, BlockQ8_1>(n, s, vx, vy, "q4_1");
 }
 
-// Levels 0..31 (bit j of qh is element j's fifth bit), minus 16.
 void vec_dot_q5_0_q8_0(int64_t n, float *s, const void *vx, const void *vy) {
-    lanes_dot<BlockQ5_0, BlockQ8_0>(n, kQK, "q5_0", s, vx, vy, [](const BlockQ5_0 &xb, const BlockQ8_0 &yb) {
-        const uint8x16_t q = vld1q_u8(xb.qs);
-        const int8x16_t sixteen = vdupq_n_s8(16);
-        const int8x16_t lo = vsubq_s8(
-            vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0F)), fifth_bits(xb.qh[0], xb.qh[1]))),
-            sixteen);
-        const int8x16_t hi = vsubq_s8(
-            vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), fifth_bits(xb.qh[2], xb.qh[3]))), sixteen);
-        const int32_t sumi =
-            vaddvq_s32(vaddq_s32(dot16(lo, vld1q_s8(yb.qs)), dot16(hi, vld1q_s8(yb.qs + 16))));
-        return fp16_to_fp32(xb.d) * fp16_to_fp32(yb.d) * static_cast<float>(sumi);
-    });
+    dot_4_5_bit<BlockQ5_0, BlockQ8_0>(n, s, vx, vy, "q5_0");
 }
 
-// Levels 0..31; v = dx * dy * sumi + mx * sy.
 void vec_dot_q5_1_q8_1(int64_t n, float *s, const void *vx, const void *vy) {
-    lanes_dot<BlockQ5_1, BlockQ8_1>(n, kQK, "q5_1", s, vx, vy, [](const BlockQ5_1 &xb, const BlockQ8_1 &yb) {
-        const uint8x16_t q = vld1q_u8(xb.qs);
-        const int8x16_t lo =
-            vreinterpretq_s8_u8(vorrq_u8(vandq_u8(q, vdupq_n_u8(0x0F)), fifth_bits(xb.qh[0], xb.qh[1])));
-        const int8x16_t hi = vreinterpretq_s8_u8(vorrq_u8(vshrq_n_u8(q, 4), fifth_bits(xb.qh[2], xb.qh[3])));
-        const int32_t sumi =
-            vaddvq_s32(vaddq_s32(dot16(lo, vld1q_s8(yb.qs)), dot16(hi, vld1q_s8(yb.qs + 16))));
-        return fp16_to_fp32(xb.d) * fp16_to_fp32(yb.d) * static_cast<float>(sumi) +
-               fp16_to_fp32(xb.m) * fp16_to_fp32(yb.s);
-    });
+    dot_4_5_bit<BlockQ5_1, BlockQ8_1>(n, s, vx, vy, "q5_1");
 }
 
 // q8_0 and q8_1 weights (q8_1's s unused): a plain int8 dot per block.

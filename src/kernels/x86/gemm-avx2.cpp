@@ -89,16 +89,6 @@ inline void unpack_nibbles(const uint8_t *const qs[8], __m256i out[panel::kGroup
     }
 }
 
-struct Q4_0 : Ymm {
-    using Block = BlockQ4_0;
-    static constexpr int kLinesPerGroup = 1;
-    static constexpr int32_t kOffset = 8;
-    static VI dot(VI acc, const VI *w, VI y) { return madd(acc, w[0], y); }
-    static void unpack(const Block *const *, const uint8_t *const qs[kLanes], VI out[panel::kGroups]) {
-        unpack_nibbles(qs, out);
-    }
-};
-
 // Adds 16 where the element's bit of qh is set (q5_0, q5_1): lane r of group g takes bits 4g..4g+3 of row
 // r's qh, one per byte.
 template <typename Block>
@@ -116,34 +106,26 @@ void add_fifth_bits(const Block *const blk[8], __m256i out[panel::kGroups]) {
     }
 }
 
-struct Q5_0 : Q4_0 {
-    using Block = BlockQ5_0;
-    static constexpr int32_t kOffset = 16;
+// q4_0, q5_0, q4_1, q5_1: the nibbles, plus 16 from qh for the 5-bit types. The offset c: q4_0 8, q5_0 16;
+// the types with a minimum keep their unsigned levels (c = 0), the minimum enters through q8_1's s.
+template <typename B>
+struct Nibbles : Ymm {
+    using Block = B;
+    static constexpr bool kFifth = requires(const B &blk) { blk.qh; };
+    static constexpr int kLinesPerGroup = 1;
+    static constexpr int32_t kOffset = requires(const B &blk) { blk.m; }
+    ? 0 : (kFifth ? 16 : 8);
+    static VI dot(VI acc, const VI *w, VI y) { return madd(acc, w[0], y); }
     static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
                        VI out[panel::kGroups]) {
         unpack_nibbles(qs, out);
-        add_fifth_bits(blk, out);
+        if constexpr (kFifth) add_fifth_bits(blk, out);
     }
 };
-
-// q4_1 and q5_1: the unsigned levels themselves (no offset); the minimum enters through q8_1's s.
-struct Q4_1 : Q4_0 {
-    using Block = BlockQ4_1;
-    static constexpr int32_t kOffset = 0;
-    static void unpack(const Block *const *, const uint8_t *const qs[kLanes], VI out[panel::kGroups]) {
-        unpack_nibbles(qs, out);
-    }
-};
-
-struct Q5_1 : Q4_0 {
-    using Block = BlockQ5_1;
-    static constexpr int32_t kOffset = 0;
-    static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
-                       VI out[panel::kGroups]) {
-        unpack_nibbles(qs, out);
-        add_fifth_bits(blk, out);
-    }
-};
+using Q4_0 = Nibbles<BlockQ4_0>;
+using Q5_0 = Nibbles<BlockQ5_0>;
+using Q4_1 = Nibbles<BlockQ4_1>;
+using Q5_1 = Nibbles<BlockQ5_1>;
 
 struct Q8_0 : Ymm {
     using Block = BlockQ8_0;

@@ -69,37 +69,6 @@ struct TokenRow {
     float *y;               // the token's output row, at the call's first row
 };
 
-struct Q4_0 {
-    using Token = TokenRow;
-    static constexpr size_t kBlockBytes = kGroupBlockBytes;
-    static constexpr int32_t kOffsetPerSum = -8;  // levels are stored + 8
-
-    template <int NT>
-    static void block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
-                      int lane) {
-        const __m512i m4 = _mm512_set1_epi8(0x0F);
-        __m512i lo[4], hi[4];
-        for (int k = 0; k < 4; ++k) {
-            const __m512i q = _mm512_loadu_si512(g + 32 + 64 * k);
-            lo[k] = _mm512_and_si512(q, m4);                        // elements 4k..4k+3 of each row
-            hi[k] = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);  // elements 16+4k..16+4k+3
-        }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
-        for (int t = 0; t < NT; ++t) {
-            const int8_t *xq = tok[t].x[b].qs;
-            // Two dependency chains of 4 (the low and the high nibbles) instead of one of 8.
-            __m512i s = _mm512_set1_epi32(tok[t].offset[b]), s_hi = _mm512_setzero_si512();
-            for (int k = 0; k < 4; ++k) {
-                s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
-                s_hi = _mm512_dpbusd_epi32(s_hi, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
-            }
-            s = _mm512_add_epi32(s, s_hi);
-            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
-            acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)));
-        }
-    }
-};
-
 // The levels of one packed 4- or 5-bit block: slice k (64 bytes at qs + 64k) gives lo[k] (elements 4k..4k+3
 // of each row) and hi[k] (elements 16 + 4k..). With qh (lane i: row i's 32 fifth bits; nullptr for 4-bit
 // types), 16 is added where the element's bit is set: for slice k, byte j of a lane takes bit 4k + j (lo) or
@@ -128,31 +97,41 @@ inline void unpack_4_5_bit(const uint8_t *qs, const uint8_t *qh, __m512i lo[4], 
     }
 }
 
-// q5_0: as q4_0 with the fifth bits (pack.h: [0, 32) d, [32, 96) qh, then qs); levels stored + 16.
-struct Q5_0 {
+// The block's integer dot for one token (xq: its 32 activation bytes), from `init`: two dependency chains of
+// 4 (the low and the high nibbles) instead of one of 8.
+inline __m512i dot_4_5_bit(const __m512i lo[4], const __m512i hi[4], const int8_t *xq, __m512i init) {
+    __m512i s = init, s_hi = _mm512_setzero_si512();
+    for (int k = 0; k < 4; ++k) {
+        s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
+        s_hi = _mm512_dpbusd_epi32(s_hi, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
+    }
+    return _mm512_add_epi32(s, s_hi);
+}
+
+// q4_0 and q5_0: levels stored + 8 (+ 16), taken back out through the token's block offsets. q4_0's block
+// is [0, 32) d then the qs slices; q5_0's has its qh at [32, 96) before them (pack.h).
+template <typename Block>
+struct OffsetBlock {
+    static constexpr bool kFifth = std::is_same_v<Block, BlockQ5_0>;
     using Token = TokenRow;
-    static constexpr size_t kBlockBytes = kPackRows * sizeof(BlockQ5_0);  // 352
-    static constexpr int32_t kOffsetPerSum = -16;
+    static constexpr size_t kBlockBytes = kPackRows * sizeof(Block);  // 288 or 352
+    static constexpr int32_t kOffsetPerSum = kFifth ? -16 : -8;
 
     template <int NT>
     static void block(const uint8_t *g, int64_t b, const TokenRow *tok, __m512 (&acc)[NT][kDotLanes],
                       int lane) {
         __m512i lo[4], hi[4];
-        unpack_4_5_bit(g + 96, g + 32, lo, hi);
+        unpack_4_5_bit(g + (kFifth ? 96 : 32), kFifth ? g + 32 : nullptr, lo, hi);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
         for (int t = 0; t < NT; ++t) {
-            const int8_t *xq = tok[t].x[b].qs;
-            __m512i s = _mm512_set1_epi32(tok[t].offset[b]), s_hi = _mm512_setzero_si512();
-            for (int k = 0; k < 4; ++k) {
-                s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
-                s_hi = _mm512_dpbusd_epi32(s_hi, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
-            }
-            s = _mm512_add_epi32(s, s_hi);
+            const __m512i s = dot_4_5_bit(lo, hi, tok[t].x[b].qs, _mm512_set1_epi32(tok[t].offset[b]));
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
             acc[t][lane] = _mm512_add_ps(acc[t][lane], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)));
         }
     }
 };
+using Q4_0 = OffsetBlock<BlockQ4_0>;
+using Q5_0 = OffsetBlock<BlockQ5_0>;
 
 // One token's q8_1 activations with each block's scale and s (dy * sum q) as floats.
 struct TokenRow1 {
@@ -178,13 +157,7 @@ struct MinBlock {
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g)));
         const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(g + 32)));
         for (int t = 0; t < NT; ++t) {
-            const int8_t *xq = tok[t].x[b].qs;
-            __m512i s = _mm512_setzero_si512(), s_hi = _mm512_setzero_si512();
-            for (int k = 0; k < 4; ++k) {
-                s = _mm512_dpbusd_epi32(s, lo[k], _mm512_set1_epi32(load_i32(xq + 4 * k)));
-                s_hi = _mm512_dpbusd_epi32(s_hi, hi[k], _mm512_set1_epi32(load_i32(xq + 16 + 4 * k)));
-            }
-            s = _mm512_add_epi32(s, s_hi);
+            const __m512i s = dot_4_5_bit(lo, hi, tok[t].x[b].qs, _mm512_setzero_si512());
             const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(tok[t].dx[b]));
             const __m512 v = _mm512_add_ps(_mm512_mul_ps(scale, _mm512_cvtepi32_ps(s)),
                                            _mm512_mul_ps(mw, _mm512_set1_ps(tok[t].sx[b])));
