@@ -16,9 +16,10 @@
 #include "kernels/x86/gemm-panel.h"
 #include "kernels/x86/kernels-x86.h"
 
-// g++ 12 reports the deliberately undefined pass-through operand inside _mm512_cvtepi32_ps (__Y = __Y in
-// avx512fintrin.h) as maybe-uninitialized once the intrinsic is inlined into an unrolled tile.
+// g++ 12 reports the deliberately undefined pass-through operands inside its AVX-512 intrinsics
+// (_mm512_cvtepi32_ps, _mm512_broadcast_i32x4, ...) as (maybe) uninitialized once they are inlined.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace td::kernels::avx512 {
 namespace {
