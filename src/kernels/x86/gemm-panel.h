@@ -14,16 +14,14 @@
 // Canonical order (ref/vec-dot-ref.cpp): block b's exact sum is scaled by (dx_b * dy_b) in float, plus
 // mx_b * sy_b for the types with a minimum, and added into accumulator lane b % 8; the 8 lanes are summed
 // with dot_lanes_sum's tree at the end. The 8 accumulators of each (row, token) live in a small stack buffer,
-// so every output equals vec_dot bit for bit
-// whatever the batch, the tile or the thread.
+// so every output equals vec_dot bit for bit whatever the batch, the tile or the thread.
 //
 // The ISA policy K provides (see the ISA files):
 //   VI, VF                          integer and float vectors of kLanes 32-bit lanes
 //   kLanes, kMaxRowVecs, kMaxTokens rows per vector; register tile: row vectors x tokens
 //   kLinesPerGroup, kOffset         vectors stored per group; the offset c (0: none)
 //   unpack(blk[kLanes], qs[kLanes], out)
-//                                   one block of kLanes rows (qs: their quants) -> out[g * kLinesPerGroup +
-//                                   l]
+//                                   one block of kLanes rows (qs: their quants) -> out[g * kLinesPerGroup + l]
 //   dot(acc, w, y)                  acc + the 4-byte group products of each lane (w: kLinesPerGroup lines)
 //   set1_i, load_i, store_i, set1_f, load_f, store_f, add_f, mul_f, cvt_f, scales_f(d[kLanes] halves),
 //   store_rows(y, v, n)             store the first n lanes
