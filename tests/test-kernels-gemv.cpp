@@ -54,6 +54,7 @@ std::vector<uint8_t> random_weights(DType type, int64_t n_in, int64_t n_out, uin
                 put_half(blk + 2);  // m
                 break;
             case DType::q4_k:
+            case DType::q5_k:  // d and dmin where q4_k has them
                 put_half(blk + offsetof(kernels::BlockQ4_K, d));
                 put_half(blk + offsetof(kernels::BlockQ4_K, dmin));
                 break;
@@ -80,7 +81,7 @@ TEST_P(KernelsGemv, OneTokenMatmulEqualsReferenceBitForBit) {
         {DType::q4_0, {32, 96, 256, 288, 2048}},  // 1, 3, 8, 9, 64 blocks
         {DType::q5_0, {32, 96, 256, 288, 2048}}, {DType::q8_0, {32, 96, 256, 288, 2048}},
         {DType::q4_k, {256, 768, 2048, 2304}},  // 1, 3, 8, 9 super-blocks
-        {DType::q6_k, {256, 768, 2048, 2304}},
+        {DType::q5_k, {256, 768, 2048, 2304}},   {DType::q6_k, {256, 768, 2048, 2304}},
     };
     const int64_t outs[] = {1, 5, 8, 13, 19, 64};
     ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
@@ -114,8 +115,8 @@ TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
     const int64_t n_in = 2048, n_out = 11;
     ThreadPool pool(2);
     std::vector<uint8_t> scratch;
-    for (DType type :
-         {DType::q4_0, DType::q5_0, DType::q4_1, DType::q5_1, DType::q8_0, DType::q4_k, DType::q6_k}) {
+    for (DType type : {DType::q4_0, DType::q5_0, DType::q4_1, DType::q5_1, DType::q8_0, DType::q4_k,
+                       DType::q5_k, DType::q6_k}) {
         std::vector<uint8_t> w = random_weights(type, n_in, n_out, 99);
         // Row 0: every quant byte all ones (top levels and scales; q8_0 gets -1), the half scales kept
         // finite.
@@ -126,7 +127,7 @@ TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
         for (size_t blk = 0; blk < row_bytes / tr.block_bytes; ++blk) {
             uint8_t *p = w.data() + blk * tr.block_bytes;
             const uint8_t *q = w0.data() + blk * tr.block_bytes;
-            if (type == DType::q4_k) {
+            if (type == DType::q4_k || type == DType::q5_k) {
                 std::memcpy(p, q, 4);  // d, dmin
             } else if (type == DType::q6_k) {
                 std::memcpy(p + offsetof(kernels::BlockQ6_K, d), q + offsetof(kernels::BlockQ6_K, d), 2);

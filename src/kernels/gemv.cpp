@@ -28,6 +28,8 @@ GemmFn gemv_for(DType type) {
                 return avx512::gemv_q5_1_q8_1;
             case DType::q4_k:
                 return avx512::gemv_q4_k_q8_k;
+            case DType::q5_k:
+                return avx512::gemv_q5_k_q8_k;
             case DType::q6_k:
                 return avx512::gemv_q6_k_q8_k;
             default:

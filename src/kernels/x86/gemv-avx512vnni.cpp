@@ -206,8 +206,12 @@ inline void q4_k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
     *mn = (u1 & 0x3F3F3F3Fu) | (static_cast<uint64_t>(mn_hi) << 32);
 }
 
-void gemv_q4_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_K *x, float *y,
-                   int64_t n_rows) {
+// q4_k and q5_k (the same scales, mins and nibbles; q5_k adds a fifth bit: element 32j + l takes bit j of
+// qh[l], added as 16 to its level).
+template <typename Block>
+void gemv_q4_q5_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_K *x, float *y,
+                      int64_t n_rows) {
+    constexpr bool kFifth = std::is_same_v<Block, BlockQ5_K>;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     // Word i of the scale vector for run pair c: scale of run 2c (i < 16) or 2c + 1.
     __m512i sc_idx[4];
@@ -224,12 +228,12 @@ void gemv_q4_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_K
                 _mm256_loadu_si256(reinterpret_cast<const __m256i *>(yb.bsums)), _mm256_set1_epi16(1));
             const __m128i pair16 =
                 _mm_packs_epi32(_mm256_castsi256_si128(pair32), _mm256_extracti128_si256(pair32, 1));
-            const size_t at = static_cast<size_t>(b) * sizeof(BlockQ4_K);
+            const size_t at = static_cast<size_t>(b) * sizeof(Block);
             __m512i acc[kTileRows];
             __m128i msum[kTileRows];
 #pragma GCC unroll 8
             for (int r = 0; r < kTileRows; ++r) {
-                const BlockQ4_K *xb = reinterpret_cast<const BlockQ4_K *>(rows[r] + at);
+                const Block *xb = reinterpret_cast<const Block *>(rows[r] + at);
                 uint64_t sc, mn;
                 q4_k_scales(xb->scales, &sc, &mn);
                 const __m512i sc16 =
@@ -241,8 +245,17 @@ void gemv_q4_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_K
                     // [low nibbles (run 2c) | high nibbles (run 2c + 1)] of the 32 bytes of pair c.
                     const __m512i raw = _mm512_broadcast_i64x4(
                         _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xb->qs + 32 * c)));
-                    const __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xFFFF0000u, raw, 4), m4);
-                    const __m512i p = _mm512_maddubs_epi16(q, yq[c]);  // pairs <= 2 * 15 * 127
+                    __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(raw, 0xFFFF0000u, raw, 4), m4);
+                    if constexpr (kFifth) {
+                        // Bit 2c of qh[l] for run 2c (low half), bit 2c + 1 for run 2c + 1, moved to bit 4.
+                        const __m512i hq = _mm512_broadcast_i64x4(
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xb->qh)));
+                        const __m512i h =
+                            _mm512_mask_srli_epi16(_mm512_srli_epi16(hq, 2 * c), 0xFFFF0000u, hq, 2 * c + 1);
+                        q = _mm512_or_si512(q,
+                                            _mm512_slli_epi16(_mm512_and_si512(h, _mm512_set1_epi8(1)), 4));
+                    }
+                    const __m512i p = _mm512_maddubs_epi16(q, yq[c]);  // pairs <= 2 * 31 * 127
                     a = _mm512_dpwssd_epi32(a, p, _mm512_permutexvar_epi16(sc_idx[c], sc16));
                 }
                 acc[r] = a;
@@ -369,8 +382,14 @@ void gemv_q5_1_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, si
 
 void gemv_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
-    gemv_tokens<BlockQ8_K>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens, gemv_q4_k_one,
-                           avx2::vec_dot_q4_k_q8_k);
+    gemv_tokens<BlockQ8_K>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                           gemv_q4_q5_k_one<BlockQ4_K>, avx2::vec_dot_q4_k_q8_k);
+}
+
+void gemv_q5_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemv_tokens<BlockQ8_K>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                           gemv_q4_q5_k_one<BlockQ5_K>, avx2::vec_dot_q5_k_q8_k);
 }
 
 void gemv_q6_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
