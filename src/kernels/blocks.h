@@ -61,6 +61,17 @@ struct BlockQ8_1 {
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
               sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 
+// What the 4- and 5-bit kernels branch on at compile time: a minimum (q4_1, q5_1: x = d q + m, paired with
+// q8_1 activations whose s adds mx * sy per block) and fifth bits in qh (q5_0, q5_1, q5_k).
+template <typename Block>
+constexpr bool kBlockHasMin = requires(const Block &b) {
+    b.m;
+};
+template <typename Block>
+constexpr bool kBlockHasQh = requires(const Block &b) {
+    b.qh;
+};
+
 // Block dot products: the integer sum of block b is exact (int32); its scaled value is added into lane
 // b % kDotLanes of a float accumulator, and the lanes are added in the fixed tree below at the end. A SIMD
 // version keeps one vector lane per accumulator lane, so every ISA returns bit-identical results.

@@ -53,11 +53,11 @@ Layout make_4_5_bit() {
     size_t at = 0;
     l.slices.push_back({u16(offsetof(Block, d)), 2, u16(at)});
     at += 2 * kPackRows;
-    if constexpr (requires(const Block &b) { b.m; }) {
+    if constexpr (kBlockHasMin<Block>) {
         l.slices.push_back({u16(offsetof(Block, m)), 2, u16(at)});
         at += 2 * kPackRows;
     }
-    if constexpr (requires(const Block &b) { b.qh; }) {
+    if constexpr (kBlockHasQh<Block>) {
         l.slices.push_back({u16(offsetof(Block, qh)), 4, u16(at)});
         at += 4 * kPackRows;
     }

@@ -44,6 +44,11 @@ inline uint8x16_t fifth_bits(uint8_t b0, uint8_t b1) {
     return vandq_u8(vtstq_u8(v, vld1q_u8(kBit)), vdupq_n_u8(0x10));
 }
 
+// Bits 2k..2k+1 of each byte of r (the 2-bit levels of q2_k and q3_k).
+inline uint8x16_t crumb(uint8x16_t r, int k) {
+    return vandq_u8(vshlq_u8(r, vdupq_n_s8(static_cast<int8_t>(-2 * k))), vdupq_n_u8(3));
+}
+
 // Byte l of `bits` shifted right by `shift`, its lowest bit kept.
 inline uint8x16_t bit_of(uint8x16_t bits, int shift) {
     return vandq_u8(vshlq_u8(bits, vdupq_n_s8(static_cast<int8_t>(-shift))), vdupq_n_u8(1));
@@ -157,12 +162,8 @@ void from_float_q8_1(const float *src, void *dst, int64_t n) {
 template <typename BX, typename BY>
 void dot_4_5_bit(int64_t n, float *s, const void *vx, const void *vy, const char *type) {
     lanes_dot<BX, BY>(n, kQK, type, s, vx, vy, [](const BX &xb, const BY &yb) {
-        constexpr bool kFifth = requires(const BX &b) {
-            b.qh;
-        };
-        constexpr bool kMin = requires(const BX &b) {
-            b.m;
-        };
+        constexpr bool kFifth = kBlockHasQh<BX>;
+        constexpr bool kMin = kBlockHasMin<BX>;
         const uint8x16_t q = vld1q_u8(xb.qs);
         uint8x16_t lo = vandq_u8(q, vdupq_n_u8(0x0F)), hi = vshrq_n_u8(q, 4);
         if constexpr (kFifth) {
@@ -260,10 +261,8 @@ void vec_dot_q2_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
             for (int c = 0; c < 2; ++c) {
                 const uint8x16_t r0 = vld1q_u8(xb.qs + 32 * c), r1 = vld1q_u8(xb.qs + 32 * c + 16);
                 for (int k = 0; k < 4; ++k) {
-                    const uint8x16_t m3 = vdupq_n_u8(3);
-                    const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-2 * k));
-                    const int8x16_t q0 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(r0, shift), m3));
-                    const int8x16_t q1 = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(r1, shift), m3));
+                    const int8x16_t q0 = vreinterpretq_s8_u8(crumb(r0, k));
+                    const int8x16_t q1 = vreinterpretq_s8_u8(crumb(r1, k));
                     const int8_t *yq = yb.qs + 128 * c + 32 * k;
                     const int g = 8 * c + 2 * k;
                     acc = vmlaq_n_s32(acc, dot16(q0, vld1q_s8(yq)), xb.scales[g] & 0x0F);
@@ -294,12 +293,8 @@ void vec_dot_q3_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
             for (int c = 0; c < 2; ++c) {
                 const uint8x16_t r0 = vld1q_u8(xb.qs + 32 * c), r1 = vld1q_u8(xb.qs + 32 * c + 16);
                 for (int k = 0; k < 4; ++k) {
-                    const uint8x16_t m3 = vdupq_n_u8(3);
-                    const int8x16_t shift = vdupq_n_s8(static_cast<int8_t>(-2 * k));
-                    // level 0..7 (two low bits, 4 for the hmask bit), minus 4
                     auto level = [&](uint8x16_t r, uint8x16_t h) {
-                        const uint8x16_t u =
-                            vorrq_u8(vandq_u8(vshlq_u8(r, shift), m3), vshlq_n_u8(bit_of(h, 4 * c + k), 2));
+                        const uint8x16_t u = vorrq_u8(crumb(r, k), vshlq_n_u8(bit_of(h, 4 * c + k), 2));
                         return vsubq_s8(vreinterpretq_s8_u8(u), four);
                     };
                     const int8_t *yq = yb.qs + 128 * c + 32 * k;

@@ -111,10 +111,9 @@ void add_fifth_bits(const Block *const blk[8], __m256i out[panel::kGroups]) {
 template <typename B>
 struct Nibbles : Ymm {
     using Block = B;
-    static constexpr bool kFifth = requires(const B &blk) { blk.qh; };
+    static constexpr bool kFifth = kBlockHasQh<B>;
     static constexpr int kLinesPerGroup = 1;
-    static constexpr int32_t kOffset = requires(const B &blk) { blk.m; }
-    ? 0 : (kFifth ? 16 : 8);
+    static constexpr int32_t kOffset = kBlockHasMin<B> ? 0 : (kFifth ? 16 : 8);
     static VI dot(VI acc, const VI *w, VI y) { return madd(acc, w[0], y); }
     static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
                        VI out[panel::kGroups]) {

@@ -116,9 +116,8 @@ void add_fifth_bits(const Block *const blk[16], __m512i out[panel::kGroups]) {
 template <typename B>
 struct Nibbles : Zmm {
     using Block = B;
-    static constexpr bool kFifth = requires(const B &blk) { blk.qh; };
-    static constexpr int32_t kOffset = requires(const B &blk) { blk.m; }
-    ? 0 : (kFifth ? 16 : 8);
+    static constexpr bool kFifth = kBlockHasQh<B>;
+    static constexpr int32_t kOffset = kBlockHasMin<B> ? 0 : (kFifth ? 16 : 8);
     static void unpack(const Block *const blk[kLanes], const uint8_t *const qs[kLanes],
                        VI out[panel::kGroups]) {
         unpack_nibbles(qs, out);

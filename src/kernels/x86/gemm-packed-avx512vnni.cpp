@@ -112,7 +112,7 @@ inline __m512i dot_4_5_bit(const __m512i lo[4], const __m512i hi[4], const int8_
 // is [0, 32) d then the qs slices; q5_0's has its qh at [32, 96) before them (pack.h).
 template <typename Block>
 struct OffsetBlock {
-    static constexpr bool kFifth = std::is_same_v<Block, BlockQ5_0>;
+    static constexpr bool kFifth = kBlockHasQh<Block>;
     using Token = TokenRow;
     static constexpr size_t kBlockBytes = kPackRows * sizeof(Block);  // 288 or 352
     static constexpr int32_t kOffsetPerSum = kFifth ? -16 : -8;
@@ -145,7 +145,7 @@ struct TokenRow1 {
 // expression. Packed as [0, 32) d, [32, 64) m, (q5_1) [64, 128) qh, then qs.
 template <typename Block>
 struct MinBlock {
-    static constexpr bool kFifth = std::is_same_v<Block, BlockQ5_1>;
+    static constexpr bool kFifth = kBlockHasQh<Block>;
     using Token = TokenRow1;
     static constexpr size_t kBlockBytes = kPackRows * sizeof(Block);  // 320 or 384
 

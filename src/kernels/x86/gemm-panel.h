@@ -21,7 +21,7 @@
 //   kLanes, kMaxRowVecs, kMaxTokens rows per vector; register tile: row vectors x tokens
 //   kLinesPerGroup, kOffset         vectors stored per group; the offset c (0: none)
 //   unpack(blk[kLanes], qs[kLanes], out)
-//                                   one block of kLanes rows (qs: their quants) -> out[g * kLinesPerGroup + l]
+//                                   one block of kLanes rows (qs: their quants) -> out[g * lines + l]
 //   dot(acc, w, y)                  acc + the 4-byte group products of each lane (w: kLinesPerGroup lines)
 //   set1_i, load_i, store_i, set1_f, load_f, store_f, add_f, mul_f, cvt_f, scales_f(d[kLanes] halves),
 //   store_rows(y, v, n)             store the first n lanes
@@ -45,12 +45,10 @@ namespace panel {
 
 constexpr int kGroups = kQK / 4;  // 4-byte groups per block
 
-// Weight types with a minimum (q4_1, q5_1: x = d q + m) pair with q8_1 activations, whose s is dy * sum q;
-// block b then adds dx dy sumi + mx sy (the reference's expression).
+// Weight types with a minimum (q4_1, q5_1) pair with q8_1 activations, whose s is dy * sum q; block b then
+// adds dx dy sumi + mx sy (the reference's expression).
 template <typename K>
-constexpr bool kHasMin = requires(const typename K::Block &b) {
-    b.m;
-};
+constexpr bool kHasMin = kBlockHasMin<typename K::Block>;
 template <typename K>
 using XBlock = std::conditional_t<kHasMin<K>, BlockQ8_1, BlockQ8_0>;
 

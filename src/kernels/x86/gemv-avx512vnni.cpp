@@ -131,8 +131,8 @@ inline bool tile_offsets_fit(size_t w_stride) {
 template <typename BlockX>
 void gemv_4_5_bit_one(int64_t n, const uint8_t *w, size_t w_stride, const void *vx, float *y,
                       int64_t n_rows) {
-    constexpr bool kFifthBit = std::is_same_v<BlockX, BlockQ5_0> || std::is_same_v<BlockX, BlockQ5_1>;
-    constexpr bool kMin = std::is_same_v<BlockX, BlockQ4_1> || std::is_same_v<BlockX, BlockQ5_1>;
+    constexpr bool kFifthBit = kBlockHasQh<BlockX>;
+    constexpr bool kMin = kBlockHasMin<BlockX>;
     using BlockY = std::conditional_t<kMin, BlockQ8_1, BlockQ8_0>;
     const auto *x = static_cast<const BlockY *>(vx);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -211,7 +211,7 @@ inline void q4_k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
 template <typename Block>
 void gemv_q4_q5_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_K *x, float *y,
                       int64_t n_rows) {
-    constexpr bool kFifth = std::is_same_v<Block, BlockQ5_K>;
+    constexpr bool kFifth = kBlockHasQh<Block>;
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     // Word i of the scale vector for run pair c: scale of run 2c (i < 16) or 2c + 1.
     __m512i sc_idx[4];

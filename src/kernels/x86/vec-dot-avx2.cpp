@@ -68,12 +68,6 @@ inline __m256 block_halves(const B *blocks, Field field) {
     return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i *>(h)));
 }
 
-// Block types with a minimum (q4_1, q5_1) add mx * sy to each block's scaled sum.
-template <typename BX>
-constexpr bool kHasMin = requires(const BX &b) {
-    b.m;
-};
-
 // The skeleton of every 32-element block dot: `block_dot(x, y)` gives one block's 8 int32 partials; block b
 // adds dx * dy * sumi (+ mx * sy), computed as the reference writes it, into lane b % 8.
 template <typename BX, typename BY, typename BlockDot>
@@ -88,7 +82,7 @@ inline float dot_blocks(int64_t n, const BX *x, const BY *y, BlockDot block_dot)
         const __m256 scales = _mm256_mul_ps(block_halves(x + b, [](const BX &v) { return v.d; }),
                                             block_halves(y + b, [](const BY &v) { return v.d; }));
         __m256 v = _mm256_mul_ps(scales, sumf);
-        if constexpr (kHasMin<BX>)
+        if constexpr (kBlockHasMin<BX>)
             v = _mm256_add_ps(v, _mm256_mul_ps(block_halves(x + b, [](const BX &u) { return u.m; }),
                                                block_halves(y + b, [](const BY &u) { return u.s; })));
         acc = _mm256_add_ps(acc, v);
@@ -98,7 +92,7 @@ inline float dot_blocks(int64_t n, const BX *x, const BY *y, BlockDot block_dot)
     for (; b < nb; ++b) {
         const float sumi = static_cast<float>(hsum_i32x8(block_dot(x[b], y[b])));
         float v = half_to_float(x[b].d) * half_to_float(y[b].d) * sumi;
-        if constexpr (kHasMin<BX>) v = v + half_to_float(x[b].m) * half_to_float(y[b].s);
+        if constexpr (kBlockHasMin<BX>) v = v + half_to_float(x[b].m) * half_to_float(y[b].s);
         lanes[b % kDotLanes] += v;
     }
     return dot_lanes_sum(lanes);
