@@ -12,6 +12,7 @@ both beside the models.
   LLAMA_BENCH=/path/to/llama-bench bench/run-single.py  # side by side
   bench/run-single.py --types q4_0 -t 1 --rounds 1 --no-doc   # quick look, nothing written to docs/
   bench/run-single.py --shape qwen0.5b --types q4_k_m,q5_k_m  # the K-quant files of a 896-wide model
+  bench/run-single.py --types q2_k,q3_k_m,q5_k_m,q6_k --table "other K-quant files"  # a table of its own
 
 Models live outside the repository: $TANDEM_BENCH_DIR or /tmp/tandem-bench. Only the Python standard
 library is used.
@@ -156,19 +157,32 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
+def table_shape(args):
+    """The shape's entry, with its markers and title made its own for a named --table."""
+    shape = dict(SHAPES[args.shape])
+    if args.table:
+        slug = "-".join(args.table.lower().split())
+        shape["markers"] = f"{shape['markers']}:{slug}"
+        shape["title"] = f"{shape['title']}: {args.table}"
+    return shape
+
+
 def section(args, results, skipped, have_llama, tandem_commit, llama_commit):
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cmd = f"tandem bench -p {args.p} -n {args.n} -t {args.t} -r {args.r} -o json"
     rounds = (f"{args.rounds} rounds per model; in each, every test (one size at one thread count) runs once in"
               " each engine back to back, which engine goes first alternating")
-    shape = SHAPES[args.shape]
+    shape = table_shape(args)
+    flags = "" if args.shape == "1b" else f" --shape {args.shape}"
+    if args.table:
+        flags += f" --types {args.types} --table \"{args.table}\""
     parts = [
         f"<!-- {shape['markers']}:begin -->",
         "",
         f"Measured {now} on {cpu_name()} ({os.cpu_count()} logical CPUs), tandem `{tandem_commit}`"
         + (f", llama.cpp `{llama_commit}`" if have_llama else "")
         + ".",
-        f"Command: `bench/run-single.py{'' if args.shape == '1b' else ' --shape ' + args.shape}` → `{cmd}`"
+        f"Command: `bench/run-single.py{flags}` → `{cmd}`"
         + (" and `llama-bench` with the same -p/-n/-t/-r on the same files." if have_llama else "."),
         f"{rounds}; t/s is the median over the rounds of each round's mean; the ratio is the median of the"
         " per-round ratios (each listed), > 1 means tandem is faster. Pairs measured seconds apart, in alternating"
@@ -217,6 +231,8 @@ def main():
     ap.add_argument("--doc", default=os.path.join(REPO, "docs", "benchmarks.md"))
     ap.add_argument("--no-doc", action="store_true", help="print the table instead of updating the doc")
     ap.add_argument("--note", default="", help="caveat printed above the table (e.g. a shared machine)")
+    ap.add_argument("--table", default="",
+                    help="name of a table of its own for these types (default: the shape's main table)")
     args = ap.parse_args()
     llama = args.llama_bench_pos or args.llama_bench
     if not os.access(args.tandem, os.X_OK):
@@ -270,7 +286,7 @@ def main():
     if args.no_doc:
         print(text)
     else:
-        write_doc(args.doc, text, shape)
+        write_doc(args.doc, text, table_shape(args))
         print(text)
 
 

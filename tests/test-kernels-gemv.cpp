@@ -61,6 +61,13 @@ std::vector<uint8_t> random_weights(DType type, int64_t n_in, int64_t n_out, uin
             case DType::q6_k:
                 put_half(blk + offsetof(kernels::BlockQ6_K, d));
                 break;
+            case DType::q2_k:
+                put_half(blk + offsetof(kernels::BlockQ2_K, d));
+                put_half(blk + offsetof(kernels::BlockQ2_K, dmin));
+                break;
+            case DType::q3_k:
+                put_half(blk + offsetof(kernels::BlockQ3_K, d));
+                break;
             default:
                 ADD_FAILURE() << "no scale layout for " << dtype_name(type);
         }
@@ -82,6 +89,7 @@ TEST_P(KernelsGemv, OneTokenMatmulEqualsReferenceBitForBit) {
         {DType::q5_0, {32, 96, 256, 288, 2048}}, {DType::q8_0, {32, 96, 256, 288, 2048}},
         {DType::q4_k, {256, 768, 2048, 2304}},  // 1, 3, 8, 9 super-blocks
         {DType::q5_k, {256, 768, 2048, 2304}},   {DType::q6_k, {256, 768, 2048, 2304}},
+        {DType::q2_k, {256, 768, 2048, 2304}},   {DType::q3_k, {256, 768, 2048, 2304}},
     };
     const int64_t outs[] = {1, 5, 8, 13, 19, 64};
     ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
@@ -115,8 +123,8 @@ TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
     const int64_t n_in = 2048, n_out = 11;
     ThreadPool pool(2);
     std::vector<uint8_t> scratch;
-    for (DType type : {DType::q4_0, DType::q5_0, DType::q4_1, DType::q5_1, DType::q8_0, DType::q4_k,
-                       DType::q5_k, DType::q6_k}) {
+    for (DType type : {DType::q4_0, DType::q5_0, DType::q4_1, DType::q5_1, DType::q8_0, DType::q2_k,
+                       DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k}) {
         std::vector<uint8_t> w = random_weights(type, n_in, n_out, 99);
         // Row 0: every quant byte all ones (top levels and scales; q8_0 gets -1), the half scales kept
         // finite.
@@ -131,6 +139,10 @@ TEST_P(KernelsGemv, ExtremeActivationsDoNotSaturate) {
                 std::memcpy(p, q, 4);  // d, dmin
             } else if (type == DType::q6_k) {
                 std::memcpy(p + offsetof(kernels::BlockQ6_K, d), q + offsetof(kernels::BlockQ6_K, d), 2);
+            } else if (type == DType::q2_k) {
+                std::memcpy(p + offsetof(kernels::BlockQ2_K, d), q + offsetof(kernels::BlockQ2_K, d), 4);
+            } else if (type == DType::q3_k) {
+                std::memcpy(p + offsetof(kernels::BlockQ3_K, d), q + offsetof(kernels::BlockQ3_K, d), 2);
             } else if (type == DType::q4_1 || type == DType::q5_1) {
                 std::memcpy(p, q, 4);  // d, m
             } else {

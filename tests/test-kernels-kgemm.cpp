@@ -1,4 +1,4 @@
-// matmul with K-quant weights (q4_k, q5_k, q6_k) and several tokens, which runs the K-quant tile kernels
+// matmul with K-quant weights (q2_k .. q6_k) and several tokens, which runs the K-quant tile kernels
 // (kernels/gemm-kquants.cpp), against the scalar reference vec_dot bit for bit: on every ISA this build and
 // CPU have, at several thread counts, for row counts and token counts that are not multiples of the tiles,
 // row lengths whose super-block count is below, at and above the 8 accumulator lanes, extreme weight bytes,
@@ -31,7 +31,7 @@ using test::quantize_rows;
 using test::randn;
 using test::weight_view;
 
-constexpr DType kTileTypes[] = {DType::q4_k, DType::q5_k, DType::q6_k};
+constexpr DType kTileTypes[] = {DType::q2_k, DType::q3_k, DType::q4_k, DType::q5_k, DType::q6_k};
 
 // The byte range of a super-block that holds levels and scales (everything but the f16 d / dmin), which a
 // file may fill with any bits.
@@ -47,6 +47,10 @@ Payload payload_of(DType type) {
         case DType::q5_k:
             return {offsetof(kernels::BlockQ5_K, scales), sizeof(kernels::BlockQ5_K),
                     sizeof(kernels::BlockQ5_K)};
+        case DType::q2_k:
+            return {0, offsetof(kernels::BlockQ2_K, d), sizeof(kernels::BlockQ2_K)};
+        case DType::q3_k:
+            return {0, offsetof(kernels::BlockQ3_K, d), sizeof(kernels::BlockQ3_K)};
         default:
             return {0, offsetof(kernels::BlockQ6_K, d), sizeof(kernels::BlockQ6_K)};
     }

@@ -372,8 +372,9 @@ TEST_P(KQuantsSynth, LoadsAndGenerates) {
     ASSERT_EQ(n_vocab, 512);
     const gguf::TensorInfo *q = (*m)->file().find_tensor("blk.0.attn_q.weight");
     ASSERT_NE(q, nullptr);
-    EXPECT_EQ(q->type,
-              sp.mix == SynthMix::none ? sp.type : (sp.mix == SynthMix::q4_k_m ? DType::q4_k : DType::q5_k));
+    EXPECT_EQ(q->type, synth_tensor_type(sp, "blk.0.attn_q.weight", 0, q->ne[0]));
+    const DType base[] = {sp.type, DType::q3_k, DType::q4_k, DType::q5_k};  // SynthMix order
+    EXPECT_EQ(q->type, base[static_cast<int>(sp.mix)]);
     auto ctx = Context::create(*m, {}, pool);
     ASSERT_TRUE(ctx.ok()) << ctx.status().message();
 
@@ -396,7 +397,8 @@ TEST_P(KQuantsSynth, LoadsAndGenerates) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KTypes, KQuantsSynth,
-                         ::testing::Values("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"));
+                         ::testing::Values("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q3_k_m", "q4_k_m",
+                                           "q5_k_m"));
 
 TEST(KQuantsSynthMix, Q4_K_MMixesTypesLikeLlamaCpp) {
     if (!test::shared_exists("models/stories260K.gguf")) GTEST_SKIP();
@@ -430,6 +432,33 @@ TEST(KQuantsSynthMix, Q4_K_MMixesTypesLikeLlamaCpp) {
     EXPECT_EQ(synth_tensor_type(q5, "blk.1.attn_v.weight", 1, 256), DType::q6_k);
     q5.tied_output = true;
     EXPECT_EQ(synth_tensor_type(q5, "token_embd.weight", -1, 256), DType::q6_k);
+}
+
+// llama-quantize Q3_K_M's plan for a llama model (llama_tensor_get_type): q3_k, with q6_k output, attn_v
+// q5_k in layers 0-1 then q4_k, ffn_down q5_k in the first sixteenth then q4_k, attn_output q4_k.
+TEST(KQuantsSynthMix, Q3_K_MMixesTypesLikeLlamaCpp) {
+    SynthParams sp;
+    ASSERT_TRUE(synth_parse_type("Q3_K_M", sp).ok());
+    sp.n_layer = 32;
+    EXPECT_EQ(synth_tensor_type(sp, "output.weight", -1, 2048), DType::q6_k);
+    EXPECT_EQ(synth_tensor_type(sp, "token_embd.weight", -1, 2048), DType::q3_k);
+    for (int il : {0, 1, 2, 31}) {
+        const std::string blk = "blk." + std::to_string(il) + ".";
+        EXPECT_EQ(synth_tensor_type(sp, blk + "attn_q.weight", il, 2048), DType::q3_k) << il;
+        EXPECT_EQ(synth_tensor_type(sp, blk + "attn_k.weight", il, 2048), DType::q3_k) << il;
+        EXPECT_EQ(synth_tensor_type(sp, blk + "ffn_gate.weight", il, 2048), DType::q3_k) << il;
+        EXPECT_EQ(synth_tensor_type(sp, blk + "ffn_up.weight", il, 2048), DType::q3_k) << il;
+        EXPECT_EQ(synth_tensor_type(sp, blk + "attn_output.weight", il, 2048), DType::q4_k) << il;
+        EXPECT_EQ(synth_tensor_type(sp, blk + "attn_v.weight", il, 2048), il < 2 ? DType::q5_k : DType::q4_k)
+            << il;
+        EXPECT_EQ(synth_tensor_type(sp, blk + "ffn_down.weight", il, 5632),
+                  il < 2 ? DType::q5_k : DType::q4_k)
+            << il;
+    }
+    sp.tied_output = true;
+    EXPECT_EQ(synth_tensor_type(sp, "token_embd.weight", -1, 2048), DType::q6_k);
+    // Rows off the super-block: q3_k falls back to q4_0 as in llama.cpp.
+    EXPECT_EQ(synth_tensor_type(sp, "blk.5.attn_q.weight", 5, 896), DType::q4_0);
 }
 
 TEST(KQuantsSynthMix, Names) {

@@ -53,7 +53,7 @@ void register_synth(CLI::App &app, Runners &runners) {
     cmd->add_option("--vocab-from", p.vocab_from, "GGUF whose tokenizer is copied")->required();
     cmd->add_option("--type", opt->type,
                     "Weight type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k..q6_k, "
-                    "or a llama.cpp mix: q4_k_m, q5_k_m")
+                    "or a llama.cpp mix: q3_k_m, q4_k_m, q5_k_m")
         ->default_val("f32");
     cmd->add_flag("--tied", p.tied_output, "Tie the output projection to the token embedding");
     cmd->add_option("--seed", p.seed, "Random seed")->default_val(42);

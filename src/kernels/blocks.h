@@ -82,9 +82,9 @@ static inline float dot_lanes_sum(const float *acc) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-// ---- K-quants: super-blocks of 256 elements (ggml's block_q2_K .. block_q8_K, ggml-common.h) ----------------
-// Element e of a super-block is e = 0..255. "Chunk" c is a run of 128 (q2_k, q3_k, q6_k) or 64 (q4_k, q5_k)
-// elements that share one stretch of qs. d, dmin are IEEE half except q8_k's d (f32).
+// ---- K-quants: super-blocks of 256 elements (ggml's block_q2_K .. block_q8_K, ggml-common.h)
+// ---------------- Element e of a super-block is e = 0..255. "Chunk" c is a run of 128 (q2_k, q3_k, q6_k) or
+// 64 (q4_k, q5_k) elements that share one stretch of qs. d, dmin are IEEE half except q8_k's d (f32).
 constexpr int kQK_K = 256;
 
 // q2_k: x[e] = d * (sc & 15) * q - dmin * (sc >> 4), sc = scales[e / 16], q in 0..3 at bits 2k..2k+1 of
@@ -105,6 +105,32 @@ struct BlockQ3_K {
     uint8_t scales[12];
     uint16_t d;
 };
+
+// q3_k's 16 six-bit scales s (0..63, before the - 32) as bytes: byte g of *lo8 is group g (g < 8), byte g of
+// *hi8 group 8 + g. Integer code only, for the SIMD kernels, which load the two words into a vector.
+static inline void q3_k_scales(const uint8_t *scales, uint64_t *lo8, uint64_t *hi8) {
+    uint64_t low = 0;
+    uint32_t high = 0;
+    for (int i = 0; i < 8; ++i) low |= static_cast<uint64_t>(scales[i]) << (8 * i);
+    for (int i = 0; i < 4; ++i) high |= static_cast<uint32_t>(scales[8 + i]) << (8 * i);
+    constexpr uint64_t kNibbles = 0x0F0F0F0F0F0F0F0Full;
+    constexpr uint32_t kCrumbs = 0x03030303u;
+    // Byte j of `high` holds the top bits of groups j, 4 + j, 8 + j, 12 + j at bits 0, 2, 4, 6.
+    const uint64_t top_lo = (high & kCrumbs) | (static_cast<uint64_t>((high >> 2) & kCrumbs) << 32);
+    const uint64_t top_hi = ((high >> 4) & kCrumbs) | (static_cast<uint64_t>((high >> 6) & kCrumbs) << 32);
+    *lo8 = (low & kNibbles) | (top_lo << 4);
+    *hi8 = ((low >> 4) & kNibbles) | (top_hi << 4);
+}
+
+// q4_k / q5_k's eight 6-bit scales and mins (get_scale_min_k4) as bytes: byte j of *sc is sc[j], of *mn m[j].
+static inline void q4_k_scales(const uint8_t *scales, uint64_t *sc, uint64_t *mn) {
+    uint32_t u[3] = {};
+    for (int i = 0; i < 12; ++i) u[i / 4] |= static_cast<uint32_t>(scales[i]) << (8 * (i % 4));
+    const uint32_t sc_hi = (u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u);
+    const uint32_t mn_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u);
+    *sc = (u[0] & 0x3F3F3F3Fu) | (static_cast<uint64_t>(sc_hi) << 32);
+    *mn = (u[1] & 0x3F3F3F3Fu) | (static_cast<uint64_t>(mn_hi) << 32);
+}
 
 // q4_k: x[e] = d * sc[j] * q - dmin * m[j], j = e / 32 (6-bit sc, m packed in scales, get_scale_min_k4);
 // q = low nibble of qs[32 (j / 2) + e % 32] for even j, high nibble for odd j.

@@ -1,5 +1,5 @@
 // Matrix-matrix (several tokens) kernel choice for K-quant weights (q2_K..q6_K x q8_K activations).
-// nullptr means matmul() runs vec_dot per element (q2_k, q3_k, and CPUs without AVX2).
+// nullptr means matmul() runs vec_dot per element (CPUs without AVX2).
 #include "kernels/gemm.h"
 #include "kernels/kernels.h"
 
@@ -15,6 +15,10 @@ GemmFn gemm_kquants_for(DType type) {
     if (isa != Isa::avx2 && isa != Isa::avx512) return nullptr;
     if (avx512_vnni_active()) {
         switch (type) {
+            case DType::q2_k:
+                return avx512::gemm_q2_k_q8_k;
+            case DType::q3_k:
+                return avx512::gemm_q3_k_q8_k;
             case DType::q4_k:
                 return avx512::gemm_q4_k_q8_k;
             case DType::q5_k:
@@ -26,6 +30,10 @@ GemmFn gemm_kquants_for(DType type) {
         }
     }
     switch (type) {
+        case DType::q2_k:
+            return avx2::gemm_q2_k_q8_k;
+        case DType::q3_k:
+            return avx2::gemm_q3_k_q8_k;
         case DType::q4_k:
             return avx2::gemm_q4_k_q8_k;
         case DType::q5_k:

@@ -26,6 +26,10 @@ GemmFn gemv_for(DType type) {
                 return avx512::gemv_q4_1_q8_1;
             case DType::q5_1:
                 return avx512::gemv_q5_1_q8_1;
+            case DType::q2_k:
+                return avx512::gemv_q2_k_q8_k;
+            case DType::q3_k:
+                return avx512::gemv_q3_k_q8_k;
             case DType::q4_k:
                 return avx512::gemv_q4_k_q8_k;
             case DType::q5_k:

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -97,12 +98,17 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 Status synth_parse_type(std::string_view name, SynthParams &params) {
     std::string lower(name);
     for (auto &c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (lower == "q4_k_m" || lower == "q5_k_m") {
-        params.mix = lower == "q4_k_m" ? SynthMix::q4_k_m : SynthMix::q5_k_m;
-        return {};
+    const std::pair<std::string_view, SynthMix> mixes[] = {
+        {"q3_k_m", SynthMix::q3_k_m}, {"q4_k_m", SynthMix::q4_k_m}, {"q5_k_m", SynthMix::q5_k_m}};
+    for (const auto &[mix_name, mix] : mixes) {
+        if (lower == mix_name) {
+            params.mix = mix;
+            return {};
+        }
     }
     auto type = dtype_from_name(name);
-    if (!type.ok()) return invalid_input("{}; or a llama.cpp mix: q4_k_m, q5_k_m", type.status().message());
+    if (!type.ok())
+        return invalid_input("{}; or a llama.cpp mix: q3_k_m, q4_k_m, q5_k_m", type.status().message());
     params.type = *type;
     params.mix = SynthMix::none;
     return {};
@@ -110,7 +116,13 @@ Status synth_parse_type(std::string_view name, SynthParams &params) {
 
 DType synth_tensor_type(const SynthParams &p, std::string_view tensor, int32_t layer, int64_t n_in) {
     DType type = p.type;
-    if (p.mix != SynthMix::none) {
+    if (p.mix == SynthMix::q3_k_m) {
+        type = DType::q3_k;
+        if (tensor == "output.weight" || (tensor == "token_embd.weight" && p.tied_output)) type = DType::q6_k;
+        if (ends_with(tensor, ".attn_v.weight")) type = layer < 2 ? DType::q5_k : DType::q4_k;
+        if (ends_with(tensor, ".ffn_down.weight")) type = layer < p.n_layer / 16 ? DType::q5_k : DType::q4_k;
+        if (ends_with(tensor, ".attn_output.weight")) type = DType::q4_k;
+    } else if (p.mix != SynthMix::none) {
         const DType base = p.mix == SynthMix::q4_k_m ? DType::q4_k : DType::q5_k;
         type = base;
         if (tensor == "output.weight") type = DType::q6_k;

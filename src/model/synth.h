@@ -12,11 +12,13 @@
 
 namespace td {
 
-// llama.cpp's per-tensor mixes (llama-quantize Q4_K_M / Q5_K_M for the llama architecture): the base K type
-// (q4_k / q5_k) for most matrices; q6_k for output.weight (or token_embd.weight when the output is tied) and
-// for attn_v / ffn_down in the layers llama.cpp's use_more_bits picks (the first and last eighth, and every
-// third layer in between).
-enum class SynthMix { none, q4_k_m, q5_k_m };
+// llama.cpp's per-tensor mixes (llama-quantize's for the llama architecture, without an imatrix):
+// - Q4_K_M / Q5_K_M: the base K type (q4_k / q5_k) for most matrices; q6_k for output.weight (or
+//   token_embd.weight when the output is tied) and for attn_v / ffn_down in the layers llama.cpp's
+//   use_more_bits picks (the first and last eighth, and every third layer in between).
+// - Q3_K_M: q3_k for most matrices; q6_k for the output; attn_v q5_k in layers 0 and 1, else q4_k; ffn_down
+//   q5_k in the first sixteenth of the layers, else q4_k; attn_output q4_k.
+enum class SynthMix { none, q3_k_m, q4_k_m, q5_k_m };
 
 struct SynthParams {
     // general.architecture: "llama", "qwen2" (adds Q/K/V biases), "qwen3" (adds per-head Q/K norms),
@@ -43,7 +45,7 @@ struct SynthParams {
 };
 
 // Parses a --type value: a dtype name ("q8_0", "q6_k", case-insensitive) sets `type` and clears `mix`; a mix
-// name ("q4_k_m", "q5_k_m") sets `mix`. Error: any other name, listing the accepted ones.
+// name ("q3_k_m", "q4_k_m", "q5_k_m") sets `mix`. Error: any other name, listing the accepted ones.
 Status synth_parse_type(std::string_view name, SynthParams &params);
 // The type synth writes matrix `tensor` (a GGUF name such as "blk.3.attn_v.weight", rows of n_in elements)
 // with; `layer` is its block index (ignored for tensors outside the blocks). Where n_in is not a multiple of

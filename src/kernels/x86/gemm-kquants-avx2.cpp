@@ -1,11 +1,12 @@
-// AVX2 matrix-matrix tiles for K-quant weights (q4_k, q5_k, q6_k) x q8_k activations, for CPUs without
+// AVX2 matrix-matrix tiles for K-quant weights (q2_k .. q6_k) x q8_k activations, for CPUs without
 // AVX-512 VNNI. Compiled with -mavx2 -mfma -mf16c; called only on CPUs that have them.
 //
 // The same panels as gemm-kquants-avx512vnni.cpp (gemm-kquants-panel.h) with 8 rows per ymm. maddubs gives
-// each row's pair sums as int16; a few words are summed in int16 while that is exact (kWords16: q4_k 8 words,
-// 2 * 15 * 128 * 8 = 30720; q5_k 4, 2 * 31 * 128 * 4 = 31744; q6_k 2, 2 * 63 * 128 * 2 = 32256, all below
-// 32767) and then madd by the group scale widens them to int32. The float part is the reference's expression
-// per super-block, so every output equals vec_dot bit for bit.
+// each row's pair sums as int16; a few words are summed in int16 while that is exact (kWords16: q2_k and q3_k
+// 4, a whole group, 2 * 7 * 128 * 4 = 7168; q4_k 8 words, 2 * 15 * 128 * 8 = 30720; q5_k 4,
+// 2 * 31 * 128 * 4 = 31744; q6_k 2, 2 * 63 * 128 * 2 = 32256, all below 32767) and then madd by the group
+// scale widens them to int32. The float part is the reference's expression per super-block, so every output
+// equals vec_dot bit for bit.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -75,7 +76,7 @@ struct Tiles {
                 for (int t = 0; t < NT; ++t) {
                     __m256i corr = _mm256_setzero_si256();
                     // G == 8: the sums over 32 elements; otherwise q8_k's bsums over 16.
-                    const void *pairs = kMin ? static_cast<const void *>(st[t] + 4 * b) : xb[t]->bsums;
+                    const void *pairs = G == 8 ? static_cast<const void *>(st[t] + 4 * b) : xb[t]->bsums;
                     for (int i = 0; i < kgemm::kCorrPairs<G>; ++i)
                         corr = _mm256_add_epi32(
                             corr, _mm256_madd_epi16(load_aligned(p.corr[i]),
@@ -125,6 +126,18 @@ void gemm(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_str
 }
 
 }  // namespace
+
+void gemm_q2_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemm<16, true, 4>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                      kgemm::unpack_q2_q3_k<kRows, false>);
+}
+
+void gemm_q3_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemm<16, false, 4>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                       kgemm::unpack_q2_q3_k<kRows, true>);
+}
 
 void gemm_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {

@@ -1,4 +1,4 @@
-// AVX-512 VNNI matrix-matrix tiles for K-quant weights (q4_k, q5_k, q6_k) x q8_k activations. Compiled with
+// AVX-512 VNNI matrix-matrix tiles for K-quant weights (q2_k .. q6_k) x q8_k activations. Compiled with
 // the AVX-512 F/BW/VL + VNNI flags; gemm_kquants_for() picks these only when cpuid reports avx512vnni.
 //
 // A panel of 16 weight rows is unpacked once (gemm-kquants-panel.h) so that one zmm holds 4 levels of each of
@@ -41,7 +41,8 @@ inline __m512i load_512(const void *p) {
     return _mm512_load_si512(p);
 }
 
-// kMin: q4_k/q5_k (float d * sumi - dmin * summ, groups of 32); otherwise q6_k (d * sumi, groups of 16).
+// kMin: q2_k/q4_k/q5_k (float d * sumi - dmin * summ); otherwise q3_k/q6_k (d * sumi). G: scale groups per
+// super-block (8 of 32 elements: q4_k, q5_k; 16 of 16: q2_k, q3_k, q6_k).
 template <int G, bool kMin>
 struct Tiles {
     using Panel = PanelBlock<kRows, G>;
@@ -77,7 +78,7 @@ struct Tiles {
                 for (int t = 0; t < NT; ++t) {
                     __m512i corr = _mm512_setzero_si512();
                     // G == 8: the sums over 32 elements; otherwise q8_k's bsums over 16.
-                    const void *pairs = kMin ? static_cast<const void *>(st[t] + 4 * b) : xb[t]->bsums;
+                    const void *pairs = G == 8 ? static_cast<const void *>(st[t] + 4 * b) : xb[t]->bsums;
                     for (int i = 0; i < kgemm::kCorrPairs<G>; ++i)
                         corr = _mm512_dpwssd_epi32(corr, load_512(p.corr[i]),
                                                    bcast_word(static_cast<const int32_t *>(pairs) + i));
@@ -121,6 +122,18 @@ void gemm(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_str
 }
 
 }  // namespace
+
+void gemm_q2_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemm<16, true>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                   kgemm::unpack_q2_q3_k<kRows, false>);
+}
+
+void gemm_q3_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemm<16, false>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                    kgemm::unpack_q2_q3_k<kRows, true>);
+}
 
 void gemm_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {

@@ -4,14 +4,15 @@
 // blocks.h for why).
 //
 // Layout of one super-block of the panel (PanelBlock): q[v][r] holds the 4 unsigned levels of elements
-// 4v .. 4v + 3 of row r (one byte each, q4_k 0..15, q5_k 0..31, q6_k 0..63), so a vector of NR such 32-bit
-// words times one broadcast 32-bit word of a q8_k row gives NR partial dot products at once. The integer
-// sum of a super-block is then
+// 4v .. 4v + 3 of row r (one byte each: q2_k 0..3, q3_k 0..7, q4_k 0..15, q5_k 0..31, q6_k 0..63), so a
+// vector of NR such 32-bit words times one broadcast 32-bit word of a q8_k row gives NR partial dot products
+// at once. The integer sum of a super-block is then
 //     sumi = sum_g scale[g] * (sum over the words v of group g of q . y)  +  corr . bsums
 // where a group is 32 elements (q4_k, q5_k: corr holds the mins, paired with the token's sums over 32
-// elements, counted separately as summ) or 16 (q6_k: corr holds -32 * scale, the level offset, paired with
-// bsums, folded into sumi). These are exact int32 sums equal to the
-// reference's (ref/kquants-dot-ref.cpp), so the float expression applied to them gives the same bits.
+// elements, counted separately as summ) or 16, paired with q8_k's bsums (q2_k: corr holds the mins, counted
+// separately as summ; q3_k, q6_k: the level offset times the scale, folded into sumi). These are exact int32
+// sums equal to the reference's (ref/kquants-dot-ref.cpp), so the float expression applied to them gives
+// the same bits.
 #pragma once
 
 #include <immintrin.h>
@@ -28,7 +29,7 @@ namespace td::kernels::kgemm {
 namespace {
 
 // Token sums the corr pairs meet: G = 8 (q4_k, q5_k): the 8 sums over 32 elements (TokenSums32), 4 pairs;
-// G = 16 (q6_k): q8_k's 16 bsums, 8 pairs.
+// G = 16 (q2_k, q3_k, q6_k): q8_k's 16 bsums, 8 pairs.
 template <int G>
 constexpr int kCorrPairs = G == 8 ? 4 : 8;
 
@@ -36,10 +37,10 @@ constexpr int kCorrPairs = G == 8 ? 4 : 8;
 template <int NR, int G>
 struct alignas(64) PanelBlock {
     uint32_t q[kQK_K / 4][NR];        // 4 levels of elements 4v .. 4v + 3, per row
-    int32_t scale[G][NR];             // group scale (q4_k/q5_k 0..63, q6_k -128..127)
+    int32_t scale[G][NR];             // group scale (q2_k 0..15, q3_k -32..31, q4_k/q5_k 0..63, q6_k signed)
     int32_t corr[kCorrPairs<G>][NR];  // int16 pairs: coefficients of the token's sums 2i, 2i + 1
     float d[NR];                      // super-block scale
-    float dmin[NR];                   // q4_k/q5_k: scale of the mins; unused for q6_k
+    float dmin[NR];                   // q2_k/q4_k/q5_k: scale of the mins; unused for q3_k, q6_k
 };
 
 inline __m256i load_256(const void *p) {
@@ -169,6 +170,58 @@ void unpack_q6_k(const uint8_t *const *rows, int64_t b, PanelBlock<NR, 16> &p) {
         for (int i = 0; i < 8; ++i) p.corr[i][r] = pair_i16(-32 * x.scales[2 * i], -32 * x.scales[2 * i + 1]);
         p.d[r] = half_to_float(x.d);
         p.dmin[r] = 0.0f;
+    }
+}
+
+// q2_k (kQ3 false) and q3_k: crumb k of qs[32c + l] is element 128c + 32k + l, as q6_k's layout; q3_k adds 4
+// where bit 4c + k of hmask[l] is set. Groups of 16: q2_k's scale and min are the nibbles of scales[g] (corr
+// holds the mins, paired with bsums); q3_k's scale is s - 32 and corr -4 (s - 32), the level offset.
+template <int NR, bool kQ3>
+void unpack_q2_q3_k(const uint8_t *const *rows, int64_t b, PanelBlock<NR, 16> &p) {
+    using Block = std::conditional_t<kQ3, BlockQ3_K, BlockQ2_K>;
+    const __m256i m3 = _mm256_set1_epi8(0x03);
+    const __m256i m1 = _mm256_set1_epi8(0x01);
+    for (int r0 = 0; r0 < NR; r0 += 8) {
+        const uint8_t *blk[8];
+        for (int r = 0; r < 8; ++r) blk[r] = rows[r0 + r] + static_cast<size_t>(b) * sizeof(Block);
+        __m256i hb[8];
+        if constexpr (kQ3) load_transposed(blk, offsetof(Block, hmask), hb);
+        for (int c = 0; c < 2; ++c) {
+            __m256i raw[8];
+            load_transposed(blk, offsetof(Block, qs) + 32 * c, raw);
+            for (int m = 0; m < 8; ++m) {
+                for (int k = 0; k < 4; ++k) {
+                    __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw[m], 2 * k), m3);
+                    if constexpr (kQ3)
+                        q = _mm256_or_si256(
+                            q,
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb[m], 4 * c + k), m1), 2));
+                    store_256(&p.q[32 * c + 8 * k + m][r0], q);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < NR; ++r) {
+        const Block &x = *reinterpret_cast<const Block *>(rows[r] + static_cast<size_t>(b) * sizeof(Block));
+        int sc[16], corr[16];
+        if constexpr (kQ3) {
+            uint64_t lo8, hi8;
+            q3_k_scales(x.scales, &lo8, &hi8);
+            for (int g = 0; g < 16; ++g) {
+                sc[g] = static_cast<int>(((g < 8 ? lo8 : hi8) >> (8 * (g % 8))) & 0xFF) - 32;
+                corr[g] = -4 * sc[g];
+            }
+            p.dmin[r] = 0.0f;
+        } else {
+            for (int g = 0; g < 16; ++g) {
+                sc[g] = x.scales[g] & 0x0F;
+                corr[g] = x.scales[g] >> 4;
+            }
+            p.dmin[r] = half_to_float(x.dmin);
+        }
+        for (int g = 0; g < 16; ++g) p.scale[g][r] = sc[g];
+        for (int i = 0; i < 8; ++i) p.corr[i][r] = pair_i16(corr[2 * i], corr[2 * i + 1]);
+        p.d[r] = half_to_float(x.d);
     }
 }
 

@@ -194,18 +194,6 @@ void gemv_4_5_bit_one(int64_t n, const uint8_t *w, size_t w_stride, const void *
     });
 }
 
-// q4_k: 6-bit scales and mins of the eight 32-element runs, unpacked as get_scale_min_k4 does, as bytes.
-inline void q4_k_scales(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
-    uint32_t u0, u1, u2;
-    std::memcpy(&u0, s, 4);
-    std::memcpy(&u1, s + 4, 4);
-    std::memcpy(&u2, s + 8, 4);
-    const uint32_t sc_hi = (u2 & 0x0F0F0F0Fu) | ((u0 >> 2) & 0x30303030u);
-    const uint32_t mn_hi = ((u2 >> 4) & 0x0F0F0F0Fu) | ((u1 >> 2) & 0x30303030u);
-    *sc = (u0 & 0x3F3F3F3Fu) | (static_cast<uint64_t>(sc_hi) << 32);
-    *mn = (u1 & 0x3F3F3F3Fu) | (static_cast<uint64_t>(mn_hi) << 32);
-}
-
 // q4_k and q5_k (the same scales, mins and nibbles; q5_k adds a fifth bit: element 32j + l takes bit j of
 // qh[l], added as 16 to its level).
 template <typename Block>
@@ -336,6 +324,108 @@ void gemv_q6_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_K
         });
 }
 
+// q2_k and q3_k: 2-bit crumbs, element 128c + 32k + l at bits 2k of qs[32c + l], in groups of 16 with a scale
+// each. q2_k: scale and min are the low and high nibble of scales[g]; q3_k: 6-bit scales (s - 32, signed) and
+// a third bit (4) where bit 4c + k of hmask[l] is set, the level offset 4 taken out through the bsums.
+//
+// All 64 bytes of qs are one vector: crumb k of it holds elements [32k, 32k + 32) and [128 + 32k, 160 + 32k),
+// one scale group per 128-bit lane, met by an activation vector built once per super-block for all 8 rows.
+// The group scales become words through pshufb from the 16 scale bytes in every lane: q2_k's in the low byte
+// (0..15); q3_k's signed s - 32 in the high byte, so the dot products are 256 times too large and shifted
+// back after the row sums. That is exact: |sum| <= 256 * 7 * 32 * 127 * 256 < 2^31, and int32 adds wrap.
+template <typename Block>
+void gemv_q2_q3_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ8_K *x, float *y,
+                      int64_t n_rows) {
+    constexpr bool kQ3 = std::is_same_v<Block, BlockQ3_K>;
+    const __m512i m3 = _mm512_set1_epi8(3);
+    __m512i sc_shuf[4];  // crumb k: lane L takes group 2k + L (L < 2) or 8 + 2k + L - 2
+    __m512i hbit[4];     // q3_k, crumb k: hmask bit k (chunk 0, lower half), 4 + k (chunk 1, upper half)
+    for (int k = 0; k < 4; ++k) {
+        alignas(64) uint8_t idx[64], bits[64];
+        for (int i = 0; i < 64; ++i) {
+            const int lane = i / 16;
+            const int g = lane < 2 ? 2 * k + lane : 8 + 2 * k + lane - 2;
+            const bool low_byte = i % 2 == 0;
+            idx[i] = (low_byte != kQ3) ? static_cast<uint8_t>(g) : 0x80;
+            bits[i] = static_cast<uint8_t>(1 << (i < 32 ? k : 4 + k));
+        }
+        sc_shuf[k] = _mm512_load_si512(idx);
+        hbit[k] = _mm512_load_si512(bits);
+    }
+    gemv_tiles(
+        n / kQK_K, w, w_stride, y, n_rows, [&](int64_t b, const uint8_t *const *rows, __m256i row_off) {
+            const BlockQ8_K &yb = x[b];
+            __m512i yq[4];
+            for (int k = 0; k < 4; ++k)
+                yq[k] = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(yb.qs + 32 * k))),
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i *>(yb.qs + 128 + 32 * k)), 1);
+            const __m256i bsums = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(yb.bsums));
+            const size_t at = static_cast<size_t>(b) * sizeof(Block);
+            __m512i acc[kTileRows];
+            __m128i bsum_dot[kTileRows];  // q2_k: sum_g min_g bsum_g; q3_k: -4 sum_g (s_g - 32) bsum_g
+#pragma GCC unroll 8
+            for (int r = 0; r < kTileRows; ++r) {
+                const Block *xb = reinterpret_cast<const Block *>(rows[r] + at);
+                __m128i sc8;   // group scales as bytes
+                __m256i bw16;  // the words that meet bsums
+                if constexpr (kQ3) {
+                    uint64_t lo8, hi8;
+                    q3_k_scales(xb->scales, &lo8, &hi8);
+                    sc8 =
+                        _mm_sub_epi8(_mm_set_epi64x(static_cast<long long>(hi8), static_cast<long long>(lo8)),
+                                     _mm_set1_epi8(32));
+                    bw16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc8), 2);  // |4 (s - 32)| <= 128
+                } else {
+                    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i *>(xb->scales));
+                    sc8 = _mm_and_si128(s, _mm_set1_epi8(0x0F));
+                    bw16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), _mm_set1_epi8(0x0F)));
+                }
+                const __m256i m = _mm256_madd_epi16(bw16, bsums);
+                bsum_dot[r] = _mm_add_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+                const __m512i sc = _mm512_broadcast_i32x4(sc8);
+                const __m512i q = _mm512_loadu_si512(xb->qs);
+                __m512i hm;
+                if constexpr (kQ3)
+                    hm = _mm512_broadcast_i64x4(
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i *>(xb->hmask)));
+                __m512i a = _mm512_setzero_si512();
+                for (int k = 0; k < 4; ++k) {
+                    __m512i c = _mm512_and_si512(k == 0 ? q : _mm512_srli_epi16(q, 2 * k), m3);
+                    if constexpr (kQ3)
+                        c = _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(hm, hbit[k]), c,
+                                                 _mm512_set1_epi8(4));
+                    // pairs <= 2 * 7 * 127
+                    a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(c, yq[k]),
+                                            _mm512_shuffle_epi8(sc, sc_shuf[k]));
+                }
+                acc[r] = a;
+            }
+            __m256i sumi = reduce_rows_8x16(acc);
+            __m512i ba = _mm512_castsi128_si512(bsum_dot[0]);
+            __m512i bb = _mm512_castsi128_si512(bsum_dot[4]);
+            for (int i = 1; i < 4; ++i) {
+                ba = _mm512_inserti32x4(ba, bsum_dot[i], i);
+                bb = _mm512_inserti32x4(bb, bsum_dot[4 + i], i);
+            }
+            const __m256i bdot = reduce_rows_4x4(ba, bb);
+            const __m256 yd = _mm256_set1_ps(yb.d);
+            if constexpr (kQ3) {
+                sumi = _mm256_sub_epi32(_mm256_srai_epi32(sumi, 8), bdot);
+                // d sits in the last 2 bytes of the block: gather the 4 bytes ending there.
+                const __m256 d = gather_halves(rows[0] + at + sizeof(Block) - 4, row_off, true);
+                return _mm256_mul_ps(_mm256_mul_ps(d, yd), _mm256_cvtepi32_ps(sumi));
+            } else {
+                const uint8_t *dd = rows[0] + at + offsetof(Block, d);  // d, then dmin
+                const __m256 dall = _mm256_mul_ps(gather_halves(dd, row_off, false), yd);
+                const __m256 dmin = _mm256_mul_ps(gather_halves(dd, row_off, true), yd);
+                return _mm256_sub_ps(_mm256_mul_ps(dall, _mm256_cvtepi32_ps(sumi)),
+                                     _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(bdot)));
+            }
+        });
+}
+
 // Runs `one` per token; falls back to `vec_dot` per row when the tile's gather offsets would not fit int32.
 template <typename BY, typename One>
 void gemv_tokens(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
@@ -378,6 +468,18 @@ void gemv_q5_1_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, si
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     gemv_tokens<BlockQ8_1>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
                            gemv_4_5_bit_one<BlockQ5_1>, avx2::vec_dot_q5_1_q8_1);
+}
+
+void gemv_q2_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemv_tokens<BlockQ8_K>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                           gemv_q2_q3_k_one<BlockQ2_K>, avx2::vec_dot_q2_k_q8_k);
+}
+
+void gemv_q3_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                    int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    gemv_tokens<BlockQ8_K>(n, w, w_stride, x, x_stride, y, y_stride, n_rows, n_tokens,
+                           gemv_q2_q3_k_one<BlockQ3_K>, avx2::vec_dot_q3_k_q8_k);
 }
 
 void gemv_q4_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
