@@ -50,14 +50,20 @@ GemmFn gemv_for(DType type) {
 // bench pp on the 1B q4_0 synth model, 1 thread: 84 against 69 t/s at 16 tokens, 88 against 93 at 64). The
 // AVX-512 VNNI one wins at every batch size measured (1 to 512 tokens).
 constexpr int64_t kPackedMaxTokensAvx2 = 32;
-constexpr int64_t kPackedMaxTokens4_5Bit = 48;
+// Up to how many tokens the VNNI packed kernels of q5_0, q4_1, q5_1, q4_k and q6_k beat unpacking a chunk into
+// the row-major panel GEMM (measurements at each type below).
+constexpr int64_t kPackedMaxTokens = 48;
 
 GemmFn gemm_packed_for(DType type, int64_t n_tokens) {
 #if TD_KERNELS_X86
-    // K-quants: packed only with VNNI (measured 1.2-4x faster than unpacking into the tile GEMM at 16-512
-    // tokens; the AVX2 machines keep the rows).
-    if (type == DType::q4_k) return avx512_vnni_active() ? avx512::gemm_q4_kx16_q8_k : nullptr;
-    if (type == DType::q6_k) return avx512_vnni_active() ? avx512::gemm_q6_kx16_q8_k : nullptr;
+    // K-quants: packed only with VNNI (the AVX2 machines keep the rows), and up to kPackedMaxTokens tokens;
+    // larger batches unpack 32-row chunks into the K-quant panel GEMM. 1B synth Q4_K_M, 1 thread, packed
+    // against unpacked: pp16 146 / 83, pp32 137 / 103, pp48 170 / 156, pp64 168 / 165, pp128 162 / 178,
+    // pp256 151 / 175, pp512 127 / 140 t/s; 2 threads pp512 231 / 276, and Q6_K 187 / 249.
+    if (type == DType::q4_k || type == DType::q6_k) {
+        if (!avx512_vnni_active() || n_tokens > kPackedMaxTokens) return nullptr;
+        return type == DType::q4_k ? avx512::gemm_q4_kx16_q8_k : avx512::gemm_q6_kx16_q8_k;
+    }
     // q8_0 packed against rows (1B synth model, 1 thread): pp16 149 / 88, pp64 166 / 143, pp128 160 / 153,
     // pp512 127 / 133 t/s; unpacking 32-row chunks into the panel GEMM instead gives only 76-95 at pp512.
     if (type == DType::q8_0) return avx512_vnni_active() ? avx512::gemm_q8_0x16_q8_0 : nullptr;
@@ -65,7 +71,7 @@ GemmFn gemm_packed_for(DType type, int64_t n_tokens) {
     // model, 1 thread): pp8 253 / 110, pp32 276 / 222, pp64 249 / 260, pp512 201 / 230 t/s.
     // q4_1 and q5_1 share q5_0's kernel shape and limit.
     if (type == DType::q5_0 || type == DType::q4_1 || type == DType::q5_1) {
-        if (!avx512_vnni_active() || n_tokens > kPackedMaxTokens4_5Bit) return nullptr;
+        if (!avx512_vnni_active() || n_tokens > kPackedMaxTokens) return nullptr;
         return type == DType::q5_0
                    ? avx512::gemm_q5_0x16_q8_0
                    : (type == DType::q4_1 ? avx512::gemm_q4_1x16_q8_1 : avx512::gemm_q5_1x16_q8_1);
