@@ -89,9 +89,11 @@ void lanes_dot(int64_t n, int64_t block, const char *type, float *s, const void 
 
 // The 6-bit scales and mins of q4_k and q5_k (get_scale_min_k4).
 void scales_mins_k4(const uint8_t *sc, int32_t *scale, int32_t *min) {
+    uint64_t sc8, mn8;
+    q4_k_scales(sc, &sc8, &mn8);
     for (int j = 0; j < 8; ++j) {
-        scale[j] = j < 4 ? sc[j] & 63 : (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
-        min[j] = j < 4 ? sc[j + 4] & 63 : (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+        scale[j] = static_cast<int32_t>((sc8 >> (8 * j)) & 0xFF);
+        min[j] = static_cast<int32_t>((mn8 >> (8 * j)) & 0xFF);
     }
 }
 
@@ -281,12 +283,11 @@ void vec_dot_q2_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
 void vec_dot_q3_k_q8_k(int64_t n, float *s, const void *vx, const void *vy) {
     lanes_dot<BlockQ3_K, BlockQ8_K>(
         n, kQK_K, "q3_k", s, vx, vy, [](const BlockQ3_K &xb, const BlockQ8_K &yb) {
+            uint64_t lo8, hi8;
+            q3_k_scales(xb.scales, &lo8, &hi8);
             int32_t sc[16];
-            for (int g = 0; g < 16; ++g) {
-                const int lo = g < 8 ? (xb.scales[g] & 0x0F) : (xb.scales[g - 8] >> 4);
-                const int hi = (xb.scales[8 + g % 4] >> (2 * (g / 4))) & 3;
-                sc[g] = (lo | (hi << 4)) - 32;
-            }
+            for (int g = 0; g < 16; ++g)
+                sc[g] = static_cast<int32_t>(((g < 8 ? lo8 : hi8) >> (8 * (g % 8))) & 0xFF) - 32;
             const uint8x16_t h0 = vld1q_u8(xb.hmask), h1 = vld1q_u8(xb.hmask + 16);
             const int8x16_t four = vdupq_n_s8(4);
             int32x4_t acc = vdupq_n_s32(0);

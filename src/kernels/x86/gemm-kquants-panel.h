@@ -86,16 +86,6 @@ inline int32_t pair_i16(int lo, int hi) {
                                 (static_cast<uint32_t>(static_cast<uint16_t>(hi)) << 16));
 }
 
-inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 // Super-block b of rows[0 .. NR) (rows is NR pointers to row starts; pad with repeats of a valid row).
 template <int NR, bool kHigh>  // kHigh: q5_k (a fifth bit from qh) rather than q4_k
 void unpack_q4_k_like(const uint8_t *const *rows, int64_t b, PanelBlock<NR, 8> &p) {
@@ -126,13 +116,12 @@ void unpack_q4_k_like(const uint8_t *const *rows, int64_t b, PanelBlock<NR, 8> &
     }
     for (int r = 0; r < NR; ++r) {
         const Block &x = *reinterpret_cast<const Block *>(rows[r] + static_cast<size_t>(b) * sizeof(Block));
-        int sc[8], m[8];
-        for (int j = 0; j < 8; ++j) {
-            scale_min_k4(j, x.scales, &sc[j], &m[j]);
-            p.scale[j][r] = sc[j];
-        }
+        uint64_t sc8, mn8;
+        q4_k_scales(x.scales, &sc8, &mn8);
+        auto byte = [](uint64_t v, int j) { return static_cast<int>((v >> (8 * j)) & 0xFF); };
+        for (int j = 0; j < 8; ++j) p.scale[j][r] = byte(sc8, j);
         // summ = sum_j m_j (bsums[2j] + bsums[2j + 1])
-        for (int i = 0; i < 4; ++i) p.corr[i][r] = pair_i16(m[2 * i], m[2 * i + 1]);
+        for (int i = 0; i < 4; ++i) p.corr[i][r] = pair_i16(byte(mn8, 2 * i), byte(mn8, 2 * i + 1));
         p.d[r] = half_to_float(x.d);
         p.dmin[r] = half_to_float(x.dmin);
     }
