@@ -1,7 +1,7 @@
-// Packed q4_0, q8_0, q4_k and q6_k weights (kernels/pack.h): packing round-trips, and matmul on a packed
-// matrix equals the reference on the row-major one bit for bit, on every ISA, for one token (the packed
-// matrix-vector kernel), a few (the packed small-batch kernel) and many (chunks unpacked into the row
-// kernels).
+// Packed q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k and q6_k weights (kernels/pack.h): packing round-trips, and
+// matmul on a packed matrix equals the reference on the row-major one bit for bit, on every ISA, for one
+// token (the packed matrix-vector kernel), a few (the packed small-batch kernel) and many (chunks unpacked
+// into the row kernels).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,6 +27,7 @@ TEST(KernelsPack, OnlyLaidOutTypesWithWholeGroupsArePackable) {
     EXPECT_TRUE(kernels::packable(DType::q4_0, 64, 16));
     EXPECT_TRUE(kernels::packable(DType::q4_k, 512, 32));
     EXPECT_FALSE(kernels::packable(DType::q4_k, 128, 32));  // not whole super-blocks
+    EXPECT_TRUE(kernels::packable(DType::q5_k, 256, 16));
     EXPECT_TRUE(kernels::packable(DType::q4_0, 2048, 5632));
     EXPECT_FALSE(kernels::packable(DType::q4_0, 64, 24));  // not whole groups of 16 rows
     EXPECT_FALSE(kernels::packable(DType::q4_0, 48, 16));  // not whole blocks
@@ -42,7 +43,7 @@ TEST(KernelsPack, PackThenUnpackGivesTheRowsBack) {
     for (auto [type, n] : {std::pair{DType::q4_0, int64_t{96}}, std::pair{DType::q5_0, int64_t{96}},
                            std::pair{DType::q4_1, int64_t{96}}, std::pair{DType::q5_1, int64_t{96}},
                            std::pair{DType::q8_0, int64_t{96}}, std::pair{DType::q4_k, int64_t{768}},
-                           std::pair{DType::q6_k, int64_t{768}}}) {
+                           std::pair{DType::q5_k, int64_t{768}}, std::pair{DType::q6_k, int64_t{768}}}) {
         const int64_t rows = 48;
         const std::vector<uint8_t> w = quantize_rows(type, randn(n * rows, 3), rows, n);
         std::vector<uint8_t> packed(w.size()), back(w.size());
@@ -73,7 +74,7 @@ TEST_P(KernelsPacked, MatmulEqualsReferenceBitForBit) {
         {DType::q5_0, {32, 96, 256, 288, 2048}}, {DType::q4_1, {32, 96, 256, 288, 2048}},
         {DType::q5_1, {32, 96, 256, 288, 2048}}, {DType::q8_0, {32, 96, 256, 288, 2048}},
         {DType::q4_k, {256, 768, 2048, 2304}},  // 1, 3, 8, 9 super-blocks
-        {DType::q6_k, {256, 768, 2048, 2304}},
+        {DType::q5_k, {256, 768, 2048, 2304}},   {DType::q6_k, {256, 768, 2048, 2304}},
     };
     const int64_t outs[] = {16, 48, 160};
     const int64_t batches[] = {1, 2, 3, 5, 16, 17, 40, 60};  // 60: past every packed kernel's batch limit
@@ -117,6 +118,7 @@ TEST_P(KernelsPacked, MatmulGroupEqualsOneMatmulPerMatrix) {
     const std::vector<std::vector<Mat>> groups = {
         {{DType::q4_0, 160, true}, {DType::q4_0, 48, true}, {DType::q4_0, 48, true}},
         {{DType::q4_k, 96, true}, {DType::q6_k, 32, true}, {DType::q4_k, 16, false}},
+        {{DType::q5_k, 48, true}, {DType::q5_k, 32, false}, {DType::q4_k, 16, true}},
         {{DType::q4_0, 80, true}, {DType::q8_0, 70, false}},
         {{DType::q8_0, 33, false}, {DType::q4_k, 64, true}},
     };

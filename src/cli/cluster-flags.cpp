@@ -28,7 +28,8 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--stats", flags.stats, "Print per-node and per-link counters at the end (cluster)");
     cmd->add_flag("--no-repack", flags.no_repack,
-                  "Do not pack q4_0 weights for the fast kernels (the packed copy is cached in "
+                  "Keep the weights in the GGUF's row layout instead of packing them for the fast kernels "
+                  "(the packed copy is cached in "
                   "~/.cache/tandem/packed, or $TANDEM_CACHE_DIR/packed)");
 }
 

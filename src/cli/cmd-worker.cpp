@@ -52,7 +52,8 @@ void register_worker(CLI::App &app, Runners &runners) {
                     "Where streamed stage files are kept (default: ~/.cache/tandem/stages)");
     cmd->add_flag(
         "--no-repack", opt->no_repack,
-        "Do not pack q4_0 weights for the fast kernels (packed copies are cached in the cache dir)");
+        "Keep the weights in the GGUF's row layout instead of packing them for the fast kernels (packed "
+        "copies are cached in the cache dir)");
     runners.push_back([cmd, opt] { return cmd->parsed() ? worker_main(*opt) : -1; });
 }
 

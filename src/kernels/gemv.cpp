@@ -50,8 +50,8 @@ GemmFn gemv_for(DType type) {
 // bench pp on the 1B q4_0 synth model, 1 thread: 84 against 69 t/s at 16 tokens, 88 against 93 at 64). The
 // AVX-512 VNNI one wins at every batch size measured (1 to 512 tokens).
 constexpr int64_t kPackedMaxTokensAvx2 = 32;
-// Up to how many tokens the VNNI packed kernels of q5_0, q4_1, q5_1, q4_k and q6_k beat unpacking a chunk into
-// the row-major panel GEMM (measurements at each type below).
+// Up to how many tokens the VNNI packed kernels of q5_0, q4_1, q5_1 and the K-quants beat unpacking a chunk
+// into the row-major panel GEMM (measurements at each type below).
 constexpr int64_t kPackedMaxTokens = 48;
 
 GemmFn gemm_packed_for(DType type, int64_t n_tokens) {
@@ -60,9 +60,12 @@ GemmFn gemm_packed_for(DType type, int64_t n_tokens) {
     // larger batches unpack 32-row chunks into the K-quant panel GEMM. 1B synth Q4_K_M, 1 thread, packed
     // against unpacked: pp16 146 / 83, pp32 137 / 103, pp48 170 / 156, pp64 168 / 165, pp128 162 / 178,
     // pp256 151 / 175, pp512 127 / 140 t/s; 2 threads pp512 231 / 276, and Q6_K 187 / 249.
-    if (type == DType::q4_k || type == DType::q6_k) {
+    // q5_k shares q4_k's kernel.
+    if (type == DType::q4_k || type == DType::q5_k || type == DType::q6_k) {
         if (!avx512_vnni_active() || n_tokens > kPackedMaxTokens) return nullptr;
-        return type == DType::q4_k ? avx512::gemm_q4_kx16_q8_k : avx512::gemm_q6_kx16_q8_k;
+        return type == DType::q4_k
+                   ? avx512::gemm_q4_kx16_q8_k
+                   : (type == DType::q5_k ? avx512::gemm_q5_kx16_q8_k : avx512::gemm_q6_kx16_q8_k);
     }
     // q8_0 packed against rows (1B synth model, 1 thread): pp16 149 / 88, pp64 166 / 143, pp128 160 / 153,
     // pp512 127 / 133 t/s; unpacking 32-row chunks into the panel GEMM instead gives only 76-95 at pp512.

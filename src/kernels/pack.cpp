@@ -66,16 +66,24 @@ Layout make_4_5_bit() {
     return l;
 }
 
-Layout make_q4_k() {
-    Layout l{sizeof(BlockQ4_K), kQK_K, {}};
-    l.slices.push_back({0, 2, 0});   // d
-    l.slices.push_back({2, 2, 32});  // dmin
-    for (uint16_t w = 0; w < 3; ++w)
-        l.slices.push_back({static_cast<uint16_t>(4 + 4 * w), 4, static_cast<uint16_t>(64 + 64 * w)});
-    for (uint16_t c = 0; c < 4; ++c)
-        for (uint16_t k = 0; k < 8; ++k)
-            l.slices.push_back({static_cast<uint16_t>(16 + 32 * c + 4 * k), 4,
-                                static_cast<uint16_t>(256 + 64 * (8 * c + k))});
+// q4_k and q5_k: d, dmin, the scales in three 4-byte slices, (q5_k) qh in eight, then qs in 32.
+template <typename Block>
+Layout make_q4_5_k() {
+    Layout l{sizeof(Block), kQK_K, {}};
+    auto u16 = [](size_t v) { return static_cast<uint16_t>(v); };
+    l.slices.push_back({u16(offsetof(Block, d)), 2, 0});
+    l.slices.push_back({u16(offsetof(Block, dmin)), 2, 32});
+    for (size_t w = 0; w < 3; ++w)
+        l.slices.push_back({u16(offsetof(Block, scales) + 4 * w), 4, u16(64 + 64 * w)});
+    size_t at = 256;
+    if constexpr (kBlockHasQh<Block>) {
+        for (size_t k = 0; k < 8; ++k)
+            l.slices.push_back({u16(offsetof(Block, qh) + 4 * k), 4, u16(at + 64 * k)});
+        at += 8 * 64;
+    }
+    for (size_t c = 0; c < 4; ++c)
+        for (size_t k = 0; k < 8; ++k)
+            l.slices.push_back({u16(offsetof(Block, qs) + 32 * c + 4 * k), 4, u16(at + 64 * (8 * c + k))});
     return l;
 }
 
@@ -99,7 +107,8 @@ Layout make_q6_k() {
 const Layout *layout_of(DType type) {
     static const Layout q4_0 = make_x_0(sizeof(BlockQ4_0)), q4_1 = make_4_5_bit<BlockQ4_1>(),
                         q5_0 = make_4_5_bit<BlockQ5_0>(), q5_1 = make_4_5_bit<BlockQ5_1>(),
-                        q8_0 = make_x_0(sizeof(BlockQ8_0)), q4_k = make_q4_k(), q6_k = make_q6_k();
+                        q8_0 = make_x_0(sizeof(BlockQ8_0)), q4_k = make_q4_5_k<BlockQ4_K>(),
+                        q5_k = make_q4_5_k<BlockQ5_K>(), q6_k = make_q6_k();
     switch (type) {
         case DType::q4_0:
             return &q4_0;
@@ -113,6 +122,8 @@ const Layout *layout_of(DType type) {
             return &q8_0;
         case DType::q4_k:
             return &q4_k;
+        case DType::q5_k:
+            return &q5_k;
         case DType::q6_k:
             return &q6_k;
         default:

@@ -24,6 +24,8 @@
 //   [0, 32) d of rows 0..15 | [32, 64) dmin | [64, 256) scales: bytes 4w..4w+3 of each row, w = 0..2
 //   (64 bytes per w) | [256, 2304) qs: bytes 32c + 4k .. + 3 of each row, for chunk c < 4 and slice k < 8
 //   (64 bytes per (c, k); low nibbles are elements 64c + 4k.., high nibbles 64c + 32 + 4k..).
+// q5_k, super-block b of a group is 16 * 176 = 2816 bytes: as q4_k's, with [256, 768) qh: bytes 4k..4k+3 of
+//   each row, k < 8 (64 bytes per k), and qs at [768, 2816).
 //
 // q6_k, super-block b of a group is 16 * 210 = 3360 bytes:
 //   [0, 32) d | [32, 288) scales: bytes 4w..4w+3 of each row, w < 4 | [288, 3360) for half h < 2 and slice
@@ -41,8 +43,8 @@ namespace td::kernels {
 
 constexpr int64_t kPackRows = 16;
 
-// Whether a [n_rows rows of n] matrix of `type` has a packed layout (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k or
-// q6_k, n_rows a multiple of 16).
+// Whether a [n_rows rows of n] matrix of `type` has a packed layout (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k,
+// q5_k or q6_k, n_rows a multiple of 16).
 bool packable(DType type, int64_t n, int64_t n_rows);
 // Whether the active ISA has a kernel for packed `type` (matmul otherwise unpacks chunks of rows first, which
 // is correct but slower than the rows): worth packing.

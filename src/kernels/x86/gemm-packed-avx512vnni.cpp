@@ -1,4 +1,4 @@
-// q4_0, q5_0, q8_0 x q8_0, q4_1, q5_1 x q8_1, q4_k x q8_k and q6_k x q8_k on packed weights (kernels/pack.h)
+// q4_0, q5_0, q8_0 x q8_0, q4_1, q5_1 x q8_1, q4_k, q5_k and q6_k x q8_k on packed weights (kernels/pack.h)
 // with AVX-512 VNNI: one zmm holds a 4-byte slice of each of the 16 rows of a group, so vpdpbusd with a
 // broadcast 4-byte slice of the activations adds each row's products into its own int32 lane: no horizontal
 // sums, no gathers, and the weights are one linear stream. Compiled with the AVX-512 + VNNI flags; matmul
@@ -272,9 +272,15 @@ struct TokenRowK {
     float *y;
 };
 
-struct Q4_K {
+// q4_k and q5_k (Block): q5_k's packed super-block has its qh slices at [256, 768) and qs after them
+// (pack.h); slice k of qh holds bytes 4k..4k+3, whose bit 2c (2c + 1) is the fifth bit of the low (high)
+// nibbles of the same bytes of qs chunk c.
+template <typename Block>
+struct Q4_5_K {
+    static constexpr bool kFifth = kBlockHasQh<Block>;
+    static constexpr size_t kQsAt = kFifth ? 256 + 8 * 64 : 256;
     using Token = TokenRowK;
-    static constexpr size_t kBlockBytes = kPackRows * sizeof(BlockQ4_K);  // 2304
+    static constexpr size_t kBlockBytes = kPackRows * sizeof(Block);  // 2304, 2816
     static constexpr int kPairs = 4;
     // Sums of the eight 32-element runs (|.| <= 32 * 127: int16), paired as (0, 2), (1, 3), (4, 6), (5, 7) to
     // match the min vectors built in block().
@@ -296,6 +302,7 @@ struct Q4_K {
         const __m512i top2 = _mm512_set1_epi8(0x30);
         const __m512i byte0 = _mm512_set1_epi32(0xFF);
         const __m512i even16 = _mm512_set1_epi32(0x00FF00FF);
+        const __m512i bit4 = _mm512_set1_epi8(0x10);
         // The 12 scale bytes of each row, as three dwords across the 16 lanes (get_scale_min_k4, lane-wise).
         const __m512i u0 = _mm512_loadu_si512(g + 64), u1 = _mm512_loadu_si512(g + 128),
                       u2 = _mm512_loadu_si512(g + 192);
@@ -315,10 +322,19 @@ struct Q4_K {
             __m512i lo_sum[NT], hi_sum[NT];
             for (int t = 0; t < NT; ++t) lo_sum[t] = hi_sum[t] = _mm512_setzero_si512();
             for (int k = 0; k < 8; ++k) {
-                const __m512i q = _mm512_loadu_si512(g + 256 + 64 * (8 * c + k));
-                const __m512i lo = _mm512_and_si512(q, m4);  // elements 64c + 4k ..
-                const __m512i hi =
-                    _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);  // elements 64c + 32 + 4k ..
+                const __m512i q = _mm512_loadu_si512(g + kQsAt + 64 * (8 * c + k));
+                __m512i lo = _mm512_and_si512(q, m4);                        // elements 64c + 4k ..
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);  // elements 64c + 32 + 4k ..
+                if constexpr (kFifth) {
+                    // Bit 2c (lo) and 2c + 1 (hi) of the qh bytes moved to bit 4 (shifts stay inside bytes),
+                    // or'd in under the mask 0x10 (ternlog 0xF8: a | (b & c)).
+                    const __m512i h = _mm512_loadu_si512(g + 256 + 64 * k);
+                    auto to_bit4 = [&](int bit) {
+                        return bit <= 4 ? _mm512_slli_epi16(h, 4 - bit) : _mm512_srli_epi16(h, bit - 4);
+                    };
+                    lo = _mm512_ternarylogic_epi32(lo, to_bit4(2 * c), bit4, 0xF8);
+                    hi = _mm512_ternarylogic_epi32(hi, to_bit4(2 * c + 1), bit4, 0xF8);
+                }
                 for (int t = 0; t < NT; ++t) {
                     const int8_t *xq = tok[t].x[b].qs + 64 * c + 4 * k;
                     lo_sum[t] = _mm512_dpbusd_epi32(lo_sum[t], lo, _mm512_set1_epi32(load_i32(xq)));
@@ -596,8 +612,17 @@ void gemm_q8_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
 void gemm_q4_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
     const int64_t nb = n / kQK_K;
-    run_groups<Q4_K>(nb, w, w_stride, k_tokens<Q4_K>(x, x_stride, y, y_stride, n_tokens, nb), n_rows,
-                     n_tokens);
+    run_groups<Q4_5_K<BlockQ4_K>>(nb, w, w_stride,
+                                  k_tokens<Q4_5_K<BlockQ4_K>>(x, x_stride, y, y_stride, n_tokens, nb), n_rows,
+                                  n_tokens);
+}
+
+void gemm_q5_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens) {
+    const int64_t nb = n / kQK_K;
+    run_groups<Q4_5_K<BlockQ5_K>>(nb, w, w_stride,
+                                  k_tokens<Q4_5_K<BlockQ5_K>>(x, x_stride, y, y_stride, n_tokens, nb), n_rows,
+                                  n_tokens);
 }
 
 void gemm_q6_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,

@@ -101,7 +101,7 @@ void gemv_q6_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, si
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 // As avx2::gemm_q4_0x16_q8_0 with vpdpbusd on 16 rows per zmm, two tokens per pass over a block
 // (gemm-packed-avx512vnni.cpp); only for CPUs with avx512vnni. The q8_0 one takes packed q8_0 weights; the
-// q4_k and q6_k ones take packed K-quant weights and q8_k activations.
+// q4_k, q5_k and q6_k ones take packed K-quant weights and q8_k activations.
 void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q4_1x16_q8_1(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
@@ -113,6 +113,8 @@ void gemm_q5_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
 void gemm_q8_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q4_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
+                       int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q5_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q6_kx16_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                        int64_t y_stride, int64_t n_rows, int64_t n_tokens);
