@@ -49,4 +49,23 @@ GemmFn gemm_kquants_for(DType type) {
 #endif
 }
 
+GemmFn gemm_from_packed_for(DType type) {
+#if TD_KERNELS_X86
+    if (!avx512_vnni_active()) return nullptr;
+    switch (type) {
+        case DType::q4_k:
+            return avx512::gemm_q4_k_packed_q8_k;
+        case DType::q5_k:
+            return avx512::gemm_q5_k_packed_q8_k;
+        case DType::q6_k:
+            return avx512::gemm_q6_k_packed_q8_k;
+        default:
+            return nullptr;
+    }
+#else
+    (void)type;
+    return nullptr;
+#endif
+}
+
 }  // namespace td::kernels

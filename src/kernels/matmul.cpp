@@ -132,8 +132,10 @@ MatmulJob make_job(const TensorView &w, float *y, int64_t n_tokens) {
                   w.name, dtype_name(w.type), n_out);
         job.w = static_cast<const uint8_t *>(w.packed);
         const GemmFn packed = gemm_packed_for(w.type, n_tokens);
-        job.unpack = packed == nullptr;
+        const GemmFn from_packed = packed == nullptr ? gemm_from_packed_for(w.type) : nullptr;
+        job.unpack = packed == nullptr && from_packed == nullptr;
         if (packed != nullptr) job.gemm = packed;
+        if (from_packed != nullptr) job.gemm = from_packed;
     }
     job.w_row_bytes = w.row_bytes();
     job.y = y;

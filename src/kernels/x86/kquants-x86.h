@@ -47,5 +47,13 @@ void gemm_q5_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, si
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 void gemm_q6_k_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, float *y,
                     int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+// The same tiles on packed weights (kernels/pack.h): w is the packed group holding row 0 of the call and
+// n_rows a multiple of 16; each group is one panel, read without unpacking it into rows first.
+void gemm_q4_k_packed_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride,
+                           float *y, int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q5_k_packed_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride,
+                           float *y, int64_t y_stride, int64_t n_rows, int64_t n_tokens);
+void gemm_q6_k_packed_q8_k(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride,
+                           float *y, int64_t y_stride, int64_t n_rows, int64_t n_tokens);
 
 }  // namespace td::kernels::avx512
