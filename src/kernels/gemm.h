@@ -21,7 +21,8 @@ GemmFn gemm_kquants_for(DType type);
 // (gemv.cpp).
 GemmFn gemv_for(DType type);
 // The active ISA's kernel on packed weights (kernels/pack.h) for a batch of n_tokens, or nullptr: matmul then
-// unpacks each chunk of rows and runs gemm_for / gemv_for on it (gemv.cpp).
+// runs gemm_from_packed_for's kernel, or unpacks each chunk of rows and runs gemm_for / gemv_for on it
+// (gemv.cpp).
 GemmFn gemm_packed_for(DType type, int64_t n_tokens);
 // Where gemm_packed_for has no kernel for a batch: a row-major tile kernel that reads packed groups itself
 // (w at the group holding the call's first row, rows in multiples of 16), or nullptr: matmul unpacks chunks

@@ -56,11 +56,12 @@ constexpr int64_t kPackedMaxTokens = 48;
 
 GemmFn gemm_packed_for(DType type, int64_t n_tokens) {
 #if TD_KERNELS_X86
-    // K-quants: packed only with VNNI (the AVX2 machines keep the rows), and up to kPackedMaxTokens tokens;
-    // larger batches unpack 32-row chunks into the K-quant panel GEMM. 1B synth Q4_K_M, 1 thread, packed
-    // against unpacked: pp16 146 / 83, pp32 137 / 103, pp48 170 / 156, pp64 168 / 165, pp128 162 / 178,
-    // pp256 151 / 175, pp512 127 / 140 t/s; 2 threads pp512 231 / 276, and Q6_K 187 / 249.
-    // q5_k shares q4_k's kernel.
+    // K-quants (q5_k on q4_k's kernel): packed only with VNNI (the AVX2 machines keep the rows), and up to
+    // kPackedMaxTokens tokens; larger batches run the K-quant panel GEMM on the packed groups
+    // (gemm_from_packed_for). Measured when that GEMM still took 32-row chunks unpacked first (1B synth
+    // Q4_K_M, 1 thread, packed kernel against it): pp16 146 / 83, pp32 137 / 103, pp48 170 / 156, pp64
+    // 168 / 165, pp128 162 / 178, pp256 151 / 175, pp512 127 / 140 t/s; 2 threads pp512 231 / 276, and Q6_K
+    // 187 / 249. Reading the groups directly made the GEMM side faster still (pp512 140 -> 149).
     if (type == DType::q4_k || type == DType::q5_k || type == DType::q6_k) {
         if (!avx512_vnni_active() || n_tokens > kPackedMaxTokens) return nullptr;
         return type == DType::q4_k

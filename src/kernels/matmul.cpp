@@ -57,8 +57,9 @@ struct MatmulJob {
     GemmFn gemm;       // nullptr: vec_dot per element
     const uint8_t *w;  // [n_out][w_row_bytes]
     size_t w_row_bytes;
-    // Packed weights (kernels/pack.h) with no packed kernel for this batch: each chunk of rows is unpacked
-    // into a per-thread buffer first, then `gemm` (a row-major kernel) runs on it.
+    // Packed weights (kernels/pack.h) with neither a packed kernel for this batch nor a tile kernel that
+    // reads packed groups (gemm_from_packed_for): each chunk of rows is unpacked into a per-thread buffer
+    // first, then `gemm` (a row-major kernel) runs on it.
     bool unpack;
     const uint8_t *x;  // [n_tokens][x_row_bytes], in kernels->vec_dot_type
     size_t x_row_bytes;
