@@ -125,6 +125,47 @@ TEST(MappedFile, HugePageAdviceKeepsTheBytes) {
     EXPECT_TRUE(std::equal(bytes.begin(), bytes.begin() + 1000, s->data()));
 }
 
+// A file cached part in 2 MiB pages and part in 4 KiB pages: its middle read back under the advice, the rest
+// as written. A sample from the middle alone would call it done; the spread samples find the 4 KiB parts and
+// the whole range comes back in 2 MiB pages. Where the page cache gives no 2 MiB pages (the advice is
+// unavailable), only the bytes are checked.
+TEST(MappedFile, HugePageAdviceFindsACachePartlyIn4KiBPages) {
+    test::TempDir dir;
+    constexpr size_t kMiB = size_t{1} << 20;
+    const size_t size = 32 * kMiB;
+    std::vector<uint8_t> bytes(size);
+    for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>((i * 2654435761u) >> 11);
+    const std::string path = dir.file("weights.bin");
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char *>(bytes.data()), size);
+    const auto read_all = [](const MappedFile &m, size_t from, size_t n) {
+        uint64_t sum = 0;
+        for (size_t i = from; i < from + n; i += 4096) sum += m.data()[i];
+        return sum;
+    };
+
+    HugePages middle = HugePages::unavailable;
+    {
+        auto m = MappedFile::open(path);
+        ASSERT_TRUE(m.ok()) << m.status().message();
+        middle = m->prefer_huge_pages(8 * kMiB, 16 * kMiB);
+        read_all(*m, 8 * kMiB, 16 * kMiB);
+        EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), m->data()));
+    }
+    auto m = MappedFile::open(path);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    const HugePages h = m->prefer_huge_pages(0, size);
+    // As written, the file was in 4 KiB pages where the middle had to be refreshed; then so are its ends.
+    if (middle == HugePages::refreshed) {
+        EXPECT_EQ(h, HugePages::refreshed);
+    }
+    read_all(*m, 0, size);
+    if (h != HugePages::unavailable) {
+        // All of it, give or take a page the kernel could not make whole.
+        EXPECT_GE(m->huge_page_bytes(), size - 4 * kMiB) << huge_pages_name(h);
+    }
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), m->data()));
+}
+
 TEST(DType, TraitsAndNames) {
     EXPECT_EQ(dtype_row_bytes(DType::q4_0, 64), 36u);
     EXPECT_EQ(dtype_row_bytes(DType::q8_0, 32), 34u);

@@ -43,16 +43,19 @@ public:
     const std::string &path() const { return path_; }
 
     // For a range that is read whole, again and again (the weight matrices): asks for 2 MiB pages
-    // (MADV_HUGEPAGE). The page cache only forms 2 MiB pages for data it reads in under that advice; when a
-    // 2 MiB sample shows the range cached in 4 KiB pages (the file was just written, copied, or read with
-    // read()) and a re-read of the sample does give a 2 MiB page, the rest of the range is dropped from the
-    // page cache (after fdatasync; only clean pages that no process maps are dropped, so this is safe while
-    // others use the file) and comes back from disk in 2 MiB pages on first use. Costs at most one re-read
-    // of the range, once per write of the file. Ranges are rounded inwards to 2 MiB.
+    // (MADV_HUGEPAGE). The page cache only forms 2 MiB pages for data it reads in under that advice; when any
+    // of 16 2 MiB samples spread over the range is cached in 4 KiB pages (the file was just written, copied,
+    // read with read(), or partly evicted and read back) and a re-read of that sample does give a 2 MiB page,
+    // the range is dropped from the page cache (after fdatasync; only clean pages that no process maps are
+    // dropped, so this is safe while others use the file) and comes back from disk in 2 MiB pages on first
+    // use. Costs at most one re-read of the range, once per write of the file. Ranges are rounded inwards to
+    // 2 MiB.
     HugePages prefer_huge_pages(size_t offset, size_t len) const;
     // For a range read sparsely (an embedding table, a row per token): keeps it mapped in 4 KiB pages
     // (MADV_NOHUGEPAGE), so that touching one row does not map (and count in RSS) 2 MiB around it.
     void avoid_huge_pages(size_t offset, size_t len) const;
+    // Bytes of the mapping now mapped in 2 MiB pages (FilePmdMapped; 0 where unknown): what the advice got.
+    size_t huge_page_bytes() const;
 
 private:
     uint8_t *data_ = nullptr;

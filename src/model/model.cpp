@@ -238,7 +238,8 @@ void Model::advise_pages() {
     constexpr size_t kMinStreamedBytes = size_t{64} << 20;
     auto report = [](const MappedFile &m, HugePages h) {
         if (h == HugePages::refreshed)
-            log_info("{}: re-reading the weights in 2 MiB pages (it was cached in 4 KiB pages)", m.path());
+            log_info("{}: re-reading the weights in 2 MiB pages (the page cache held some in 4 KiB pages)",
+                     m.path());
         else
             log_debug("{}: 2 MiB pages {}", m.path(), huge_pages_name(h));
     };
