@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Generates src/model/unicode-data.cpp: the Unicode general-category ranges and the White_Space set that the
+"""Generates src/text/unicode-data.cpp: the Unicode general-category ranges and the White_Space set that the
 BPE pre-tokenizers need (src/model/unicode.h).
 
 Input: the Unicode Character Database as Debian's `unicode-data` package installs it
 (apt-get install unicode-data; files in /usr/share/unicode), or any folder holding UnicodeData.txt and
 PropList.txt.
 
-    python3 scripts/gen-unicode-data.py [UCD_DIR] > src/model/unicode-data.cpp
+    python3 scripts/gen-unicode-data.py [UCD_DIR] > src/text/unicode-data.cpp
 
 Categories are collapsed to their major class (L, N, P, S, M, Z, C) the way regex \\p{L} etc. see them;
 code points absent from UnicodeData.txt (Cn) are `undefined`.
@@ -89,7 +89,7 @@ def main():
       "(UnicodeData.txt, PropList.txt).\n")
     w("// Do not edit; regenerate instead.\n")
     w("// clang-format off\n")
-    w('#include "model/unicode-data.h"\n\n')
+    w('#include "text/unicode-data.h"\n\n')
     w("namespace td::unicode::data {\n\n")
     w("namespace {\n")
     for letter, name in zip("UNLZMPSC", CATEGORY_NAMES):

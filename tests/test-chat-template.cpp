@@ -6,7 +6,7 @@
 #include <set>
 
 #include "gguf/gguf.h"
-#include "model/chat-template.h"
+#include "text/chat-template.h"
 #include "test-util.h"
 
 namespace td {

@@ -9,14 +9,14 @@
 #include <sstream>
 
 #include "model/context.h"
-#include "model/detokenizer.h"
+#include "text/detokenizer.h"
 #include "model/engine.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
 #include "model/synth.h"
-#include "model/tokenizer.h"
-#include "model/vocab.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
 #include "test-util.h"
 
 namespace td {

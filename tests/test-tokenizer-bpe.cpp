@@ -7,11 +7,11 @@
 #include <sstream>
 
 #include "gguf/gguf.h"
-#include "model/detokenizer.h"
-#include "model/pre-tokenizer.h"
-#include "model/tokenizer.h"
-#include "model/unicode.h"
-#include "model/vocab.h"
+#include "text/detokenizer.h"
+#include "text/pre-tokenizer.h"
+#include "text/tokenizer.h"
+#include "text/unicode.h"
+#include "text/vocab.h"
 #include "test-util.h"
 #include "test-vocab-cases.h"
 

@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "gguf/gguf.h"
-#include "model/detokenizer.h"
-#include "model/tokenizer.h"
-#include "model/vocab.h"
+#include "text/detokenizer.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
 #include "test-util.h"
 #include "test-vocab-cases.h"
 

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "gguf/gguf.h"
-#include "model/detokenizer.h"
-#include "model/tokenizer.h"
-#include "model/vocab.h"
+#include "text/detokenizer.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
 #include "test-util.h"
 
 namespace td::test {

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "cli/common.h"
-#include "model/chat-template.h"
-#include "model/detokenizer.h"
+#include "text/chat-template.h"
+#include "text/detokenizer.h"
 
 namespace td::cli {
 namespace {

@@ -22,7 +22,7 @@
 #include "gguf/gguf.h"
 #include "model/engine.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace td::cli {
 

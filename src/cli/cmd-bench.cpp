@@ -26,7 +26,7 @@
 #include "model/bench.h"
 #include "model/context.h"
 #include "model/model.h"
-#include "model/vocab.h"
+#include "text/vocab.h"
 
 namespace td::cli {
 namespace {

@@ -9,7 +9,7 @@
 #include "cli/common.h"
 #include "model/kv-cache.h"
 #include "model/model.h"
-#include "model/vocab.h"
+#include "text/vocab.h"
 
 namespace td::cli {
 namespace {

@@ -13,12 +13,12 @@
 #include "core/thread-pool.h"
 #include "model/context.h"
 #include "model/engine.h"
-#include "model/detokenizer.h"
+#include "text/detokenizer.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
-#include "model/vocab.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
 
 namespace td::cli {
 namespace {

@@ -5,8 +5,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "gguf/gguf.h"
-#include "model/tokenizer.h"
-#include "model/vocab.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
 
 namespace td::cli {
 namespace {

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "core/log.h"
-#include "model/detokenizer.h"
+#include "text/detokenizer.h"
 #include "server/openai.h"
 
 namespace td::server {

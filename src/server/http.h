@@ -27,8 +27,8 @@
 #include <string>
 
 #include "core/status.h"
-#include "model/chat-template.h"
-#include "model/tokenizer.h"
+#include "text/chat-template.h"
+#include "text/tokenizer.h"
 #include "server/scheduler.h"
 
 namespace td::server {

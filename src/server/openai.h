@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "model/chat-template.h"
+#include "text/chat-template.h"
 #include "model/sampler.h"
 #include "server/scheduler.h"
 

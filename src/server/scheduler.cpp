@@ -4,8 +4,8 @@
 
 #include "core/check.h"
 #include "core/log.h"
-#include "model/chat-template.h"
-#include "model/detokenizer.h"
+#include "text/chat-template.h"
+#include "text/detokenizer.h"
 
 namespace td::server {
 

@@ -51,7 +51,7 @@
 #include "core/status.h"
 #include "model/engine.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace td::server {
 

@@ -4,7 +4,7 @@
 
 #include "cluster/cluster-engine.h"
 #include "core/log.h"
-#include "model/vocab.h"
+#include "text/vocab.h"
 
 namespace td::server {
 

@@ -10,11 +10,11 @@
 
 #include "core/status.h"
 #include "core/thread-pool.h"
-#include "model/chat-template.h"
+#include "text/chat-template.h"
 #include "model/engine.h"
 #include "model/kv-cache.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "server/http.h"
 #include "server/scheduler.h"
 

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "model/vocab.h"
+#include "text/vocab.h"
 
 namespace td {
 

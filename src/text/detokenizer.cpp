@@ -1,4 +1,4 @@
-#include "model/detokenizer.h"
+#include "text/detokenizer.h"
 
 #include "core/check.h"
 

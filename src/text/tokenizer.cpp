@@ -1,9 +1,9 @@
 // Tokenizer front end shared by all algorithms: the special-token partition, BOS/EOS and the piece cache.
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include "core/check.h"
-#include "model/tokenizer-bpe.h"
-#include "model/tokenizer-spm.h"
+#include "text/tokenizer-bpe.h"
+#include "text/tokenizer-spm.h"
 
 namespace td {
 

@@ -1,4 +1,4 @@
-#include "model/chat-template.h"
+#include "text/chat-template.h"
 
 #include <algorithm>
 #include <array>

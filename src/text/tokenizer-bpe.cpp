@@ -7,12 +7,12 @@
 //   4. each final symbol is its token; a symbol that is not a token (possible only with merges whose result
 //      is not in the vocabulary) falls back to the tokens of its single bytes, and bytes without one are
 //      dropped, as llama.cpp does.
-#include "model/tokenizer-bpe.h"
+#include "text/tokenizer-bpe.h"
 
 #include <queue>
 
 #include "core/check.h"
-#include "model/unicode.h"
+#include "text/unicode.h"
 
 namespace td {
 

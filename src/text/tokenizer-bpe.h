@@ -4,8 +4,8 @@
 
 #include <unordered_map>
 
-#include "model/pre-tokenizer.h"
-#include "model/tokenizer.h"
+#include "text/pre-tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace td {
 

@@ -2,13 +2,13 @@
 // _llama3 decisions step by step (including where they differ from the regex they stand for), because the
 // goal is the same words, not a better regex engine. The `match` stages emulate ECMAScript std::regex
 // leftmost-first search for the few regex shapes the other pre-tokenizers use.
-#include "model/pre-tokenizer.h"
+#include "text/pre-tokenizer.h"
 
 #include <array>
 
 #include "core/check.h"
 #include "core/log.h"
-#include "model/unicode.h"
+#include "text/unicode.h"
 
 namespace td {
 

@@ -23,7 +23,7 @@
 #include <span>
 #include <string>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace td {
 

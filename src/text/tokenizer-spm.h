@@ -2,7 +2,7 @@
 // Tokenizer::create().
 #pragma once
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace td {
 

@@ -1,10 +1,10 @@
-#include "model/unicode.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <array>
 
 #include "core/check.h"
-#include "model/unicode-data.h"
+#include "text/unicode-data.h"
 
 namespace td::unicode {
 

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/unicode.h"
+#include "text/unicode.h"
 
 namespace td::unicode::data {
 

@@ -7,7 +7,7 @@
 //      score; equal scores merge the leftmost pair first;
 //   4. each final symbol is its token, or, when the symbol is not in the vocabulary (only unmerged single
 //      characters can be: every merge result is a token), one byte token <0xNN> per byte.
-#include "model/tokenizer-spm.h"
+#include "text/tokenizer-spm.h"
 
 #include <queue>
 

@@ -1,6 +1,6 @@
 // Vocabulary loading and validation. The special-token rules mirror llama.cpp's llama_vocab::impl::load so
 // that the same file tokenizes to the same ids here and there.
-#include "model/vocab.h"
+#include "text/vocab.h"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 
 #include "core/check.h"
 #include "gguf/gguf.h"
-#include "model/pre-tokenizer.h"
+#include "text/pre-tokenizer.h"
 
 namespace td {
 
