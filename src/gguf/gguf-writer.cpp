@@ -235,8 +235,8 @@ void Writer::set_value(std::string key, const Value &v) {
     put(std::move(key), v);
 }
 
-void Writer::add_tensor(std::string name, DType type, std::vector<int64_t> ne, const void *data,
-                        size_t n_bytes) {
+void Writer::check_tensor(const std::string &name, DType type, const std::vector<int64_t> &ne,
+                          size_t n_bytes) {
     TD_ASSERT(dtype_is_known(static_cast<uint32_t>(type)), "tensor '{}': unknown dtype {}", name,
               static_cast<uint32_t>(type));
     TD_ASSERT(!ne.empty() && ne.size() <= 4, "tensor '{}' has {} dimensions", name, ne.size());
@@ -252,9 +252,21 @@ void Writer::add_tensor(std::string name, DType type, std::vector<int64_t> ne, c
               "tensor '{}' is too large", name);
     TD_ASSERT(n_bytes == expected, "tensor '{}': {} bytes given, shape and type need {}", name, n_bytes,
               expected);
+}
+
+void Writer::add_tensor(std::string name, DType type, std::vector<int64_t> ne, const void *data,
+                        size_t n_bytes) {
+    check_tensor(name, type, ne, n_bytes);
     TD_ASSERT(data != nullptr, "tensor '{}': no data", name);
     const auto *p = static_cast<const uint8_t *>(data);
-    tensors_.push_back({std::move(name), type, std::move(ne), std::vector<uint8_t>(p, p + n_bytes)});
+    tensors_.push_back({std::move(name), type, std::move(ne), std::vector<uint8_t>(p, p + n_bytes), n_bytes, {}});
+}
+
+void Writer::add_tensor_from(std::string name, DType type, std::vector<int64_t> ne, size_t n_bytes,
+                             TensorSource source) {
+    check_tensor(name, type, ne, n_bytes);
+    TD_ASSERT(source != nullptr, "tensor '{}': no source", name);
+    tensors_.push_back({std::move(name), type, std::move(ne), {}, n_bytes, std::move(source)});
 }
 
 Status Writer::write(const std::string &path) const {
@@ -308,7 +320,7 @@ Status Writer::write(const std::string &path) const {
         for (int64_t n : t.ne) head.put(static_cast<uint64_t>(n));
         head.put(static_cast<uint32_t>(t.type));
         head.put(offset);
-        offset += align_up(t.data.size(), alignment_);
+        offset += align_up(t.n_bytes, alignment_);
     }
     head.buf.resize(align_up(head.buf.size(), alignment_), 0);
 
@@ -317,10 +329,24 @@ Status Writer::write(const std::string &path) const {
     if (fd < 0) return make_error(ErrorKind::io, "{}: cannot create: {}", tmp, std::strerror(errno));
     const std::vector<uint8_t> zeros(alignment_, 0);
     bool ok = write_all(fd, head.buf.data(), head.buf.size());
+    std::vector<uint8_t> produced;  // a sourced tensor's bytes, one tensor at a time
+    Status source_status;
     for (const auto &t : tensors_) {
         if (!ok) break;
-        ok = write_all(fd, t.data.data(), t.data.size()) &&
-             write_all(fd, zeros.data(), align_up(t.data.size(), alignment_) - t.data.size());
+        const uint8_t *bytes = t.data.data();
+        if (t.source) {
+            produced.resize(t.n_bytes);
+            source_status = t.source(produced.data());
+            if (!source_status.ok()) break;
+            bytes = produced.data();
+        }
+        ok = write_all(fd, bytes, t.n_bytes) &&
+             write_all(fd, zeros.data(), align_up(t.n_bytes, alignment_) - t.n_bytes);
+    }
+    if (!source_status.ok()) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return source_status.with_context(path);
     }
     int err = ok ? 0 : errno;
     if (::close(fd) != 0 && ok) {

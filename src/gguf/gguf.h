@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -177,6 +178,12 @@ public:
     // is copied. Asserted (caller bugs): 1..4 dims, every ne >= 1, ne[0] a multiple of the block size,
     // n_bytes matching the shape.
     void add_tensor(std::string name, DType type, std::vector<int64_t> ne, const void *data, size_t n_bytes);
+    // The same, with the bytes produced at write() time, one tensor at a time, so a large file is written
+    // without holding its tensors in memory. source fills n_bytes at dst; its error ends write() (the
+    // partial file is removed) with that error.
+    using TensorSource = std::function<Status(uint8_t *dst)>;
+    void add_tensor_from(std::string name, DType type, std::vector<int64_t> ne, size_t n_bytes,
+                         TensorSource source);
 
     // Writes the whole file (to path + ".tmp", then renamed). io errors name the path; invalid_input for
     // a duplicate tensor name, a tensor name longer than kMaxLlamaTensorName, a general.alignment that
@@ -188,8 +195,12 @@ private:
         std::string name;
         DType type;
         std::vector<int64_t> ne;
-        std::vector<uint8_t> data;
+        std::vector<uint8_t> data;  // empty when `source` produces the bytes
+        size_t n_bytes = 0;
+        TensorSource source;
     };
+    static void check_tensor(const std::string &name, DType type, const std::vector<int64_t> &ne,
+                             size_t n_bytes);
     void put(std::string key, Value value);
 
     size_t alignment_;

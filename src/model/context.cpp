@@ -13,7 +13,8 @@
 namespace td {
 
 Result<std::unique_ptr<Context>> Context::create(std::shared_ptr<const Model> model,
-                                                 const ContextParams &params, ThreadPool &pool) {
+                                                 const ContextParams &params, ThreadPool &pool,
+                                                 Collective *collective) {
     const HParams &hp = model->hparams();
     int32_t n_ctx = params.n_ctx > 0 ? params.n_ctx : hp.n_ctx_train;
     if (n_ctx <= 0 || n_ctx > (1 << 20)) return invalid_input("context size {} must be in 1..1048576", n_ctx);
@@ -23,13 +24,18 @@ Result<std::unique_ptr<Context>> Context::create(std::shared_ptr<const Model> mo
         log_warn("context size {} exceeds the model's training context {}; quality may suffer", n_ctx,
                  hp.n_ctx_train);
 
+    if (model->is_slice() && collective == nullptr)
+        return invalid_input("{}: a tensor-parallel slice ({}) needs its group's collective", model->file().path(),
+                             tp_slice_str(model->slice()));
     std::unique_ptr<Context> ctx(new Context());
+    if (model->is_slice()) ctx->collective_ = collective;
     ctx->model_ = std::move(model);
     ctx->pool_ = &pool;
     ctx->n_ctx_ = n_ctx;
     const int32_t n_layer = ctx->model_->layer_last() - ctx->model_->layer_first();
     TD_ASSIGN_OR_RETURN(
-        ctx->kv_, KvCache::create(std::max(n_layer, 1), params.n_seq, n_ctx, hp.n_embd_kv(), params.kv_type));
+        ctx->kv_, KvCache::create(std::max(n_layer, 1), params.n_seq, n_ctx, ctx->model_->n_embd_kv_local(),
+                                  params.kv_type));
     kernels::RopeParams &r = ctx->rope_;
     r.n_rot = hp.n_rot;
     r.freq_base = hp.rope_freq_base;
@@ -82,12 +88,13 @@ void Context::ensure_scratch(int32_t n) {
     // Everything else holds one micro-batch of at most kMaxUbatch rows (layer_forward).
     const size_t ub = std::min<size_t>(rows, kMaxUbatch);
     grow(xn_, ub * hp.n_embd);
-    grow(q_, ub * hp.n_embd_q());
-    grow(k_, ub * hp.n_embd_kv());
-    grow(v_, ub * hp.n_embd_kv());
-    grow(attn_, ub * hp.n_embd_q());
-    grow(gate_, ub * hp.n_ff);
-    grow(up_, ub * hp.n_ff);
+    const Model &m = *model_;
+    grow(q_, ub * m.n_embd_q_local());
+    grow(k_, ub * m.n_embd_kv_local());
+    grow(v_, ub * m.n_embd_kv_local());
+    grow(attn_, ub * m.n_embd_q_local());
+    grow(gate_, ub * m.n_ff_local());
+    grow(up_, ub * m.n_ff_local());
     grow(scores_, static_cast<size_t>(pool_->n_threads()) * 2 * kAttnBlock * n_ctx_);
 }
 
@@ -117,7 +124,7 @@ Status Context::decode(const Batch &batch, const float *hidden_in) {
         std::memcpy(x_.data(), hidden_in, static_cast<size_t>(n) * n_embd * sizeof(float));
     }
 
-    for (int32_t il = m.layer_first(); il < m.layer_last(); ++il) layer_forward(il, batch);
+    for (int32_t il = m.layer_first(); il < m.layer_last(); ++il) TD_TRY(layer_forward(il, batch));
 
     // The sequences now extend to the last position written.
     for (int32_t i = 0; i < n; ++i) kv_.seq_set_len(batch.seq[i], batch.pos[i] + 1);
@@ -130,7 +137,7 @@ Status Context::decode(const Batch &batch, const float *hidden_in) {
     if (n_outputs_ == 0) return {};
     if (out_rows_.size() < static_cast<size_t>(n_outputs_) * n_embd)
         out_rows_.resize(static_cast<size_t>(n_outputs_) * n_embd);
-    const size_t n_logits = static_cast<size_t>(n_outputs_) * hp.n_vocab;
+    const size_t n_logits = static_cast<size_t>(n_outputs_) * m.n_vocab_local();
     if (logits_.size() < n_logits) logits_.resize(n_logits);
     const float *norm_w = static_cast<const float *>(m.output_norm().data);
     for (int32_t i = 0, o = 0; i < n; ++i) {
@@ -153,13 +160,19 @@ Status Context::decode(const Batch &batch, const float *hidden_in) {
     return {};
 }
 
-void Context::layer_forward(int32_t il, const Batch &batch) {
+Status Context::layer_forward(int32_t il, const Batch &batch) {
     const int32_t n = batch.size();
     for (int32_t r0 = 0; r0 < n; r0 += kMaxUbatch)
-        layer_forward_rows(il, batch, r0, std::min(kMaxUbatch, n - r0));
+        TD_TRY(layer_forward_rows(il, batch, r0, std::min(kMaxUbatch, n - r0)));
+    return {};
 }
 
-void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int32_t n) {
+Status Context::reduce(int32_t n) {
+    if (collective_ == nullptr) return {};
+    return collective_->all_reduce_sum(xn_.data(), static_cast<size_t>(n) * model_->hparams().n_embd);
+}
+
+Status Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int32_t n) {
     const Model &m = *model_;
     const HParams &hp = m.hparams();
     const LayerWeights &w = m.layer(il);
@@ -167,8 +180,9 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
     const int32_t *pos = &batch.pos[r0];                  // [n]
     const int32_t *seq = &batch.seq[r0];                  // [n]
     const int32_t local = il - m.layer_first();
-    const int64_t n_embd = hp.n_embd, n_q = hp.n_embd_q(), n_kv = hp.n_embd_kv(), n_ff = hp.n_ff;
-    const int32_t head_dim = hp.head_dim;
+    // This rank's heads and FFN rows (all of them on one machine).
+    const int64_t n_embd = hp.n_embd, n_q = m.n_embd_q_local(), n_kv = m.n_embd_kv_local(), n_ff = m.n_ff_local();
+    const int32_t head_dim = hp.head_dim, n_head = m.n_head_local(), n_head_kv = m.n_head_kv_local();
     ThreadPool &pool = *pool_;
 
     // --- attention block:  x += Wo · attn(rope(Wq·n(x)), rope(Wk·n(x)), Wv·n(x)) ---
@@ -191,15 +205,15 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
                 kernels::add_inplace(v, static_cast<const float *>(w.bv.data), n_kv);
             }
             if (w.q_norm.data) {
-                for (int32_t h = 0; h < hp.n_head; ++h)
+                for (int32_t h = 0; h < n_head; ++h)
                     kernels::rmsnorm(q + h * head_dim, static_cast<const float *>(w.q_norm.data),
                                      q + h * head_dim, head_dim, hp.rms_eps);
-                for (int32_t h = 0; h < hp.n_head_kv; ++h)
+                for (int32_t h = 0; h < n_head_kv; ++h)
                     kernels::rmsnorm(k + h * head_dim, static_cast<const float *>(w.k_norm.data),
                                      k + h * head_dim, head_dim, hp.rms_eps);
             }
-            kernels::rope(q, hp.n_head, head_dim, pos[i], rope_);
-            kernels::rope(k, hp.n_head_kv, head_dim, pos[i], rope_);
+            kernels::rope(q, n_head, head_dim, pos[i], rope_);
+            kernels::rope(k, n_head_kv, head_dim, pos[i], rope_);
             if (hp.attn_q_scale > 0.0f)  // gemma2: the queries carry the attention scale
                 for (int64_t j = 0; j < n_q; ++j) q[j] *= hp.attn_q_scale;
             kernels::store_row(k, kv_.k_row(local, seq[i], pos[i]), kv_f16, n_kv);
@@ -217,15 +231,15 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
     const int32_t n_swa = hp.layer_is_swa(il) ? hp.n_swa : 0;
     int32_t block = std::min(n_gqa, kAttnBlock);
     while (block > 1 &&
-           static_cast<int64_t>(n) * hp.n_head_kv * ((n_gqa + block - 1) / block) < 2 * pool.n_threads())
+           static_cast<int64_t>(n) * n_head_kv * ((n_gqa + block - 1) / block) < 2 * pool.n_threads())
         block = (block + 1) / 2;
     const int32_t n_blocks = (n_gqa + block - 1) / block;
-    const int64_t n_jobs = static_cast<int64_t>(n) * hp.n_head_kv * n_blocks;
+    const int64_t n_jobs = static_cast<int64_t>(n) * n_head_kv * n_blocks;
     pool.run([&](int ith, int nth) {
         float *scores = &scores_[static_cast<size_t>(ith) * 2 * kAttnBlock * n_ctx_];
         for (int64_t job = ith; job < n_jobs; job += nth) {
-            const int64_t i = job / (static_cast<int64_t>(hp.n_head_kv) * n_blocks);
-            const int32_t kvh = static_cast<int32_t>(job / n_blocks % hp.n_head_kv);
+            const int64_t i = job / (static_cast<int64_t>(n_head_kv) * n_blocks);
+            const int32_t kvh = static_cast<int32_t>(job / n_blocks % n_head_kv);
             const int32_t h0 = kvh * n_gqa + static_cast<int32_t>(job % n_blocks) * block;
             const int32_t n_q_heads = std::min(block, (kvh + 1) * n_gqa - h0);
             const int32_t first = n_swa > 0 ? std::max(0, pos[i] - n_swa + 1) : 0;
@@ -237,6 +251,7 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
         }
     });
     kernels::matmul(w.wo, attn_.data(), xn_.data(), n, pool, mm_scratch_);
+    TD_TRY(reduce(n));  // a slice's Wo columns give a partial sum: all-reduce 1 of 2
     post_norm(w.attn_post_norm, n);
     kernels::add_inplace(x, xn_.data(), static_cast<int64_t>(n) * n_embd);
 
@@ -260,8 +275,10 @@ void Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int
         }
     });
     kernels::matmul(w.w_down, gate_.data(), xn_.data(), n, pool, mm_scratch_);
+    TD_TRY(reduce(n));  // all-reduce 2 of 2
     post_norm(w.ffn_post_norm, n);
     kernels::add_inplace(x, xn_.data(), static_cast<int64_t>(n) * n_embd);
+    return {};
 }
 
 void Context::post_norm(const TensorView &norm, int32_t n) {

@@ -7,6 +7,10 @@
 //   last < n_layer:    output is the hidden state [n_tokens, n_embd] for the next stage
 // Splitting [0, n) into [0, k) + [k, n) gives bit-identical results: the math per row does not depend on
 // which call it ran in.
+//
+// Tensor parallelism: a model loaded from a slice file (model/tp-slice.h) computes its heads and FFN rows and
+// sums the partial results with the group's Collective twice per layer; logits() then holds the rank's
+// vocabulary rows [n_outputs, n_vocab_local]. The context never knows how the collective is carried.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +20,7 @@
 #include "core/status.h"
 #include "core/thread-pool.h"
 #include "model/batch.h"
+#include "model/collective.h"
 #include "model/kv-cache.h"
 #include "model/model.h"
 
@@ -31,15 +36,20 @@ class Context {
 public:
     // Errors: n_ctx above the model's training context is allowed (with a warning) but must be positive
     // and at most 1M; the KV cache must fit in memory.
+    // collective: required when the model is a slice (a rank of a tensor-parallel group), else ignored;
+    // it must outlive the context.
     static Result<std::unique_ptr<Context>> create(std::shared_ptr<const Model> model,
-                                                   const ContextParams &params, ThreadPool &pool);
+                                                   const ContextParams &params, ThreadPool &pool,
+                                                   Collective *collective = nullptr);
 
     // Runs the layer range over `batch`. hidden_in: [batch.size(), n_embd], required when layer_first > 0.
     // Bad input (token id out of range, position beyond the context, gap in a sequence's positions,
-    // sequence slot out of range) returns invalid_input and leaves the cache unchanged.
+    // sequence slot out of range) returns invalid_input and leaves the cache unchanged. A collective's error
+    // is returned as it is; the sequences in the batch are then in an undefined state (clear them).
     Status decode(const Batch &batch, const float *hidden_in = nullptr);
 
-    const float *logits() const { return logits_.data(); }  // [n_outputs, n_vocab], last stage only
+    const float *logits() const { return logits_.data(); }  // [n_outputs, n_vocab_local], last stage only
+    int32_t n_vocab_local() const { return model_->n_vocab_local(); }
     int32_t n_outputs() const { return n_outputs_; }
     const float *hidden() const { return x_.data(); }  // [n_tokens, n_embd], non-last stage only
 
@@ -56,8 +66,10 @@ private:
     // A layer over the whole batch, in micro-batches of at most kMaxUbatch rows so the scratch stays small
     // for long prompts (rows of one sequence are in position order, so a later micro-batch sees the keys
     // an earlier one stored). The math per row does not depend on the split.
-    void layer_forward(int32_t il, const Batch &batch);
-    void layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int32_t n);
+    Status layer_forward(int32_t il, const Batch &batch);
+    Status layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, int32_t n);
+    // Sums the ranks' partial results (rows [0, n) of xn_) when the model is a slice; else nothing.
+    Status reduce(int32_t n);
     // xn_ rows [0, n) = rmsnorm(xn_ rows) * norm, when the layer has that post-norm (gemma2); else nothing.
     void post_norm(const TensorView &norm, int32_t n);
     static constexpr int32_t kMaxUbatch = 256;
@@ -67,6 +79,7 @@ private:
 
     std::shared_ptr<const Model> model_;
     ThreadPool *pool_ = nullptr;
+    Collective *collective_ = nullptr;  // set for a slice
     int32_t n_ctx_ = 0;
     KvCache kv_;
     kernels::RopeParams rope_;
@@ -74,14 +87,15 @@ private:
     // Scratch, grown to the largest batch seen and reused.
     std::vector<float> x_;         // [n, n_embd] residual stream
     std::vector<float> xn_;        // [ub, n_embd] normed (ub: rows of one micro-batch)
-    std::vector<float> q_;         // [ub, n_embd_q]
-    std::vector<float> k_;         // [ub, n_embd_kv]
-    std::vector<float> v_;         // [ub, n_embd_kv]
-    std::vector<float> attn_;      // [ub, n_embd_q]
-    std::vector<float> gate_;      // [ub, n_ff]
-    std::vector<float> up_;        // [ub, n_ff]
+    // Sizes of a slice's own heads and FFN rows (the whole model's on one machine): *_local in model.h.
+    std::vector<float> q_;         // [ub, n_embd_q_local]
+    std::vector<float> k_;         // [ub, n_embd_kv_local]
+    std::vector<float> v_;         // [ub, n_embd_kv_local]
+    std::vector<float> attn_;      // [ub, n_embd_q_local]
+    std::vector<float> gate_;      // [ub, n_ff_local]
+    std::vector<float> up_;        // [ub, n_ff_local]
     std::vector<float> scores_;    // [n_threads, n_ctx] attention scores per thread
-    std::vector<float> logits_;    // [n_outputs, n_vocab]
+    std::vector<float> logits_;    // [n_outputs, n_vocab_local]
     std::vector<float> out_rows_;  // [n_outputs, n_embd]
     std::vector<uint8_t> mm_scratch_;
     int32_t n_outputs_ = 0;

@@ -101,7 +101,6 @@ Status Model::bind(const ModelLoadOptions &options) {
                           f.path(), arch_name, fmt::join(architecture_names(), ", "));
     TD_ASSIGN_OR_RETURN(hp_, arch_->load_hparams(f));
 
-    const int64_t n_embd = hp_.n_embd, n_q = hp_.n_embd_q(), n_kv = hp_.n_embd_kv(), n_ff = hp_.n_ff;
     layer_first_ = options.layer_first;
     layer_last_ = options.layer_last < 0 ? hp_.n_layer : options.layer_last;
     if (layer_first_ < 0 || layer_first_ > layer_last_ || layer_last_ > hp_.n_layer)
@@ -116,13 +115,17 @@ Status Model::bind(const ModelLoadOptions &options) {
         hp_.n_vocab = static_cast<int32_t>(embd->ne[1]);
     }
     const int64_t n_vocab = hp_.n_vocab;
+    TD_ASSIGN_OR_RETURN(slice_, tp_slice_read(f, hp_));
+    const int64_t n_embd = hp_.n_embd, n_q = n_embd_q_local(), n_kv = n_embd_kv_local(), n_ff = n_ff_local();
 
     if (layer_first_ == 0) {
         TD_ASSIGN_OR_RETURN(tok_embd_, get_tensor(f, "token_embd.weight", {n_embd, n_vocab}));
     }
     if (layer_last_ == hp_.n_layer) {
         TD_ASSIGN_OR_RETURN(output_norm_, get_tensor(f, "output_norm.weight", {n_embd}, true, true));
-        TD_ASSIGN_OR_RETURN(output_, get_tensor(f, "output.weight", {n_embd, n_vocab}, false));
+        // A slice file always has its own output rows; a whole model may tie them to the embedding.
+        TD_ASSIGN_OR_RETURN(output_,
+                            get_tensor(f, "output.weight", {n_embd, n_vocab_local()}, is_slice()));
         if (output_.data == nullptr) {  // tied embeddings
             TD_ASSIGN_OR_RETURN(output_, get_tensor(f, "token_embd.weight", {n_embd, n_vocab}));
         }

@@ -12,6 +12,7 @@
 #include "gguf/gguf.h"
 #include "model/arch/arch.h"
 #include "model/hparams.h"
+#include "model/tp-slice.h"
 #include "model/weight-pack.h"
 #include "tensor/tensor.h"
 
@@ -52,6 +53,17 @@ public:
     static Result<std::shared_ptr<Model>> load(gguf::File file, const ModelLoadOptions &options = {});
 
     const HParams &hparams() const { return hp_; }
+    // The tensor-parallel slice the file holds (model/tp-slice.h): the whole model unless it is a slice file.
+    // Matrices are bound with the slice's shapes: wq [n_embd rows of n_q], wk/wv [.. n_kv], wo [n_q rows of
+    // n_embd] (a partial sum), gate/up [.. n_ff], down [n_ff rows of n_embd], output [.. n_vocab] (local sizes).
+    const TpSlice &slice() const { return slice_; }
+    bool is_slice() const { return !tp_slice_is_whole(slice_, hp_); }
+    int32_t n_head_local() const { return slice_.n_kv() * hp_.n_gqa(); }
+    int32_t n_head_kv_local() const { return slice_.n_kv(); }
+    int32_t n_embd_q_local() const { return n_head_local() * hp_.head_dim; }
+    int32_t n_embd_kv_local() const { return slice_.n_kv() * hp_.head_dim; }
+    int32_t n_ff_local() const { return slice_.n_ff(); }
+    int32_t n_vocab_local() const { return slice_.n_vocab(); }
     const Architecture &arch() const { return *arch_; }
     const gguf::File &file() const { return file_; }
     int32_t layer_first() const { return layer_first_; }
@@ -82,6 +94,7 @@ private:
     gguf::File file_;
     const Architecture *arch_ = nullptr;
     HParams hp_;
+    TpSlice slice_;
     int32_t layer_first_ = 0, layer_last_ = 0;
     TensorView tok_embd_, output_norm_, output_;
     std::vector<LayerWeights> layers_;  // [n_layer]; only the range is bound

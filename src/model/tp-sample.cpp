@@ -1,0 +1,127 @@
+#include "model/tp-sample.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace td {
+namespace {
+
+// Encoding of one output row: u32 header, then either n (i32 id, f32 logit) pairs or, with kDense, i32 first
+// id and the slice's n logits in id order.
+constexpr uint32_t kDense = 1u << 31;
+
+bool penalties_active(const SamplerParams &p) {
+    return p.repeat_last_n != 0 &&
+           (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
+}
+
+// How many candidates a rank sends for a row: 0 = the dense slice.
+int32_t sparse_count(const SamplerParams &p, bool want_logits, int32_t n_vocab) {
+    if (want_logits || penalties_active(p)) return 0;
+    if (p.temperature <= 0.0f) return 1;
+    if (p.top_k > 0 && p.top_k < n_vocab && p.top_k <= kTpSparseTopK) return p.top_k;
+    return 0;
+}
+
+// NaN ranks as -inf, as in the sampler.
+float key(float v) {
+    return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v;
+}
+
+template <typename T>
+void put(std::vector<uint8_t> &buf, T v) {
+    const size_t at = buf.size();
+    buf.resize(at + sizeof(T));
+    std::memcpy(&buf[at], &v, sizeof(T));
+}
+
+template <typename T>
+bool get(const std::vector<uint8_t> &buf, size_t &at, T *v) {
+    if (buf.size() - at < sizeof(T) || at > buf.size()) return false;
+    std::memcpy(v, &buf[at], sizeof(T));
+    at += sizeof(T);
+    return true;
+}
+
+}  // namespace
+
+Status TpOutputMerger::sample(const Batch &batch, const float *logits, const TpSlice &slice, int32_t n_vocab,
+                              const std::vector<Sampler *> &samplers, const std::vector<bool> &want_logits,
+                              Collective &collective, std::vector<StepOutput> &out) {
+    out.clear();
+    const int32_t n_local = slice.n_vocab();
+    mine_.clear();
+    int32_t o = 0;
+    for (int32_t i = 0; i < batch.size(); ++i) {
+        if (!batch.want_logits[i]) continue;
+        const float *row = logits + static_cast<size_t>(o++) * n_local;  // [n_local]
+        const int32_t s = batch.seq[i];
+        const Sampler *sampler = samplers[s];
+        const int32_t k = sampler == nullptr ? 1 : sparse_count(sampler->params(), want_logits[s], n_vocab);
+        if (k == 0) {
+            put<uint32_t>(mine_, kDense | static_cast<uint32_t>(n_local));
+            put<int32_t>(mine_, slice.vocab_first);
+            const size_t at = mine_.size();
+            mine_.resize(at + sizeof(float) * n_local);
+            std::memcpy(&mine_[at], row, sizeof(float) * n_local);
+            continue;
+        }
+        const int32_t n = std::min(k, n_local);
+        order_.resize(n_local);
+        for (int32_t j = 0; j < n_local; ++j) order_[j] = j;
+        auto better = [row](int32_t a, int32_t b) {
+            const float ka = key(row[a]), kb = key(row[b]);
+            return ka > kb || (ka == kb && a < b);
+        };
+        if (n == 1) {
+            order_[0] = *std::min_element(order_.begin(), order_.end(), better);
+        } else {
+            std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), better);
+        }
+        put<uint32_t>(mine_, static_cast<uint32_t>(n));
+        for (int32_t j = 0; j < n; ++j) {
+            put<int32_t>(mine_, slice.vocab_first + order_[j]);
+            put<float>(mine_, row[order_[j]]);
+        }
+    }
+    TD_TRY(collective.gather(mine_, all_));
+    if (collective.rank() != 0) return {};
+
+    const int32_t n_out = o;
+    full_.assign(static_cast<size_t>(n_out) * n_vocab, -std::numeric_limits<float>::infinity());
+    for (size_t r = 0; r < all_.size(); ++r) {
+        const std::vector<uint8_t> &buf = all_[r];
+        size_t at = 0;
+        for (int32_t row = 0; row < n_out; ++row) {
+            float *dst = &full_[static_cast<size_t>(row) * n_vocab];  // [n_vocab]
+            uint32_t head = 0;
+            if (!get(buf, at, &head)) return make_error(ErrorKind::failed, "rank {}: short candidate list", r);
+            const uint32_t n = head & ~kDense;
+            if (head & kDense) {
+                int32_t first = 0;
+                if (!get(buf, at, &first) || buf.size() - at < sizeof(float) * n)
+                    return make_error(ErrorKind::failed, "rank {}: short logits slice", r);
+                if (first < 0 || static_cast<uint64_t>(first) + n > static_cast<uint64_t>(n_vocab))
+                    return make_error(ErrorKind::failed, "rank {}: logits slice outside the vocabulary", r);
+                std::memcpy(dst + first, &buf[at], sizeof(float) * n);
+                at += sizeof(float) * n;
+                continue;
+            }
+            for (uint32_t j = 0; j < n; ++j) {
+                int32_t id = 0;
+                float v = 0.0f;
+                if (!get(buf, at, &id) || !get(buf, at, &v))
+                    return make_error(ErrorKind::failed, "rank {}: short candidate list", r);
+                if (id < 0 || id >= n_vocab)
+                    return make_error(ErrorKind::failed, "rank {}: candidate id {} outside the vocabulary", r, id);
+                dst[id] = v;
+            }
+        }
+    }
+    sample_outputs(batch, full_.data(), n_vocab, samplers, want_logits, out);
+    return {};
+}
+
+}  // namespace td
