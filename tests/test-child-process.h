@@ -73,6 +73,10 @@ public:
     }
 
     void kill() { signal_and_reap(SIGKILL); }
+    // Sends `sig` (SIGSTOP, SIGCONT) without waiting.
+    void signal(int sig) {
+        if (pid_ > 0) ::kill(pid_, sig);
+    }
     // Sends `sig`, waits for the exit and returns the exit status (-1 when it did not exit normally).
     int signal_and_reap(int sig) {
         if (pid_ <= 0) return -1;
@@ -113,6 +117,8 @@ public:
             address_.empty() ? 0 : static_cast<uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1)));
     }
     void kill() { proc_.kill(); }
+    void stall() { proc_.signal(SIGSTOP); }
+    void resume() { proc_.signal(SIGCONT); }
     bool running() const { return proc_.running() && port_ != 0; }
     const std::string &address() const { return address_; }  // "127.0.0.1:PORT"
     uint16_t port() const { return port_; }

@@ -76,6 +76,8 @@ Status decode_any(MsgType type, std::span<const uint8_t> p) {
             return decode_empty(type, p);
         case MsgType::ping:
         case MsgType::pong:
+        case MsgType::tp_partial:  // raw floats / opaque candidates: their receivers check the size
+        case MsgType::tp_gather:
             return {};
     }
     return invalid_input("unknown type");
@@ -114,9 +116,14 @@ LoadStage sample_load_stage() {
     m.wire = static_cast<uint32_t>(WireType::q8_0);
     m.n_threads = 8;
     m.model_name = "llama-7b";
-    m.next_host = "10.0.0.3";
-    m.next_port = 9101;
+    m.next = {"10.0.0.3:9101", "10.0.0.4:9101"};
     m.is_last = true;
+    m.tp_rank = 1;
+    m.tp_size = 2;
+    m.slice[0] = 2, m.slice[1] = 4, m.slice[2] = 2816, m.slice[3] = 5632, m.slice[4] = 16000, m.slice[5] = 32000;
+    m.group = 0xfeedfacecafebeefull;
+    m.stage_fingerprint = 0x1122334455667788ull;
+    m.peers = {"10.0.0.2:9100", "10.0.0.3:9100"};
     return m;
 }
 SeqStart sample_seq_start() {
@@ -351,9 +358,15 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(l->wire, ls.wire);
     EXPECT_EQ(l->n_threads, 8u);
     EXPECT_EQ(l->model_name, "llama-7b");
-    EXPECT_EQ(l->next_host, "10.0.0.3");
-    EXPECT_EQ(l->next_port, 9101);
+    EXPECT_EQ(l->next, ls.next);
     EXPECT_TRUE(l->is_last);
+    EXPECT_EQ(l->tp_rank, 1u);
+    EXPECT_EQ(l->tp_size, 2u);
+    EXPECT_EQ(l->slice[3], 5632);
+    EXPECT_EQ(l->slice[5], 32000);
+    EXPECT_EQ(l->group, ls.group);
+    EXPECT_EQ(l->stage_fingerprint, ls.stage_fingerprint);
+    EXPECT_EQ(l->peers, ls.peers);
 
     b.clear();
     encode(LoadReply{1, "cache 9f2c"}, b);
@@ -482,6 +495,23 @@ TEST(NetCodec, SemanticChecks) {
     ls.wire = 5;
     encode(ls, b);
     EXPECT_FALSE(decode_load_stage(b).ok());
+    // Tensor parallelism: a rank outside its group, a group without all its peers, an empty slice range.
+    for (int c = 0; c < 3; ++c) {
+        b.clear();
+        ls = sample_load_stage();
+        if (c == 0) ls.tp_rank = 2;
+        if (c == 1) ls.peers.pop_back();
+        if (c == 2) ls.slice[1] = ls.slice[0];
+        encode(ls, b);
+        EXPECT_FALSE(decode_load_stage(b).ok()) << "case " << c;
+    }
+    b.clear();
+    ls = sample_load_stage();
+    ls.next.assign(kMaxNextHops + 1, "10.0.0.5:1");
+    encode(ls, b);
+    auto many = decode_load_stage(b);
+    ASSERT_FALSE(many.ok());
+    EXPECT_NE(many.status().message().find("limit 64"), std::string::npos) << many.status().message();
     b.clear();
     SeqStart s = sample_seq_start();
     s.temperature = NAN;

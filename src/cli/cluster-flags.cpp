@@ -15,7 +15,16 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
                     "Run as a pipeline on these workers: HOST:PORT,HOST:PORT,...");
     cmd->add_option("--layers", flags.layers,
                     "Layers per worker, e.g. 0-7,8-15 (default: by measured speed)");
-    cmd->add_option("--split", flags.split, "Relative layer shares per worker, e.g. 1,1");
+    cmd->add_option("--split", flags.split,
+                    "Relative shares per worker, e.g. 1,1 or 3,1 (layers; with --tp also heads and FFN rows)");
+    cmd->add_option("--tp", flags.tp,
+                    "Tensor parallelism: every N workers form one stage that splits each layer's heads and "
+                    "FFN rows (--tp 2 with 2 workers: both work on every token)")
+        ->default_val(1)
+        ->check(CLI::Range(1, 64));
+    cmd->add_option("--layout", flags.layout,
+                    "Nodes per pipeline stage, in --workers order, e.g. 2,2 (two stages of two tensor-parallel "
+                    "nodes) or 2,1");
     cmd->add_option("--wire", flags.wire, "Activation encoding between stages: f32, f16 or q8_0")
         ->default_val("f16");
     cmd->add_option("--head-layers", flags.head_layers,
@@ -37,8 +46,9 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
                                             const ContextParams &params, ThreadPool &pool,
                                             int32_t n_threads) {
     if (flags.workers.empty()) {
-        if (!flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0 || flags.chunk_rows > 0)
-            return invalid_input("--layers, --split, --head-layers and --chunk need --workers");
+        if (!flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0 || flags.chunk_rows > 0 ||
+            flags.tp > 1 || !flags.layout.empty())
+            return invalid_input("--layers, --split, --tp, --layout, --head-layers and --chunk need --workers");
         TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
         return std::unique_ptr<Engine>(std::move(e));
     }
@@ -48,6 +58,8 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.workers = flags.workers;
     co.layers = flags.layers;
     co.split = flags.split;
+    co.tp = flags.tp;
+    co.layout = flags.layout;
     if (!net::wire_type_from_name(flags.wire, &co.wire))
         return invalid_input("--wire must be f32, f16 or q8_0, got '{}'", flags.wire);
     co.context = params;
@@ -70,9 +82,13 @@ std::string engine_placement(const Engine &engine) {
     if (c == nullptr) return "";
     std::string out;
     if (c->head_layers() > 0) out = fmt::format("head 0-{},", c->head_layers() - 1);
-    for (size_t i = 0; i < c->nodes().size(); ++i) {
-        const auto &n = c->nodes()[i];
-        out += fmt::format("{}{}-{}", i == 0 ? "" : ",", n.layers.first, n.layers.second - 1);
+    // One entry per stage: its layers, and "xN" for a tensor-parallel group of N nodes.
+    bool first = true;
+    for (const auto &n : c->nodes()) {
+        if (n.rank != 0) continue;
+        out += fmt::format("{}{}-{}{}", first ? "" : ",", n.layers.first, n.layers.second - 1,
+                           n.tp_size > 1 ? fmt::format("x{}", n.tp_size) : "");
+        first = false;
     }
     return out;
 }

@@ -18,6 +18,8 @@ struct ClusterFlags {
     std::string workers;  // "h1:p1,h2:p2"; empty: run locally
     std::string layers;   // "0-7,8-15"
     std::string split;    // "1,1"
+    int32_t tp = 1;       // nodes per tensor-parallel stage
+    std::string layout;   // "2,2": nodes per stage
     std::string wire = "f16";
     int32_t head_layers = 0;  // layers the head runs itself before stage 1
     int32_t chunk_rows = 0;   // rows per message of a long step (0: chosen from the stages and the step)

@@ -3,11 +3,13 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <random>
 
 #include "cluster/cluster-engine.h"
 #include "cluster/fingerprint.h"
 #include "cluster/node-info.h"
 #include "cluster/wire.h"
+#include "core/check.h"
 #include "core/log.h"
 #include "net/codec.h"
 
@@ -52,6 +54,11 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     if (e->model_->layer_first() != 0 || e->model_->layer_last() != hp.n_layer)
         return invalid_input("the head needs the whole model file (it was opened for a layer range)");
     TD_ASSIGN_OR_RETURN(e->addresses_, parse_worker_list(options.workers));
+    TD_ASSIGN_OR_RETURN(std::vector<size_t> sizes, parse_layout(options.layout, options.tp, e->addresses_.size()));
+    for (size_t s = 0, next = 0; s < sizes.size(); ++s) {
+        e->groups_.emplace_back();
+        for (size_t r = 0; r < sizes[s]; ++r) e->groups_.back().push_back(next++);
+    }
     if (options.context.n_seq < 1 || options.context.n_seq > 4096)
         return invalid_input("n_seq {} must be in 1..4096", options.context.n_seq);
     if (options.max_in_flight < 1) return invalid_input("max_in_flight must be at least 1");
@@ -65,12 +72,12 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     e->started_.assign(options.context.n_seq, false);
     e->lost_.assign(options.context.n_seq, false);
     e->want_logits_.assign(options.context.n_seq, false);
-    const int32_t n_workers = static_cast<int32_t>(e->addresses_.size());
-    if (options.head_layers < 0 || options.head_layers > hp.n_layer - n_workers)
+    const int32_t n_stages = static_cast<int32_t>(e->groups_.size());
+    if (options.head_layers < 0 || options.head_layers > hp.n_layer - n_stages)
         return invalid_input(
-            "--head-layers {} leaves fewer layers than the {} workers need; the model has {} "
+            "--head-layers {} leaves fewer layers than the {} stages need; the model has {} "
             "layers, so use 0..{}",
-            options.head_layers, n_workers, hp.n_layer, std::max(0, hp.n_layer - n_workers));
+            options.head_layers, n_stages, hp.n_layer, std::max(0, hp.n_layer - n_stages));
     if (options.chunk_rows < 0)
         return invalid_input("chunk rows {} must not be negative", options.chunk_rows);
     if (options.head_layers > 0) {
@@ -92,13 +99,19 @@ ClusterEngine::~ClusterEngine() {
 Result<std::vector<LayerRange>> ClusterEngine::place() const {
     const int32_t n_layer = model_->hparams().n_layer;
     const int32_t first = options_.head_layers;
-    if (!options_.layers.empty())
-        return parse_layer_ranges(options_.layers, addresses_.size(), n_layer, first);
-    std::vector<double> weights;
+    if (!options_.layers.empty()) return parse_layer_ranges(options_.layers, groups_.size(), n_layer, first);
+    std::vector<double> node_weights;
     if (!options_.split.empty()) {
-        TD_ASSIGN_OR_RETURN(weights, parse_split(options_.split, addresses_.size()));
+        TD_ASSIGN_OR_RETURN(node_weights, parse_split(options_.split, addresses_.size()));
     } else {  // default: in proportion to measured speed
-        for (const NodeStatus &n : nodes_) weights.push_back(n.hello.gflops > 0 ? n.hello.gflops : 1.0);
+        for (const NodeStatus &n : nodes_) node_weights.push_back(n.hello.gflops > 0 ? n.hello.gflops : 1.0);
+    }
+    // A stage's speed is its nodes' together (a tensor-parallel group shares each layer's work).
+    std::vector<double> weights;
+    for (const auto &g : groups_) {
+        double w = 0;
+        for (size_t i : g) w += node_weights[i];
+        weights.push_back(w);
     }
     // Placed by speed, the last stage's output head (a matrix-vector product per generated token) counts as
     // layers of the average size, so equal nodes get equal decoding work. An explicit --split shares layers.
@@ -113,15 +126,19 @@ Result<std::vector<LayerRange>> ClusterEngine::place() const {
     TD_ASSIGN_OR_RETURN(auto ranges,
                         split_layers(weights, n_layer, first, options_.split.empty() ? head_layers : 0.0));
     if (options_.layers.empty() && options_.split.empty()) {
-        for (size_t i = 0; i < ranges.size(); ++i) {  // the speed split must still fit in memory
-            const uint64_t need =
-                stage_weight_bytes(model_->file(), ranges[i].first, ranges[i].second, n_layer);
-            const uint64_t avail = nodes_[i].hello.mem_available;
-            if (avail > 0 && need > avail)
-                return invalid_input(
-                    "worker {} has {} of memory available, its layers {}-{} need {}; give it fewer "
-                    "layers with --layers or --split",
-                    addresses_[i], fmt_bytes(avail), ranges[i].first, ranges[i].second - 1, fmt_bytes(need));
+        for (size_t s = 0; s < ranges.size(); ++s) {  // the speed split must still fit in memory
+            const double stage_bytes = static_cast<double>(
+                stage_weight_bytes(model_->file(), ranges[s].first, ranges[s].second, n_layer));
+            for (size_t i : groups_[s]) {
+                const auto need = static_cast<uint64_t>(stage_bytes * node_weights[i] / weights[s]);
+                const uint64_t avail = nodes_[i].hello.mem_available;
+                if (avail > 0 && need > avail)
+                    return invalid_input(
+                        "worker {} has {} of memory available, its share of layers {}-{} needs {}; give it "
+                        "less with --layers or --split",
+                        addresses_[i], fmt_bytes(avail), ranges[s].first, ranges[s].second - 1,
+                        fmt_bytes(static_cast<double>(need)));
+            }
         }
     }
     return ranges;
@@ -162,7 +179,11 @@ Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
     if (!std::filesystem::exists(path)) {
         std::filesystem::create_directories(options_.stage_dir, ec);
         if (ec) return make_error(ErrorKind::io, "{}: cannot create: {}", options_.stage_dir, ec.message());
-        TD_TRY(write_stage_file(model_->file(), ls.layer_first, ls.layer_last, ls.n_layer, path));
+        if (ls.tp_size > 1)
+            TD_TRY(tp_write_slice_file(model_->file(), model_->hparams(), ls.layer_first, ls.layer_last,
+                                       slices_[i], path));
+        else
+            TD_TRY(write_stage_file(model_->file(), ls.layer_first, ls.layer_last, ls.n_layer, path));
     }
     const uint64_t total = std::filesystem::file_size(path, ec);
     if (ec || total == 0) return make_error(ErrorKind::io, "{}: cannot read the stage file", path);
@@ -194,16 +215,33 @@ Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
     return s;
 }
 
-Status ClusterEngine::load_stage(size_t i, const std::string &next_host, uint16_t next_port) {
+uint64_t ClusterEngine::fingerprint_of(size_t i, uint64_t *stage_fp) {
     const HParams &hp = model_->hparams();
-    const LayerRange range = placement_[i];
-    auto fp = fingerprints_.find(range);
+    const LayerRange range = nodes_[i].layers;
+    const std::string stage_key = fmt::format("{}-{}", range.first, range.second);
+    auto fp = fingerprints_.find(stage_key);
     if (fp == fingerprints_.end())
         fp = fingerprints_
-                 .emplace(range, stage_fingerprint(model_->file(), range.first, range.second, hp.n_layer))
+                 .emplace(stage_key, stage_fingerprint(model_->file(), range.first, range.second, hp.n_layer))
                  .first;
+    *stage_fp = fp->second;
+    if (nodes_[i].tp_size <= 1) return fp->second;
+    const std::string key = stage_key + " " + tp_slice_str(slices_[i]);
+    auto sfp = fingerprints_.find(key);
+    if (sfp == fingerprints_.end()) {
+        auto plan = tp_slice_plan(model_->file(), hp, range.first, range.second, slices_[i]);
+        TD_ASSERT(plan.ok(), "slice plan: {}", plan.status().message());  // tp_split made it from the model
+        sfp = fingerprints_.emplace(key, slice_fingerprint(*plan)).first;
+    }
+    return sfp->second;
+}
+
+Status ClusterEngine::load_stage(size_t i, const std::vector<std::string> &next, uint64_t group) {
+    const HParams &hp = model_->hparams();
+    const NodeStatus &node = nodes_[i];
+    const LayerRange range = node.layers;
     net::LoadStage ls;
-    ls.fingerprint = fp->second;
+    ls.fingerprint = fingerprint_of(i, &ls.stage_fingerprint);
     ls.stage_file_bytes = 0;  // not known until a worker asks for the file (it is written on demand)
     ls.layer_first = range.first;
     ls.layer_last = range.second;
@@ -214,16 +252,23 @@ Status ClusterEngine::load_stage(size_t i, const std::string &next_host, uint16_
     ls.wire = static_cast<uint32_t>(options_.wire);
     ls.n_threads = static_cast<uint32_t>(std::max(0, options_.n_threads));
     ls.model_name = std::filesystem::path(model_->file().path()).filename().string();
-    ls.next_host = next_host;
-    ls.next_port = next_port;
-    ls.is_last = i + 1 == addresses_.size();
+    ls.next = next;
+    ls.is_last = node.stage + 1 == static_cast<int32_t>(groups_.size());
+    if (node.tp_size > 1) {
+        const TpSlice &sl = slices_[i];
+        ls.tp_rank = static_cast<uint32_t>(node.rank);
+        ls.tp_size = static_cast<uint32_t>(node.tp_size);
+        const int32_t v[6] = {sl.kv_first, sl.kv_last, sl.ff_first, sl.ff_last, sl.vocab_first, sl.vocab_last};
+        std::copy(v, v + 6, ls.slice);
+        ls.group = group;
+        for (size_t w : groups_[node.stage]) ls.peers.push_back(addresses_[w]);
+    }
     const std::string &addr = addresses_[i];
     net::Connection &c = *control_[i];
     TD_TRY(name_worker(send_control(c, net::MsgType::load_stage, ls), addr));
     std::vector<uint8_t> payload;
     TD_TRY(name_worker(recv_expect(c, net::MsgType::load_reply, payload, kLoadReplyTimeoutMs, ""), addr));
     TD_ASSIGN_OR_RETURN(net::LoadReply reply, net::decode_load_reply(payload));
-    nodes_[i].layers = range;
     nodes_[i].source = reply.source;
     if (reply.need_weights) TD_TRY(stream_stage_file(i, ls));
     TD_TRY(name_worker(recv_expect(c, net::MsgType::stage_ready, payload, kStageReadyTimeoutMs, ""), addr));
@@ -258,53 +303,97 @@ Status ClusterEngine::connect() {
         auto p = place();
         if (p.ok()) placement_ = *p;
         s = p.status();
+        // Each tensor-parallel group splits its layers' heads and FFN rows by its nodes' speed (or --split).
+        slices_.assign(n, TpSlice{});
+        std::vector<double> node_weights;
+        if (s.ok() && !options_.split.empty()) {
+            auto w = parse_split(options_.split, n);
+            s = w.status();
+            if (w.ok()) node_weights = *w;
+        } else {
+            for (const NodeStatus &node : nodes_)
+                node_weights.push_back(node.hello.gflops > 0 ? node.hello.gflops : 1.0);
+        }
+        for (size_t st = 0; st < groups_.size() && s.ok(); ++st) {
+            if (groups_[st].size() < 2) continue;
+            std::vector<double> shares;
+            for (size_t i : groups_[st]) shares.push_back(node_weights[i]);
+            auto sl = tp_split(model_->hparams(), shares,
+                               tp_ff_unit(model_->file(), placement_[st].first, placement_[st].second));
+            if (!sl.ok()) {
+                s = sl.status().with_context(fmt::format("stage {} ({} nodes)", st + 1, groups_[st].size()));
+                break;
+            }
+            for (size_t r = 0; r < groups_[st].size(); ++r) slices_[groups_[st][r]] = (*sl)[r];
+        }
+        if (!s.ok()) placement_.clear();
     }
-    // Load from the last stage back to the first: each stage dials its next hop when it loads.
+    for (size_t st = 0; st < groups_.size() && s.ok(); ++st)
+        for (size_t r = 0; r < groups_[st].size(); ++r) {
+            NodeStatus &node = nodes_[groups_[st][r]];
+            node.layers = placement_[st];
+            node.stage = static_cast<int32_t>(st);
+            node.rank = static_cast<int32_t>(r);
+            node.tp_size = static_cast<int32_t>(groups_[st].size());
+            node.slice = slices_[groups_[st][r]];
+        }
+    const size_t result_worker = groups_.back()[0];
     if (s.ok()) {
-        auto l = net::tcp_listen(host_of(control_[n - 1]->local()), 0);
+        auto l = net::tcp_listen(host_of(control_[result_worker]->local()), 0);
         if (l.ok()) result_listener_ = std::move(l).value();
         s = l.status();
     }
+    // Load from the last stage back to the first (each stage dials its next hops when it loads), and in a
+    // group from the last rank down (each rank dials the higher ranks of its group).
     if (s.ok()) {
         Status acc;
         std::thread acceptor([&] { acc = accept_result_link(); });
-        s = load_stage(n - 1, host_of(control_[n - 1]->local()), result_listener_->port());
+        std::random_device rd;
+        for (size_t st = groups_.size(); st-- > 0 && s.ok();) {
+            const std::vector<size_t> &g = groups_[st];
+            const uint64_t group = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;  // never 0
+            for (size_t r = g.size(); r-- > 0 && s.ok();) {
+                std::vector<std::string> next;
+                if (st + 1 == groups_.size()) {
+                    if (r == 0)
+                        next.push_back(fmt::format("{}:{}", host_of(control_[result_worker]->local()),
+                                                   result_listener_->port()));
+                } else {  // rank r feeds the next group's ranks q with q % size == r
+                    const std::vector<size_t> &ng = groups_[st + 1];
+                    for (size_t q = r; q < ng.size(); q += g.size()) next.push_back(addresses_[ng[q]]);
+                }
+                s = load_stage(g[r], next, group);
+            }
+        }
         if (!s.ok()) result_listener_->close();
         acceptor.join();
         if (s.ok()) s = acc;
     }
-    for (size_t i = n - 1; i-- > 0 && s.ok();) {
+    for (size_t r = 0; r < groups_[0].size() && s.ok(); ++r) {  // our links to the first stage's ranks
+        const std::string &addr = addresses_[groups_[0][r]];
         std::string host;
         uint16_t port = 0;
-        (void)net::parse_host_port(addresses_[i + 1], &host, &port);
-        s = load_stage(i, host, port);
-    }
-    if (s.ok()) {  // our link to the first stage
-        std::string host;
-        uint16_t port = 0;
-        (void)net::parse_host_port(addresses_[0], &host, &port);
+        (void)net::parse_host_port(addr, &host, &port);
         auto c = net::tcp_connect(host, port, options_.connect_timeout_ms);
         if (c.ok()) {
-            data_out_ = std::move(c).value();
             net::Hello hello;
             hello.role = net::ConnRole::data;
             hello.build_id = build_id();
             hello.node_name = "head";
             std::vector<uint8_t> payload;
-            s = send_control(*data_out_, net::MsgType::hello, hello);
-            if (s.ok())
-                s = recv_expect(*data_out_, net::MsgType::hello_reply, payload, kControlTimeoutMs, "");
-            s = name_worker(s, addresses_[0]);
+            s = send_control(**c, net::MsgType::hello, hello);
+            if (s.ok()) s = recv_expect(**c, net::MsgType::hello_reply, payload, kControlTimeoutMs, "");
+            s = name_worker(s, addr);
+            data_outs_.push_back(std::move(c).value());
         } else {
-            s = Status(ErrorKind::disconnected,
-                       fmt::format("cannot reach worker {}: {}", addresses_[0], c.status().message()));
+            s = Status(ErrorKind::disconnected, fmt::format("cannot reach worker {}: {}", addr, c.status().message()));
         }
     }
     if (!s.ok()) {
         disconnect();
         return s;
     }
-    sender_ = std::make_unique<net::AsyncSender>(*data_out_);
+    for (auto &c : data_outs_) senders_.push_back(std::make_unique<net::AsyncSender>(*c));
     // Every message of every step in flight has a frame, so the result reader never blocks on the driver.
     results_ =
         std::make_unique<FrameQueue>(static_cast<size_t>(options_.max_in_flight) * kMaxPartsPerStep + 2);
@@ -321,10 +410,17 @@ Status ClusterEngine::connect() {
     threads_.emplace_back([this] { result_loop(); });
     connected_ = true;
     pending_.clear();
+    tokens_done_ = 0;
     started_.assign(started_.size(), false);
     if (head_ctx_) head_ctx_->kv().clear();  // the workers start empty: so does the head's part
     if (options_.print_placement) std::fputs(placement_table().c_str(), stderr);
     return {};
+}
+
+std::vector<size_t> ClusterEngine::stage_sizes() const {
+    std::vector<size_t> out;
+    for (const auto &g : groups_) out.push_back(g.size());
+    return out;
 }
 
 void ClusterEngine::disconnect() {
@@ -335,14 +431,14 @@ void ClusterEngine::disconnect() {
     }
     for (auto &c : control_)
         if (c) c->close();
-    if (data_out_) data_out_->close();
+    for (auto &c : data_outs_) c->close();
     if (result_in_) result_in_->close();
     if (result_listener_) result_listener_->close();
     if (results_) results_->close();
     for (std::thread &t : threads_) t.join();
     threads_.clear();
-    sender_.reset();
-    data_out_.reset();
+    senders_.clear();
+    data_outs_.clear();
     result_in_.reset();
     result_listener_.reset();
     results_.reset();
@@ -352,11 +448,13 @@ void ClusterEngine::disconnect() {
 }
 
 std::string ClusterEngine::placement_table() const {
+    bool tp = false;
+    for (const auto &g : groups_) tp = tp || g.size() > 1;
     std::string out = fmt::format(
-        "tandem: placement ({} workers, head layers {}, wire {}, n_ctx {}, {} seq):\n", nodes_.size(),
-        options_.head_layers, net::wire_type_name(options_.wire), n_ctx_, options_.context.n_seq);
-    out += fmt::format("  {:<22} {:<8} {:>11} {:>11} {:>8}  {}\n", "node", "layers", "weights", "KV",
-                       "GFLOP/s", "weights from");
+        "tandem: placement ({} workers in {} stages, head layers {}, wire {}, n_ctx {}, {} seq):\n", nodes_.size(),
+        groups_.size(), options_.head_layers, net::wire_type_name(options_.wire), n_ctx_, options_.context.n_seq);
+    out += fmt::format("  {:<22} {:<8} {:>11} {:>11} {:>8}  {}{}\n", "node", "layers", "weights", "KV", "GFLOP/s",
+                       tp ? "slice (rank: KV heads, FFN rows, vocab rows)      " : "", "weights from");
     if (head_ctx_) {
         const HParams &hp = model_->hparams();
         out += fmt::format(
@@ -365,26 +463,47 @@ std::string ClusterEngine::placement_table() const {
                 static_cast<double>(stage_weight_bytes(model_->file(), 0, options_.head_layers, hp.n_layer))),
             fmt_bytes(static_cast<double>(head_ctx_->kv().bytes())), "-", "the head's model file");
     }
-    for (const NodeStatus &n : nodes_)
-        out += fmt::format("  {:<22} {:<8} {:>11} {:>11} {:>8.1f}  {}\n", n.address,
+    for (const NodeStatus &n : nodes_) {
+        const std::string slice =
+            !tp ? ""
+            : n.tp_size > 1 ? fmt::format("{:<50}", fmt::format("{}/{}: {}", n.rank, n.tp_size, tp_slice_str(n.slice)))
+                            : fmt::format("{:<50}", "whole layers");
+        out += fmt::format("  {:<22} {:<8} {:>11} {:>11} {:>8.1f}  {}{}\n", n.address,
                            fmt::format("{}-{}", n.layers.first, n.layers.second - 1),
                            fmt_bytes(static_cast<double>(n.ready.weight_bytes)),
-                           fmt_bytes(static_cast<double>(n.ready.kv_bytes)), n.hello.gflops, n.source);
+                           fmt_bytes(static_cast<double>(n.ready.kv_bytes)), n.hello.gflops, slice, n.source);
+    }
     return out;
 }
 
 std::string ClusterEngine::format_stats(const ClusterStats &st) const {
+    bool tp = false;
+    for (const auto &g : groups_) tp = tp || g.size() > 1;
     std::string out = "tandem: cluster stats (per node since load; data-ring messages):\n";
-    out +=
-        fmt::format("  {:<22} {:<8} {:>8} {:>8} {:>11} {:>11} {:>8} {:>10} {:>9} {:>9}\n", "node", "layers",
-                    "msgs in", "msgs out", "bytes in", "bytes out", "steps", "compute s", "wait s", "send s");
+    out += fmt::format("  {:<22} {:<8} {:>8} {:>8} {:>11} {:>11} {:>8} {:>10} {:>9} {:>9}", "node", "layers",
+                       "msgs in", "msgs out", "bytes in", "bytes out", "steps", "compute s", "wait s", "send s");
+    if (tp)
+        out += fmt::format(" {:>9} {:>8} {:>12} {:>10} {:>12}", "all-red", "per step", "peer out/tok", "coll. s",
+                           "us/coll.");
+    out += "\n";
     for (size_t i = 0; i < st.nodes.size() && i < nodes_.size(); ++i) {
         const net::StatsReply &r = st.nodes[i];
         out += fmt::format(
-            "  {:<22} {:<8} {:>8} {:>8} {:>11} {:>11} {:>8} {:>10.3f} {:>9.3f} {:>9.3f}\n", nodes_[i].address,
+            "  {:<22} {:<8} {:>8} {:>8} {:>11} {:>11} {:>8} {:>10.3f} {:>9.3f} {:>9.3f}", nodes_[i].address,
             fmt::format("{}-{}", nodes_[i].layers.first, nodes_[i].layers.second - 1), r.msgs_in, r.msgs_out,
             fmt_bytes(static_cast<double>(r.bytes_in)), fmt_bytes(static_cast<double>(r.bytes_out)),
             r.forward_steps, r.compute_seconds, r.wait_seconds, r.send_seconds);
+        if (tp && nodes_[i].tp_size > 1) {
+            // Per step: all-reduces per forward message; per token: peer bytes over the tokens sampled.
+            const double steps = static_cast<double>(std::max<uint64_t>(r.forward_steps, 1));
+            const double tokens = static_cast<double>(std::max<uint64_t>(st.tokens, 1));
+            const double colls = static_cast<double>(std::max<uint64_t>(r.tp_all_reduces + r.tp_gathers, 1));
+            out += fmt::format(" {:>9} {:>8.1f} {:>12} {:>10.3f} {:>12.1f}", r.tp_all_reduces,
+                               static_cast<double>(r.tp_all_reduces) / steps,
+                               fmt_bytes(static_cast<double>(r.tp_bytes_out) / tokens), r.tp_wait_seconds,
+                               r.tp_wait_seconds * 1e6 / colls);
+        }
+        out += "\n";
     }
     out +=
         fmt::format("  {:<22} {:<8} {:>8} {:>8} {:>11} {:>11} {:>8} {:>10} {:>9} {:>9.3f}\n", "head", "-",

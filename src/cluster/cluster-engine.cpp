@@ -29,7 +29,7 @@ void ClusterEngine::fail(const Status &status) {
     // Wake everything that waits on the pipeline; the objects stay alive until disconnect() joins.
     for (auto &c : control_)
         if (c) c->close();
-    if (data_out_) data_out_->close();
+    for (auto &c : data_outs_) c->close();
     if (result_in_) result_in_->close();
     if (results_) results_->close();
 }
@@ -54,11 +54,14 @@ Status ClusterEngine::ensure_connected(bool new_request) {
 }
 
 Status ClusterEngine::enqueue_data(net::MsgType type, uint64_t request_id, std::span<const uint8_t> payload) {
-    Status s = sender_->enqueue(type, request_id, 0, payload);
-    if (!s.ok()) {
-        fail(Status(ErrorKind::disconnected,
-                    fmt::format("worker {} disconnected ({})", addresses_[0], s.message())));
-        return broken();
+    // Every rank of the first stage gets every message, in the same order.
+    for (size_t r = 0; r < senders_.size(); ++r) {
+        Status s = senders_[r]->enqueue(type, request_id, 0, payload);
+        if (!s.ok()) {
+            fail(Status(ErrorKind::disconnected,
+                        fmt::format("worker {} disconnected ({})", addresses_[groups_[0][r]], s.message())));
+            return broken();
+        }
     }
     return {};
 }
@@ -206,9 +209,9 @@ Status ClusterEngine::take_result(Frame *f, uint64_t id, std::vector<StepOutput>
     Status s;
     if (type != net::MsgType::result || f->header.request_id != id) {
         s = make_error(ErrorKind::failed, "worker {} sent {} for step {} while step {} was expected",
-                       addresses_.back(), net::msg_type_name(type), f->header.request_id, id);
+                       result_address(), net::msg_type_name(type), f->header.request_id, id);
     } else if (auto r = net::decode_result(f->payload, static_cast<uint32_t>(n_vocab())); !r.ok()) {
-        s = r.status().with_context(fmt::format("worker {}", addresses_.back()));
+        s = r.status().with_context(fmt::format("worker {}", result_address()));
     } else {
         const bool has_logits = (r->flags & net::kResultLogits) != 0;
         const size_t base = out.size();
@@ -216,7 +219,7 @@ Status ClusterEngine::take_result(Frame *f, uint64_t id, std::vector<StepOutput>
         for (uint32_t i = 0; i < r->n_outputs; ++i) {
             const net::ResultRow row = r->row(i);
             if (row.seq < 0 || row.seq >= n_seq()) {
-                s = invalid_input("worker {}: result for sequence {} out of range", addresses_.back(),
+                s = invalid_input("worker {}: result for sequence {} out of range", result_address(),
                                   row.seq);
                 break;
             }
@@ -253,7 +256,7 @@ Result<std::vector<StepOutput>> ClusterEngine::wait() {
             if (timed_out)
                 fail(make_error(ErrorKind::failed,
                                 "no result from the last stage ({}) for {:.0f} s; the pipeline is stalled",
-                                addresses_.back(), options_.step_timeout_ms / 1000.0));
+                                result_address(), options_.step_timeout_ms / 1000.0));
             pending_.clear();
             return broken();
         }
@@ -262,6 +265,7 @@ Result<std::vector<StepOutput>> ClusterEngine::wait() {
         if (!s.ok() && first_error.ok()) first_error = s;
     }
     if (!first_error.ok()) return first_error;
+    tokens_done_ += out.size();
     return out;
 }
 
@@ -289,11 +293,14 @@ Result<ClusterStats> ClusterEngine::stats() {
         if (!done) return make_error(ErrorKind::failed, "workers did not answer the stats request in time");
         st.nodes = stats_replies_;
     }
-    const net::ConnStats &out = data_out_->stats();
+    for (const auto &c : data_outs_) {
+        const net::ConnStats &out = c->stats();
+        st.head_msgs_sent += out.msgs_sent;
+        st.head_bytes_sent += out.bytes_sent;
+        st.head_send_seconds += static_cast<double>(out.send_ns) * 1e-9;
+    }
     const net::ConnStats &in = result_in_->stats();
-    st.head_msgs_sent = out.msgs_sent;
-    st.head_bytes_sent = out.bytes_sent;
-    st.head_send_seconds = static_cast<double>(out.send_ns) * 1e-9;
+    st.tokens = tokens_done_;
     st.head_msgs_recv = in.msgs_recv;
     st.head_bytes_recv = in.bytes_recv;
     return st;
@@ -371,7 +378,7 @@ void ClusterEngine::result_loop() {
         if (!s.ok()) {
             results_->release(f);
             fail(Status(ErrorKind::disconnected, fmt::format("worker {} disconnected (result link: {})",
-                                                             addresses_.back(), s.message())));
+                                                             result_address(), s.message())));
             return;
         }
         results_->push(f);

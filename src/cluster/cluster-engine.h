@@ -19,6 +19,13 @@
 // longer than that. The next seq_start/submit with nothing outstanding reconnects from scratch (handshake,
 // load from the worker's cache), so the same engine works again once the worker is back.
 //
+// Tensor parallelism (`tp` / `layout`): a stage may be a group of workers that each hold a slice of every
+// layer of its range (model/tp-slice.h) and all-reduce their partial sums over peer links twice per layer.
+// The head (or the previous group) sends every step to every rank of a group; rank 0 of the last group
+// samples (merging the ranks' candidates) and returns the tokens. One stage of N nodes is `--tp N`; stages of
+// groups are a layout, e.g. "2,2" (two stages of two nodes: workers 1-2 run the first half of the layers,
+// 3-4 the second).
+//
 // Thread safety: one thread drives the Engine methods; stats() may be called from that thread too.
 #pragma once
 
@@ -39,6 +46,7 @@
 #include "model/context.h"
 #include "model/engine.h"
 #include "model/model.h"
+#include "model/tp-slice.h"
 #include "net/protocol.h"
 #include "net/transport.h"
 
@@ -47,7 +55,9 @@ namespace td::cluster {
 struct ClusterOptions {
     std::string workers;  // "h1:p1,h2:p2": the stages, in pipeline order
     std::string layers;   // "0-7,8-15": explicit ranges (one per worker); else
-    std::string split;    // "1,1": relative shares; else in proportion to each worker's measured speed
+    std::string split;    // "1,1": relative shares per worker; else in proportion to each worker's measured speed
+    int32_t tp = 1;       // > 1: the workers form stages of tp nodes each (tensor-parallel groups)
+    std::string layout;   // "2,2": nodes per stage, in worker order (instead of tp); "" = tp (or 1 each)
     net::WireType wire = net::WireType::f16;
     ContextParams context;  // n_ctx (0: the model's), n_seq, kv type; every stage uses the same
     int32_t n_threads = 0;  // threads per worker; 0: the worker's own -t
@@ -67,6 +77,10 @@ struct ClusterOptions {
 struct NodeStatus {
     std::string address;  // as given in --workers
     LayerRange layers;
+    int32_t stage = 0;    // pipeline stage (0 = first)
+    int32_t rank = 0;     // rank in the stage's tensor-parallel group
+    int32_t tp_size = 1;  // ranks in that group
+    TpSlice slice;        // what the rank holds (tp_size > 1)
     net::HelloReply hello;
     std::string source;  // LoadReply.source: "local file ...", "cache ...", "streamed from the head ..."
     net::StageReady ready;
@@ -83,6 +97,7 @@ int32_t auto_chunk_rows(int32_t n_rows, int32_t n_stages);
 
 struct ClusterStats {
     std::vector<net::StatsReply> nodes;                // [n_workers], since each stage was loaded
+    uint64_t tokens = 0;                               // outputs (sampled tokens) returned, since connecting
     uint64_t head_msgs_sent = 0, head_bytes_sent = 0;  // head -> stage 1 (data), since connecting
     uint64_t head_msgs_recv = 0, head_bytes_recv = 0;  // last stage -> head (data)
     double head_send_seconds = 0.0;
@@ -103,7 +118,9 @@ public:
     int max_in_flight() const override { return options_.max_in_flight; }
     // Pipeline stages: the workers, plus the head when it runs layers. A driver keeps this many
     // micro-batches (groups of sequences) in flight to keep every stage busy.
-    int n_stages() const { return static_cast<int>(addresses_.size()) + (options_.head_layers > 0 ? 1 : 0); }
+    int n_stages() const { return static_cast<int>(groups_.size()) + (options_.head_layers > 0 ? 1 : 0); }
+    // Nodes per stage (tensor-parallel group sizes), workers only.
+    std::vector<size_t> stage_sizes() const;
     Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false) override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;
@@ -129,7 +146,10 @@ private:
     Status broken() const;
 
     Status handshake(size_t i);
-    Status load_stage(size_t i, const std::string &next_host, uint16_t next_port);
+    Status load_stage(size_t i, const std::vector<std::string> &next, uint64_t group);
+    // The worker that returns results (rank 0 of the last stage).
+    const std::string &result_address() const { return addresses_[groups_.back()[0]]; }
+    uint64_t fingerprint_of(size_t i, uint64_t *stage_fp);
     Status stream_stage_file(size_t i, const net::LoadStage &ls);
     Status accept_result_link();
     Result<std::vector<LayerRange>> place() const;
@@ -147,17 +167,21 @@ private:
     std::shared_ptr<const Model> model_;
     ClusterOptions options_;
     std::vector<std::string> addresses_;
+    std::vector<std::vector<size_t>> groups_;  // [stage] worker indices, in rank order
     int32_t n_ctx_ = 0;
-    std::map<LayerRange, uint64_t> fingerprints_;  // cached: hashing a big model takes a while
-    std::vector<LayerRange> placement_;            // chosen at the first connect, kept across reconnects
+    std::map<std::string, uint64_t> fingerprints_;  // cached: hashing a big model takes a while
+    // Chosen at the first connect, kept across reconnects: [stage] layers, [worker] slices.
+    std::vector<LayerRange> placement_;
+    std::vector<TpSlice> slices_;
 
     // Connection state (rebuilt by connect()).
     bool connected_ = false;
     std::vector<NodeStatus> nodes_;
     std::vector<std::unique_ptr<net::Connection>> control_;  // [n_workers]
     std::unique_ptr<net::Listener> result_listener_;
-    std::unique_ptr<net::Connection> data_out_, result_in_;
-    std::unique_ptr<net::AsyncSender> sender_;
+    std::vector<std::unique_ptr<net::Connection>> data_outs_;  // [ranks of the first stage]
+    std::vector<std::unique_ptr<net::AsyncSender>> senders_;   // [ranks of the first stage]
+    std::unique_ptr<net::Connection> result_in_;
     std::unique_ptr<FrameQueue> results_;
     std::vector<std::thread> threads_;
 
@@ -182,6 +206,7 @@ private:
     std::deque<Pending> pending_;  // steps in flight
     Batch part_;                   // rows of one part (reused)
     uint64_t next_step_ = 1;
+    uint64_t tokens_done_ = 0;
     uint64_t next_stats_id_ = 1;
     std::vector<bool> started_, want_logits_;  // [n_seq]
     // [n_seq] sequences started before the cluster was reconnected: their KV state is gone, so any step

@@ -47,6 +47,21 @@ uint64_t stage_fingerprint(const gguf::File &file, int32_t layer_first, int32_t 
     return h;
 }
 
+uint64_t slice_fingerprint(const std::vector<TpSliceTensor> &plan) {
+    XXH3_state_t *state = XXH3_createState();
+    XXH3_64bits_reset(state);
+    for (const TpSliceTensor &t : plan) {
+        XXH3_64bits_update(state, t.name.data(), t.name.size());
+        const uint32_t type = static_cast<uint32_t>(t.type);
+        XXH3_64bits_update(state, &type, sizeof(type));
+        XXH3_64bits_update(state, t.ne.data(), sizeof(int64_t) * t.ne.size());
+        t.for_each_span([&](const uint8_t *p, size_t n) { XXH3_64bits_update(state, p, n); });
+    }
+    const uint64_t h = XXH3_64bits_digest(state);
+    XXH3_freeState(state);
+    return h;
+}
+
 uint64_t stage_weight_bytes(const gguf::File &file, int32_t layer_first, int32_t layer_last,
                             int32_t n_layer) {
     uint64_t total = 0;

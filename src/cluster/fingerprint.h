@@ -16,6 +16,7 @@
 
 #include "core/status.h"
 #include "gguf/gguf.h"
+#include "model/tp-slice.h"
 
 namespace td::cluster {
 
@@ -32,6 +33,10 @@ uint64_t stage_weight_bytes(const gguf::File &file, int32_t layer_first, int32_t
 // order), which Model::load opens with the same layer range. Errors: i/o naming `path`.
 Status write_stage_file(const gguf::File &file, int32_t layer_first, int32_t layer_last, int32_t n_layer,
                         const std::string &path);
+
+// The fingerprint of a tensor-parallel slice file (model/tp-slice.h tp_slice_plan), computed from the whole
+// model without writing the file: stage_fingerprint of the slice file once written gives the same value.
+uint64_t slice_fingerprint(const std::vector<TpSliceTensor> &plan);
 
 // 16 lowercase hex digits (also the cache file name: <hex>.gguf)
 std::string fingerprint_hex(uint64_t fp);

@@ -68,6 +68,34 @@ Result<std::vector<LayerRange>> parse_layer_ranges(const std::string &layers, si
     return out;
 }
 
+Result<std::vector<size_t>> parse_layout(const std::string &layout, int32_t tp, size_t n_workers) {
+    if (n_workers == 0) return invalid_input("no workers");
+    if (!layout.empty()) {
+        std::vector<size_t> sizes;
+        size_t total = 0;
+        for (const std::string &p : split_commas(layout)) {
+            char *end = nullptr;
+            const long v = std::strtol(p.c_str(), &end, 10);
+            if (p.empty() || end != p.c_str() + p.size() || v < 1 || v > 64)
+                return invalid_input("--layout: '{}' is not a node count in 1..64 (e.g. --layout 2,2)", p);
+            sizes.push_back(static_cast<size_t>(v));
+            total += static_cast<size_t>(v);
+        }
+        if (total != n_workers)
+            return invalid_input("--layout '{}' places {} nodes, --workers lists {}", layout, total, n_workers);
+        if (tp > 1)
+            for (size_t n : sizes)
+                if (n != static_cast<size_t>(tp))
+                    return invalid_input("--layout '{}' disagrees with --tp {}; give one of them", layout, tp);
+        return sizes;
+    }
+    if (tp < 1 || tp > 64) return invalid_input("--tp {} must be in 1..64", tp);
+    if (n_workers % static_cast<size_t>(tp) != 0)
+        return invalid_input("--tp {} needs a multiple of {} workers (stages of {} nodes), got {}", tp, tp, tp,
+                             n_workers);
+    return std::vector<size_t>(n_workers / static_cast<size_t>(tp), static_cast<size_t>(tp));
+}
+
 Result<std::vector<double>> parse_split(const std::string &split, size_t n_workers) {
     const std::vector<std::string> parts = split_commas(split);
     if (parts.size() != n_workers)

@@ -20,6 +20,11 @@ Result<std::vector<std::string>> parse_worker_list(const std::string &workers);
 Result<std::vector<LayerRange>> parse_layer_ranges(const std::string &layers, size_t n_workers,
                                                    int32_t n_layer, int32_t first = 0);
 
+// Nodes per pipeline stage: from `layout` ("2,2": two stages of two nodes, in worker order; sizes add up to
+// n_workers), else stages of `tp` nodes (n_workers a multiple of tp), else one node per stage. Errors name
+// the problem ("--tp 2 needs an even number of workers, got 3").
+Result<std::vector<size_t>> parse_layout(const std::string &layout, int32_t tp, size_t n_workers);
+
 // "1,1" or "3,1": positive relative shares, one per worker.
 Result<std::vector<double>> parse_split(const std::string &split, size_t n_workers);
 

@@ -17,6 +17,29 @@ uint64_t ns_since(Clock::time_point t0) {
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
+// Connects to a worker (a next hop or a peer rank) and exchanges Hellos.
+Result<std::unique_ptr<net::Connection>> dial(const std::string &address, net::ConnRole role,
+                                              const std::string &node_name, uint64_t group, uint32_t rank) {
+    std::string host;
+    uint16_t port = 0;
+    TD_TRY(net::parse_host_port(address, &host, &port));
+    TD_ASSIGN_OR_RETURN(auto conn, net::tcp_connect(host, port, kControlTimeoutMs));
+    net::Hello hello;
+    hello.role = role;
+    hello.build_id = build_id();
+    hello.node_name = node_name;
+    hello.group = group;
+    hello.rank = rank;
+    TD_TRY(send_control(*conn, net::MsgType::hello, hello));
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(*conn, net::MsgType::hello_reply, payload, kControlTimeoutMs, address));
+    TD_ASSIGN_OR_RETURN(net::HelloReply reply, net::decode_hello_reply(payload));
+    if (reply.protocol_version != net::kProtocolVersion)
+        return invalid_input("{} speaks protocol {}, this worker speaks {}", address, reply.protocol_version,
+                             net::kProtocolVersion);
+    return conn;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model, const net::LoadStage &load,
@@ -36,28 +59,35 @@ Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model,
     cp.kv_type = static_cast<KvType>(load.kv_type);
     if (cp.n_seq < 1 || cp.n_seq > 4096)
         return invalid_input("load_stage: n_seq {} must be in 1..4096", cp.n_seq);
-    TD_ASSIGN_OR_RETURN(st->ctx_, Context::create(model, cp, pool));
+    if (load.tp_size > 1) {
+        st->collective_ = std::make_unique<PeerCollective>(static_cast<int>(load.tp_rank),
+                                                           static_cast<int>(load.tp_size), load.peers);
+        // Our links to the higher ranks (already loaded: the head loads a group from its last rank down);
+        // the lower ranks dial us when they load.
+        for (uint32_t r = load.tp_rank + 1; r < load.tp_size; ++r) {
+            TD_ASSIGN_OR_RETURN(auto conn, dial(load.peers[r], net::ConnRole::peer, node_name, load.group,
+                                                load.tp_rank));
+            TD_TRY(st->collective_->attach(static_cast<int>(r), std::move(conn)));
+        }
+    }
+    TD_ASSIGN_OR_RETURN(st->ctx_, Context::create(model, cp, pool, st->collective_.get()));
     const int32_t n_seq = st->ctx_->n_seq();
     st->samplers_.resize(n_seq);
     st->sampler_ptrs_.assign(n_seq, nullptr);
     st->want_logits_.assign(n_seq, false);
 
-    // Our output link: the next stage, or the head's data port for the last stage.
-    const std::string next = fmt::format("{}:{}", load.next_host, load.next_port);
-    TD_ASSIGN_OR_RETURN(st->out_, net::tcp_connect(load.next_host, load.next_port, kControlTimeoutMs));
-    net::Hello hello;
-    hello.role = net::ConnRole::data;
-    hello.build_id = build_id();
-    hello.node_name = node_name;
-    TD_TRY(send_control(*st->out_, net::MsgType::hello, hello));
-    std::vector<uint8_t> payload;
-    TD_TRY(recv_expect(*st->out_, net::MsgType::hello_reply, payload, kControlTimeoutMs, next));
-    TD_ASSIGN_OR_RETURN(net::HelloReply reply, net::decode_hello_reply(payload));
-    if (reply.protocol_version != net::kProtocolVersion)
-        return invalid_input("next hop {} speaks protocol {}, this worker speaks {}", next,
-                             reply.protocol_version, net::kProtocolVersion);
-    st->sender_ = std::make_unique<net::AsyncSender>(*st->out_);
+    // Our output links: the next stage's ranks we feed, or the head's data port for the last stage.
+    for (const std::string &next : load.next) {
+        TD_ASSIGN_OR_RETURN(auto conn, dial(next, net::ConnRole::data, node_name, 0, 0));
+        st->senders_.push_back(std::make_unique<net::AsyncSender>(*conn));
+        st->outs_.push_back(std::move(conn));
+    }
     return st;
+}
+
+Status Stage::attach_peer(uint32_t rank, std::unique_ptr<net::Connection> conn) {
+    if (collective_ == nullptr) return invalid_input("this stage is not tensor-parallel");
+    return collective_->attach(static_cast<int>(rank), std::move(conn));
 }
 
 Stage::~Stage() {
@@ -77,11 +107,12 @@ void Stage::stop() {
     stopped_ = true;
     stopping_ = true;
     queue_.close();
+    if (collective_) collective_->close();
     if (in_) in_->close();
-    if (out_) out_->close();
+    for (auto &o : outs_) o->close();
     if (recv_thread_.joinable()) recv_thread_.join();
     if (compute_thread_.joinable()) compute_thread_.join();
-    sender_.reset();  // before the connection it writes to
+    senders_.clear();  // before the connections they write to
 }
 
 net::StatsReply Stage::stats() const {
@@ -94,6 +125,14 @@ net::StatsReply Stage::stats() const {
     r.compute_seconds = static_cast<double>(compute_ns_) * 1e-9;
     r.wait_seconds = static_cast<double>(wait_ns_) * 1e-9;
     r.send_seconds = static_cast<double>(send_ns_) * 1e-9;
+    if (collective_) {
+        const PeerCollective::Stats c = collective_->stats();
+        r.tp_all_reduces = c.all_reduces;
+        r.tp_gathers = c.gathers;
+        r.tp_bytes_out = c.bytes_out;
+        r.tp_bytes_in = c.bytes_in;
+        r.tp_wait_seconds = c.wait_seconds;
+    }
     return r;
 }
 
@@ -126,8 +165,10 @@ void Stage::compute_loop() {
         queue_.release(f);
         if (!s.ok()) {
             if (stopping_) return;
-            if (s.kind() == ErrorKind::disconnected || !out_->is_open()) {
-                log_warn("{}: output link failed: {}", node_name_, s.message());
+            bool out_closed = false;
+            for (const auto &o : outs_) out_closed = out_closed || !o->is_open();
+            if (s.kind() == ErrorKind::disconnected || out_closed) {
+                log_warn("{}: {}", node_name_, s.message());
                 return;
             }
             // A bad step: report it downstream for that step; the stage keeps serving.
@@ -143,10 +184,13 @@ void Stage::compute_loop() {
 }
 
 Status Stage::send_down(net::MsgType type, uint64_t request_id, std::span<const uint8_t> payload) {
-    msgs_out_ += 1;
-    bytes_out_ += net::kHeaderBytes + payload.size();
     const auto t0 = Clock::now();
-    Status s = sender_->enqueue(type, request_id, 0, payload);
+    Status s;
+    for (auto &sender : senders_) {
+        if (s = sender->enqueue(type, request_id, 0, payload); !s.ok()) break;
+        msgs_out_ += 1;
+        bytes_out_ += net::kHeaderBytes + payload.size();
+    }
     send_ns_ += ns_since(t0);
     return s;
 }
@@ -231,7 +275,19 @@ Status Stage::handle_forward(Frame &f) {
                             static_cast<uint32_t>(hp.n_embd), wire_, out_buf_);
         return send_down(net::MsgType::forward, f.header.request_id, out_buf_);
     }
-    sample_outputs(batch_, ctx_->logits(), hp.n_vocab, sampler_ptrs_, want_logits_, outputs_);
+    const float *logits = ctx_->logits();  // [n_outputs, n_vocab]
+    if (collective_) {
+        // Every rank of the last group takes part in the merge; rank 0 samples and answers.
+        const auto t1 = Clock::now();
+        s = merger_.sample(batch_, ctx_->logits(), model_->slice(), hp.n_vocab, sampler_ptrs_, want_logits_,
+                           *collective_, outputs_);
+        compute_ns_ += ns_since(t1);
+        TD_TRY(s);
+        if (load_.tp_rank != 0) return {};
+        logits = merger_.logits();
+    } else {
+        sample_outputs(batch_, logits, hp.n_vocab, sampler_ptrs_, want_logits_, outputs_);
+    }
     rows_.resize(outputs_.size());
     bool any_logits = false;
     for (size_t i = 0; i < outputs_.size(); ++i) {
@@ -240,8 +296,7 @@ Status Stage::handle_forward(Frame &f) {
     }
     // With logits, every output row's logits go (ctx's [n_outputs, n_vocab] as is); the head keeps the rows
     // of the sequences that asked.
-    net::encode_result(rows_, any_logits ? ctx_->logits() : nullptr, static_cast<uint32_t>(hp.n_vocab),
-                       out_buf_);
+    net::encode_result(rows_, any_logits ? logits : nullptr, static_cast<uint32_t>(hp.n_vocab), out_buf_);
     return send_down(net::MsgType::result, f.header.request_id, out_buf_);
 }
 

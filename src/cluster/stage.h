@@ -7,6 +7,11 @@
 // Messages are applied strictly in arrival order, so SeqStart/SeqClear take effect between the steps
 // around them on every stage. An error computing a step travels downstream as an Error frame with the
 // step's id, which the head reports for that step.
+//
+// A tensor-parallel rank (load.tp_size > 1) runs its slice of the layers with a PeerCollective over links to
+// the other ranks of its group (dialed here to the higher ranks, handed over by the worker from the lower
+// ones: attach_peer). Every rank receives the same messages; it sends its output to each of load.next (the
+// next group's ranks it feeds), and in the last group only rank 0 samples (TpOutputMerger) and answers.
 #pragma once
 
 #include <atomic>
@@ -16,12 +21,14 @@
 #include <vector>
 
 #include "cluster/frame-queue.h"
+#include "cluster/tp-collective.h"
 #include "core/status.h"
 #include "core/thread-pool.h"
 #include "model/batch.h"
 #include "model/context.h"
 #include "model/engine.h"
 #include "model/sampler.h"
+#include "model/tp-sample.h"
 #include "net/protocol.h"
 #include "net/transport.h"
 
@@ -39,6 +46,10 @@ public:
     // Takes the previous hop's data connection (its Hello already answered) and starts the threads.
     // Error (conn left with the caller): an input is already attached.
     Status attach_input(std::unique_ptr<net::Connection> &conn);
+    // A tensor-parallel peer's link (its Hello said this stage's group and its rank). Errors: not a TP stage,
+    // bad rank, already linked.
+    Status attach_peer(uint32_t rank, std::unique_ptr<net::Connection> conn);
+    uint64_t group() const { return load_.tp_size > 1 ? load_.group : 0; }
     // Closes the links and joins the threads. Idempotent.
     void stop();
 
@@ -61,8 +72,11 @@ private:
     bool is_first_ = false, is_last_ = false;
     net::WireType wire_ = net::WireType::f16;
 
-    std::unique_ptr<net::Connection> in_, out_;
-    std::unique_ptr<net::AsyncSender> sender_;
+    std::unique_ptr<PeerCollective> collective_;  // tp_size > 1 (ctx_ calls it while computing)
+    TpOutputMerger merger_;
+    std::unique_ptr<net::Connection> in_;
+    std::vector<std::unique_ptr<net::Connection>> outs_;      // [next hops]
+    std::vector<std::unique_ptr<net::AsyncSender>> senders_;  // [next hops]
     FrameQueue queue_{4};
     std::thread recv_thread_, compute_thread_;
     std::atomic<bool> stopping_{false};

@@ -133,6 +133,22 @@ void Worker::handle_connection(std::unique_ptr<net::Connection> conn, uint64_t a
         return;
     }
     std::lock_guard lock(stage_mu_);
+    if (hello->role == net::ConnRole::peer) {
+        Status a = stage_ == nullptr || stage_->group() == 0 || stage_->group() != hello->group
+                       ? make_error(ErrorKind::failed, "{}: no tensor-parallel stage of group {:016x} is loaded",
+                                    listener_->address(), hello->group)
+                       : stage_->attach_peer(hello->rank, std::move(conn));
+        if (!a.ok()) {
+            log_warn("peer connection from {} refused: {}", peer, a.message());
+            if (conn) {
+                send_error(*conn, a);
+                conn->close();
+            }
+            return;
+        }
+        log_info("tensor-parallel rank {} linked from {}", hello->rank, peer);
+        return;
+    }
     Status a = stage_ == nullptr
                    ? make_error(ErrorKind::failed, "{}: no stage is loaded", listener_->address())
                    : Status();
@@ -263,6 +279,7 @@ Status Worker::load_stage(net::Connection &conn, const net::LoadStage &ls) {
 
 Result<std::shared_ptr<Model>> Worker::obtain_weights(net::Connection &conn, const net::LoadStage &ls,
                                                       std::string *source) {
+    if (ls.tp_size > 1) return obtain_slice(conn, ls, source);
     const ModelLoadOptions range{ls.layer_first, ls.layer_last, opt_.pack_dir};
     const std::string me = listener_->address();
     net::LoadReply reply;
@@ -304,6 +321,69 @@ Result<std::shared_ptr<Model>> Worker::obtain_weights(net::Connection &conn, con
     TD_TRY(send_control(conn, net::MsgType::load_reply, reply));
     if (!cached) TD_TRY(receive_stage_file(conn, ls, path));
     return Model::load(path, range);
+}
+
+Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const net::LoadStage &ls,
+                                                    std::string *source) {
+    const ModelLoadOptions range{ls.layer_first, ls.layer_last, opt_.pack_dir};
+    const std::string me = listener_->address();
+    const std::string dir = !opt_.cache_dir.empty()
+                                ? opt_.cache_dir
+                                : (std::filesystem::temp_directory_path() / "tandem-slices").string();
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return make_error(ErrorKind::io, "worker {}: cannot create {}: {}", me, dir, ec.message());
+    const std::string path = dir + "/" + fingerprint_hex(ls.fingerprint) + ".gguf";
+    const TpSlice slice{ls.slice[0], ls.slice[1], ls.slice[2], ls.slice[3], ls.slice[4], ls.slice[5]};
+    auto matches = [&](const std::string &p) {
+        auto f = gguf::File::open(p);
+        return f.ok() && stage_fingerprint(*f, ls.layer_first, ls.layer_last, ls.n_layer) == ls.fingerprint;
+    };
+    net::LoadReply reply;
+    if (std::filesystem::exists(path)) {
+        if (matches(path)) {
+            reply.source = "cache " + path;
+        } else {
+            log_warn("{}: cached slice file is damaged; making it again", path);
+            std::filesystem::remove(path, ec);
+        }
+    }
+    if (reply.source.empty() && local_model_) {  // cut the slice from our own copy
+        const uint64_t fp = stage_fingerprint(*local_model_, ls.layer_first, ls.layer_last, ls.n_layer);
+        if (fp != ls.stage_fingerprint)
+            return invalid_input(
+                "worker {}: model {} has fingerprint {} for layers {}-{}, the head's {} has {}; point --model "
+                "at the same file as the head or drop --model to have the weights streamed",
+                me, local_model_->path(), fingerprint_hex(fp), ls.layer_first, ls.layer_last - 1, ls.model_name,
+                fingerprint_hex(ls.stage_fingerprint));
+        ModelLoadOptions plain;
+        plain.layer_first = ls.layer_first;
+        plain.layer_last = ls.layer_last;
+        plain.huge_pages = false;
+        TD_ASSIGN_OR_RETURN(auto whole, Model::load(*local_model_, plain));
+        const std::string part = path + ".part";
+        TD_TRY(tp_write_slice_file(*local_model_, whole->hparams(), ls.layer_first, ls.layer_last, slice, part));
+        if (!matches(part)) {
+            std::filesystem::remove(part, ec);
+            return make_error(ErrorKind::failed, "worker {}: the slice cut from {} does not match the head's", me,
+                              local_model_->path());
+        }
+        std::filesystem::rename(part, path, ec);
+        if (ec) return make_error(ErrorKind::io, "{}: cannot rename to {}: {}", part, path, ec.message());
+        reply.source = fmt::format("sliced from {} into {}", local_model_->path(), path);
+    }
+    if (reply.source.empty()) {
+        reply.need_weights = 1;
+        reply.source = "streamed from the head to " + path;
+    }
+    *source = reply.source;
+    TD_TRY(send_control(conn, net::MsgType::load_reply, reply));
+    if (reply.need_weights) TD_TRY(receive_stage_file(conn, ls, path));
+    TD_ASSIGN_OR_RETURN(auto model, Model::load(path, range));
+    if (model->slice() != slice)
+        return invalid_input("{}: holds slice {}, the head asked for {}", path, tp_slice_str(model->slice()),
+                             tp_slice_str(slice));
+    return model;
 }
 
 Status Worker::receive_stage_file(net::Connection &conn, const net::LoadStage &ls, const std::string &path) {

@@ -6,6 +6,7 @@
 //                            dropped and the worker keeps listening. A new control connection replaces the
 //                            old one (the head reconnecting after a failure).
 //   data (from the previous hop): HelloReply, then handed to the loaded stage as its input.
+//   peer (from another rank of this worker's tensor-parallel group): handed to the stage's collective.
 // Weights come from --model when its stage fingerprint matches the head's, else from the cache dir
 // (<fingerprint>.gguf), else the head streams the stage file, which is verified and then cached.
 #pragma once
@@ -63,6 +64,9 @@ private:
     Status load_stage(net::Connection &conn, const net::LoadStage &ls);
     Result<std::shared_ptr<Model>> obtain_weights(net::Connection &conn, const net::LoadStage &ls,
                                                   std::string *source);
+    // A tensor-parallel rank's slice file: from the cache, cut from --model, or streamed from the head.
+    Result<std::shared_ptr<Model>> obtain_slice(net::Connection &conn, const net::LoadStage &ls,
+                                                std::string *source);
     Status receive_stage_file(net::Connection &conn, const net::LoadStage &ls, const std::string &path);
     net::HelloReply hello_reply() const;
     void drop_stage();

@@ -37,6 +37,10 @@ public:
                   const std::vector<Sampler *> &samplers, const std::vector<bool> &want_logits,
                   Collective &collective, std::vector<StepOutput> &out);
 
+    // Rank 0, after sample(): [n_outputs, n_vocab] the merged logits (exact for the sequences that wanted
+    // logits; other rows hold only their candidates, -inf elsewhere).
+    const float *logits() const { return full_.data(); }
+
 private:
     std::vector<uint8_t> mine_;                   // this rank's encoded candidates
     std::vector<std::vector<uint8_t>> all_;       // rank 0: every rank's

@@ -74,8 +74,7 @@ struct SourceFile {
     }
 };
 
-// How one tensor of a layer is cut.
-enum class Cut { whole, rows, cols };
+using Cut = TpSliceTensor::Cut;
 
 struct TensorCut {
     Cut cut = Cut::whole;
@@ -96,46 +95,59 @@ TensorCut cut_of(const std::string &suffix, const HParams &hp, const TpSlice &s)
     return {};
 }
 
-Status add_cut_tensor(gguf::Writer &w, std::shared_ptr<const SourceFile> src, const gguf::TensorInfo &t,
-                      const std::string &name, TensorCut c) {
-    std::vector<int64_t> ne(t.ne, t.ne + t.n_dims);
+Result<TpSliceTensor> plan_tensor(const gguf::File &file, const gguf::TensorInfo &t, const std::string &name,
+                                  TensorCut c) {
+    TpSliceTensor p;
+    p.name = name;
+    p.src = &t;
+    p.type = t.type;
+    p.ne.assign(t.ne, t.ne + t.n_dims);
+    p.cut = c.cut;
+    p.first = c.first;
+    p.last = c.last;
     const size_t row_bytes = dtype_row_bytes(t.type, t.ne[0]);
     const int64_t n_rows = static_cast<int64_t>(t.n_bytes / std::max<size_t>(row_bytes, 1));
-    const uint64_t base = t.offset;
     switch (c.cut) {
-    case Cut::whole:
-        w.add_tensor_from(name, t.type, ne, t.n_bytes, [src, base, n = t.n_bytes](uint8_t *dst) {
-            return src->read(dst, n, base);
-        });
-        return {};
-    case Cut::rows: {
-        if (c.first < 0 || c.last > n_rows || c.first >= c.last)
-            return invalid_input("{}: tensor '{}' has {} rows, the slice needs rows {}..{}", src->path, t.name,
-                                 n_rows, c.first, c.last - 1);
-        ne[t.n_dims == 1 ? 0 : 1] = c.last - c.first;
-        const size_t bytes = row_bytes * static_cast<size_t>(c.last - c.first);
-        const uint64_t at = base + row_bytes * static_cast<uint64_t>(c.first);
-        w.add_tensor_from(name, t.type, ne, bytes, [src, at, bytes](uint8_t *dst) {
-            return src->read(dst, bytes, at);
-        });
-        return {};
+        case Cut::whole:
+            p.n_bytes = t.n_bytes;
+            break;
+        case Cut::rows:
+            if (t.n_dims < 2 || c.first < 0 || c.last > n_rows || c.first >= c.last)
+                return invalid_input("{}: tensor '{}' has {} rows, the slice needs rows {}..{}", file.path(),
+                                     t.name, n_rows, c.first, c.last - 1);
+            p.ne[1] = c.last - c.first;
+            p.n_bytes = row_bytes * static_cast<size_t>(c.last - c.first);
+            break;
+        case Cut::cols: {
+            const int64_t block = dtype_traits(t.type).block_size;
+            if (c.first < 0 || c.last > t.ne[0] || c.first >= c.last || c.first % block != 0 ||
+                c.last % block != 0)
+                return invalid_input("{}: tensor '{}' ({}, rows of {}) cannot be cut at columns {}..{}",
+                                     file.path(), t.name, dtype_name(t.type), t.ne[0], c.first, c.last - 1);
+            p.ne[0] = c.last - c.first;
+            p.n_bytes = dtype_row_bytes(t.type, c.last - c.first) * static_cast<size_t>(n_rows);
+            break;
+        }
     }
-    case Cut::cols: {
-        const int64_t block = dtype_traits(t.type).block_size;
-        if (c.first < 0 || c.last > t.ne[0] || c.first >= c.last || c.first % block != 0 || c.last % block != 0)
-            return invalid_input("{}: tensor '{}' ({}, rows of {}) cannot be cut at columns {}..{}", src->path,
-                                 t.name, dtype_name(t.type), t.ne[0], c.first, c.last - 1);
-        ne[0] = c.last - c.first;
-        const size_t skip = dtype_row_bytes(t.type, c.first), keep = dtype_row_bytes(t.type, c.last - c.first);
-        w.add_tensor_from(name, t.type, ne, keep * static_cast<size_t>(n_rows),
-                          [src, base, skip, keep, row_bytes, n_rows](uint8_t *dst) {
-                              for (int64_t r = 0; r < n_rows; ++r)
-                                  TD_TRY(src->read(dst + static_cast<size_t>(r) * keep, keep,
-                                                   base + static_cast<uint64_t>(r) * row_bytes + skip));
-                              return Status{};
-                          });
-        return {};
-    }
+    return p;
+}
+
+// Produces a planned tensor's bytes with pread (the writer's source).
+Status read_planned(const SourceFile &src, const TpSliceTensor &p, uint8_t *dst) {
+    const gguf::TensorInfo &t = *p.src;
+    const size_t row_bytes = dtype_row_bytes(t.type, t.ne[0]);
+    switch (p.cut) {
+        case Cut::whole:
+            return src.read(dst, p.n_bytes, t.offset);
+        case Cut::rows:
+            return src.read(dst, p.n_bytes, t.offset + row_bytes * static_cast<uint64_t>(p.first));
+        case Cut::cols: {
+            const size_t skip = dtype_row_bytes(t.type, p.first), keep = dtype_row_bytes(t.type, p.last - p.first);
+            const size_t n_rows = t.n_bytes / row_bytes;
+            for (size_t r = 0; r < n_rows; ++r)
+                TD_TRY(src.read(dst + r * keep, keep, t.offset + r * row_bytes + skip));
+            return {};
+        }
     }
     return {};
 }
@@ -205,45 +217,37 @@ Result<TpSlice> tp_slice_read(const gguf::File &file, const HParams &hp) {
     return s;
 }
 
-Status tp_write_slice_file(const gguf::File &file, const HParams &hp, int32_t layer_first, int32_t layer_last,
-                           const TpSlice &slice, const std::string &path) {
+Result<std::vector<TpSliceTensor>> tp_slice_plan(const gguf::File &file, const HParams &hp, int32_t layer_first,
+                                                 int32_t layer_last, const TpSlice &slice) {
     if (slice.kv_first < 0 || slice.kv_first >= slice.kv_last || slice.kv_last > hp.n_head_kv ||
         slice.ff_first < 0 || slice.ff_first >= slice.ff_last || slice.ff_last > hp.n_ff ||
         slice.vocab_first < 0 || slice.vocab_first >= slice.vocab_last || slice.vocab_last > hp.n_vocab)
         return invalid_input("{}: slice {} is outside the model (KV heads {}, FFN {}, vocabulary {})", file.path(),
                              tp_slice_str(slice), hp.n_head_kv, hp.n_ff, hp.n_vocab);
-    auto src = std::make_shared<SourceFile>();
-    src->path = file.path();
-    src->data_offset = file.data_offset();
-    src->fd = ::open(file.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (src->fd < 0)
-        return make_error(ErrorKind::io, "{}: cannot open for reading: {}", file.path(), std::strerror(errno));
-
-    gguf::Writer w(file.alignment());
-    for (const auto &[key, value] : file.metadata()) {
-        if (key == "general.alignment") continue;  // the writer adds it from its constructor
-        w.set_value(key, value);
-    }
-    w.set_i32_array(kTpKeyKvHeads, {slice.kv_first, slice.kv_last});
-    w.set_i32_array(kTpKeyFf, {slice.ff_first, slice.ff_last});
-    w.set_i32_array(kTpKeyVocab, {slice.vocab_first, slice.vocab_last});
-
+    if (layer_first < 0 || layer_first >= layer_last || layer_last > hp.n_layer)
+        return invalid_input("{}: layer range {}-{} is outside the model's {} layers", file.path(), layer_first,
+                             layer_last - 1, hp.n_layer);
+    std::vector<TpSliceTensor> plan;
+    auto add = [&](const gguf::TensorInfo &t, const std::string &name, TensorCut c) -> Status {
+        TD_ASSIGN_OR_RETURN(TpSliceTensor p, plan_tensor(file, t, name, c));
+        plan.push_back(std::move(p));
+        return {};
+    };
     const bool has_first = layer_first == 0, has_last = layer_last == hp.n_layer;
-    const gguf::TensorInfo *embd = file.find_tensor("token_embd.weight");
     const gguf::TensorInfo *output = file.find_tensor("output.weight");
-    if (output == nullptr) output = embd;  // tied
+    if (output == nullptr) output = file.find_tensor("token_embd.weight");  // tied
     for (const gguf::TensorInfo &t : file.tensors()) {
         const std::string &name = t.name;
         if (name == "token_embd.weight") {
-            if (has_first) TD_TRY(add_cut_tensor(w, src, t, name, {}));
+            if (has_first) TD_TRY(add(t, name, {}));
             continue;
         }
         if (name == "rope_freqs.weight") {
-            TD_TRY(add_cut_tensor(w, src, t, name, {}));
+            TD_TRY(add(t, name, {}));
             continue;
         }
         if (name == "output_norm.weight") {
-            if (has_last) TD_TRY(add_cut_tensor(w, src, t, name, {}));
+            if (has_last) TD_TRY(add(t, name, {}));
             continue;
         }
         if (name.rfind("blk.", 0) != 0) continue;  // output.weight: below, after the layers
@@ -253,12 +257,35 @@ Status tp_write_slice_file(const gguf::File &file, const HParams &hp, int32_t la
         const auto [end, ec] = std::from_chars(name.data() + 4, name.data() + dot, il);
         if (ec != std::errc{} || end != name.data() + dot) continue;
         if (il < layer_first || il >= layer_last) continue;
-        TD_TRY(add_cut_tensor(w, src, t, name, cut_of(name.substr(dot + 1), hp, slice)));
+        TD_TRY(add(t, name, cut_of(name.substr(dot + 1), hp, slice)));
     }
     if (has_last) {
         if (output == nullptr) return invalid_input("{}: missing tensor 'output.weight'", file.path());
-        TD_TRY(add_cut_tensor(w, src, *output, "output.weight", {Cut::rows, slice.vocab_first, slice.vocab_last}));
+        TD_TRY(add(*output, "output.weight", {Cut::rows, slice.vocab_first, slice.vocab_last}));
     }
+    return plan;
+}
+
+Status tp_write_slice_file(const gguf::File &file, const HParams &hp, int32_t layer_first, int32_t layer_last,
+                           const TpSlice &slice, const std::string &path) {
+    TD_ASSIGN_OR_RETURN(auto plan, tp_slice_plan(file, hp, layer_first, layer_last, slice));
+    auto src = std::make_shared<SourceFile>();
+    src->path = file.path();
+    src->data_offset = file.data_offset();
+    src->fd = ::open(file.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (src->fd < 0)
+        return make_error(ErrorKind::io, "{}: cannot open for reading: {}", file.path(), std::strerror(errno));
+    gguf::Writer w(file.alignment());
+    for (const auto &[key, value] : file.metadata()) {
+        if (key == "general.alignment") continue;  // the writer adds it from its constructor
+        w.set_value(key, value);
+    }
+    w.set_i32_array(kTpKeyKvHeads, {slice.kv_first, slice.kv_last});
+    w.set_i32_array(kTpKeyFf, {slice.ff_first, slice.ff_last});
+    w.set_i32_array(kTpKeyVocab, {slice.vocab_first, slice.vocab_last});
+    for (const TpSliceTensor &p : plan)
+        w.add_tensor_from(p.name, p.type, p.ne, p.n_bytes,
+                          [src, p](uint8_t *dst) { return read_planned(*src, p, dst); });
     return w.write(path);
 }
 

@@ -64,6 +64,27 @@ Result<std::vector<TpSlice>> tp_split(const HParams &hp, const std::vector<doubl
 // outside the model's sizes, or not on the units above).
 Result<TpSlice> tp_slice_read(const gguf::File &file, const HParams &hp);
 
+// One tensor of a slice file: where its bytes come from in the whole model's file.
+struct TpSliceTensor {
+    enum class Cut { whole, rows, cols };
+    std::string name;                // in the slice file (the output head is always "output.weight")
+    const gguf::TensorInfo *src = nullptr;  // in the whole model's file
+    DType type = DType::f32;
+    std::vector<int64_t> ne;         // the slice's shape
+    size_t n_bytes = 0;
+    Cut cut = Cut::whole;
+    int64_t first = 0, last = 0;     // rows or columns [first, last) of src
+    // Calls fn over the slice's bytes in order, read through src's mapping (for hashing).
+    template <typename Fn>
+    void for_each_span(Fn &&fn) const;
+};
+
+// The tensors of the slice file of layers [layer_first, layer_last), in the order the file holds them (the
+// whole file's order; output.weight last). Errors (invalid_input): a slice outside the model, a cut that
+// is not on the tensor's block boundaries, a missing output head.
+Result<std::vector<TpSliceTensor>> tp_slice_plan(const gguf::File &file, const HParams &hp, int32_t layer_first,
+                                                 int32_t layer_last, const TpSlice &slice);
+
 // Writes the slice file of layers [layer_first, layer_last) of `file` for `slice` (see above). Tensors are
 // read with pread, one at a time, so writing maps nothing of `file` into memory and holds one tensor.
 // The embedding is whole (layer_first == 0); the output head (layer_last == n_layer) is written as
@@ -71,5 +92,28 @@ Result<TpSlice> tp_slice_read(const gguf::File &file, const HParams &hp);
 // the path; invalid_input for a slice the model's shapes do not allow.
 Status tp_write_slice_file(const gguf::File &file, const HParams &hp, int32_t layer_first, int32_t layer_last,
                            const TpSlice &slice, const std::string &path);
+
+}  // namespace td
+
+namespace td {
+
+template <typename Fn>
+void TpSliceTensor::for_each_span(Fn &&fn) const {
+    const size_t row_bytes = dtype_row_bytes(src->type, src->ne[0]);
+    switch (cut) {
+        case Cut::whole:
+            fn(src->data, src->n_bytes);
+            break;
+        case Cut::rows:
+            fn(src->data + row_bytes * static_cast<size_t>(first), n_bytes);
+            break;
+        case Cut::cols: {
+            const size_t skip = dtype_row_bytes(src->type, first), keep = dtype_row_bytes(src->type, last - first);
+            const size_t n_rows = src->n_bytes / row_bytes;
+            for (size_t r = 0; r < n_rows; ++r) fn(src->data + r * row_bytes + skip, keep);
+            break;
+        }
+    }
+}
 
 }  // namespace td

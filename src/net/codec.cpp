@@ -58,6 +58,11 @@ public:
         return {};
     }
     Status flag(const bool &v, const char *) { return field<uint8_t>(v ? 1 : 0, nullptr); }
+    Status strings(const std::vector<std::string> &v, size_t, const char *) {
+        put<uint32_t>(out_, static_cast<uint32_t>(v.size()));
+        for (const std::string &s : v) put_string(out_, s);
+        return {};
+    }
 
 private:
     std::vector<uint8_t> &out_;
@@ -91,6 +96,16 @@ public:
         }
         s.assign(reinterpret_cast<const char *>(p_.data() + off_), n);
         off_ += n;
+        return {};
+    }
+
+    // u32 count (<= max), then that many strings.
+    Status strings(std::vector<std::string> &v, size_t max, const char *name) {
+        uint32_t n = 0;
+        TD_TRY(field(n, name));
+        if (n > max) return invalid_input("{}: {} has {} entries, limit {}", what_, name, n, max);
+        v.resize(n);
+        for (std::string &s : v) TD_TRY(string(s, name));
         return {};
     }
 
@@ -211,6 +226,8 @@ void encode(const Hello &m, std::vector<uint8_t> &out) {
     put<uint32_t>(out, static_cast<uint32_t>(m.role));
     put_string(out, m.build_id);
     put_string(out, m.node_name);
+    put<uint64_t>(out, m.group);
+    put<uint32_t>(out, m.rank);
 }
 
 Result<Hello> decode_hello(std::span<const uint8_t> payload) {
@@ -226,13 +243,17 @@ Result<Hello> decode_hello(std::span<const uint8_t> payload) {
         return m;
     }
     TD_TRY(r.field(role, "role"));
-    if (role != static_cast<uint32_t>(ConnRole::control) && role != static_cast<uint32_t>(ConnRole::data)) {
-        return invalid_input("hello: unknown connection role {} (1 control, 2 data)", role);
+    if (role < static_cast<uint32_t>(ConnRole::control) || role > static_cast<uint32_t>(ConnRole::peer)) {
+        return invalid_input("hello: unknown connection role {} (1 control, 2 data, 3 peer)", role);
     }
     m.role = static_cast<ConnRole>(role);
     TD_TRY(r.string(m.build_id, "build_id"));
     TD_TRY(r.string(m.node_name, "node_name"));
+    TD_TRY(r.field(m.group, "group"));
+    TD_TRY(r.field(m.rank, "rank"));
     TD_TRY(r.finish());
+    if (m.role == ConnRole::peer && m.rank >= kMaxTpSize)
+        return invalid_input("hello: peer rank {} is beyond the limit of {} ranks", m.rank, kMaxTpSize);
     return m;
 }
 
@@ -302,11 +323,16 @@ Status load_stage_fields(Io &io, M &m, uint8_t &pad) {
     TD_TRY(io.field(m.kv_type, "kv_type"));
     TD_TRY(io.field(m.wire, "wire"));
     TD_TRY(io.field(m.n_threads, "n_threads"));
-    TD_TRY(io.field(m.next_port, "next_port"));
+    TD_TRY(io.field(m.tp_rank, "tp_rank"));
+    TD_TRY(io.field(m.tp_size, "tp_size"));
+    for (auto &v : m.slice) TD_TRY(io.field(v, "slice"));
+    TD_TRY(io.field(m.group, "group"));
+    TD_TRY(io.field(m.stage_fingerprint, "stage_fingerprint"));
     TD_TRY(io.flag(m.is_last, "is_last"));
     TD_TRY(io.field(pad, "padding"));
     TD_TRY(io.string(m.model_name, "model_name"));
-    return io.string(m.next_host, "next_host");
+    TD_TRY(io.strings(m.next, kMaxNextHops, "next"));
+    return io.strings(m.peers, kMaxTpSize, "peers");
 }
 
 void encode(const LoadStage &m, std::vector<uint8_t> &out) {
@@ -321,7 +347,16 @@ Result<LoadStage> decode_load_stage(std::span<const uint8_t> payload) {
     uint8_t pad = 0;
     TD_TRY(load_stage_fields(r, m, pad));
     TD_TRY(r.finish());
-    if (pad != 0) return invalid_input("load_stage: padding byte at offset 51 is {}, must be 0", pad);
+    if (pad != 0) return invalid_input("load_stage: padding byte at offset 97 is {}, must be 0", pad);
+    if (m.tp_size < 1 || m.tp_size > kMaxTpSize || m.tp_rank >= m.tp_size)
+        return invalid_input("load_stage: rank {} of a group of {} (1..{} ranks)", m.tp_rank, m.tp_size,
+                             kMaxTpSize);
+    if (m.tp_size > 1 && m.peers.size() != m.tp_size)
+        return invalid_input("load_stage: a group of {} ranks lists {} peers", m.tp_size, m.peers.size());
+    if (m.tp_size > 1)
+        for (int i = 0; i < 6; i += 2)
+            if (m.slice[i] < 0 || m.slice[i] >= m.slice[i + 1])
+                return invalid_input("load_stage: slice range [{}, {}) is empty", m.slice[i], m.slice[i + 1]);
     if (m.layer_first < 0 || m.layer_first >= m.layer_last || m.layer_last > m.n_layer) {
         return invalid_input("load_stage: layer range [{}, {}) is not a non-empty part of 0..{}",
                              m.layer_first, m.layer_last, m.n_layer);
@@ -452,7 +487,12 @@ Status stats_reply_fields(Io &io, M &m) {
     TD_TRY(io.field(m.forward_steps, "forward_steps"));
     TD_TRY(io.field(m.compute_seconds, "compute_seconds"));
     TD_TRY(io.field(m.wait_seconds, "wait_seconds"));
-    return io.field(m.send_seconds, "send_seconds");
+    TD_TRY(io.field(m.send_seconds, "send_seconds"));
+    TD_TRY(io.field(m.tp_all_reduces, "tp_all_reduces"));
+    TD_TRY(io.field(m.tp_gathers, "tp_gathers"));
+    TD_TRY(io.field(m.tp_bytes_out, "tp_bytes_out"));
+    TD_TRY(io.field(m.tp_bytes_in, "tp_bytes_in"));
+    return io.field(m.tp_wait_seconds, "tp_wait_seconds");
 }
 
 void encode(const StatsReply &m, std::vector<uint8_t> &out) {

@@ -37,6 +37,10 @@ const char *msg_type_name(MsgType type) {
             return "stats_reply";
         case MsgType::shutdown:
             return "shutdown";
+        case MsgType::tp_partial:
+            return "tp_partial";
+        case MsgType::tp_gather:
+            return "tp_gather";
     }
     return "unknown";
 }
@@ -61,13 +65,15 @@ size_t max_payload(MsgType type) {
             return kWeightsChunkFixedBytes + kMaxWeightsChunk;
         case MsgType::forward:
         case MsgType::result:
+        case MsgType::tp_partial:
+        case MsgType::tp_gather:
             return kMaxDataPayload;
     }
     return 0;
 }
 
 bool msg_type_known(uint16_t type) {
-    return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::shutdown);
+    return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::tp_gather);
 }
 
 const char *wire_type_name(WireType type) {

@@ -18,7 +18,9 @@
 //
 // Topology: the head opens a control connection to every worker. Activations flow along a ring of data
 // connections: head -> stage 1 -> ... -> last stage -> head; each sender opens the connection to its next
-// hop.
+// hop. A stage may be a tensor-parallel group of ranks: every rank of it receives the same steps (the
+// previous hop fans out), the ranks of a group are linked in a mesh of peer connections for their
+// all-reduces (tp_partial) and sampling merge (tp_gather), and rank 0 of the last group returns the results.
 #pragma once
 
 #include <cstddef>
@@ -29,7 +31,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;             // names, messages, build ids, addresses
@@ -38,6 +40,8 @@ inline constexpr size_t kMaxWeightsChunk = 16u << 20;  // one WeightsChunk
 inline constexpr size_t kMaxBatchRows = 8192;          // rows in one Forward
 inline constexpr size_t kMaxEmbd = 65536;              // hidden size
 inline constexpr size_t kMaxDataPayload = 1u << 30;    // one Forward or Result (1 GiB)
+inline constexpr size_t kMaxNextHops = 64;             // destinations one stage rank sends to
+inline constexpr size_t kMaxTpSize = 64;               // ranks in a tensor-parallel group
 
 // Message types. Pinned: never renumber, only append.
 enum class MsgType : uint16_t {
@@ -57,6 +61,9 @@ enum class MsgType : uint16_t {
     stats_request = 14,  // head -> worker (control)
     stats_reply = 15,
     shutdown = 16,  // head -> worker (control): drop the stage, keep listening
+    // version 2
+    tp_partial = 17,  // peer: a rank's partial sum (or reduced chunk) in an all-reduce; raw f32 after the header
+    tp_gather = 18,   // peer: a rank's candidates for the sampling merge, to rank 0; opaque bytes
 };
 
 const char *msg_type_name(MsgType type);  // "forward", ...; "unknown" for others
@@ -76,7 +83,8 @@ static_assert(sizeof(FrameHeader) == kHeaderBytes, "the header is 32 bytes on th
 // Largest payload accepted for a message type (0 for unknown types).
 size_t max_payload(MsgType type);
 
-enum class ConnRole : uint32_t { control = 1, data = 2 };
+// peer: a tensor-parallel rank's link to another rank of its group (Hello carries group and rank).
+enum class ConnRole : uint32_t { control = 1, data = 2, peer = 3 };
 
 // Activation encoding on the wire.
 enum class WireType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8 };
@@ -91,11 +99,13 @@ size_t wire_row_bytes(WireType type, size_t n_embd);
 
 // ---- messages (payload layouts) -------------------------------------------------------------------
 
-struct Hello {  // u32 protocol_version, u32 role, string build_id, string node_name
+struct Hello {  // u32 protocol_version, u32 role, string build_id, string node_name, u64 group, u32 rank
     uint32_t protocol_version = kProtocolVersion;
     ConnRole role = ConnRole::control;
     std::string build_id;   // TD_VERSION + git id
     std::string node_name;  // sender's host:port or "head"
+    uint64_t group = 0;     // peer role: LoadStage.group of the sender's stage; else 0
+    uint32_t rank = 0;      // peer role: the sender's rank in that group
 };
 
 struct HelloReply {  // u32 protocol_version, string build_id, string node_name, then NodeInfo fields
@@ -128,9 +138,20 @@ struct LoadStage {
     uint32_t wire = 0;       // WireType of activations this stage receives and sends
     uint32_t n_threads = 0;  // 0: the worker's default
     std::string model_name;  // for messages
-    std::string next_host;   // where this stage sends its output (next stage or the head's data port)
-    uint16_t next_port = 0;
-    bool is_last = false;  // last stage: samples and sends Result to the head
+    bool is_last = false;    // last stage: samples and sends Result to the head
+    // "host:port" of every hop this rank sends its output to: the ranks of the next stage it feeds, or the
+    // head's data port. Empty for a rank of the last stage other than 0 (rank 0 sends the results).
+    std::vector<std::string> next;  // [<= kMaxNextHops]
+    // Tensor parallelism (tp_size 1: the stage is one node, the rest is unused). The stage's model is the
+    // slice file of `slice` (kv_first, kv_last, ff_first, ff_last, vocab_first, vocab_last: model/tp-slice.h)
+    // of layers [layer_first, layer_last); fingerprint is the slice file's, stage_fingerprint the whole range's
+    // (what a worker's own copy must match before it cuts the slice).
+    uint32_t tp_rank = 0;
+    uint32_t tp_size = 1;
+    int32_t slice[6] = {0, 0, 0, 0, 0, 0};
+    uint64_t group = 0;               // names this group's mesh (peers' Hello.group)
+    uint64_t stage_fingerprint = 0;
+    std::vector<std::string> peers;   // [tp_size] "host:port" of every rank's worker, in rank order
 };
 
 struct LoadReply {
@@ -202,9 +223,13 @@ struct StatsReply {
     uint64_t msgs_in = 0, msgs_out = 0;
     uint64_t bytes_in = 0, bytes_out = 0;
     uint64_t forward_steps = 0;
-    double compute_seconds = 0.0;  // inside Context::decode
+    double compute_seconds = 0.0;  // inside Context::decode (collectives included)
     double wait_seconds = 0.0;     // idle, waiting for input
     double send_seconds = 0.0;     // blocked writing to the next hop
+    // Tensor parallelism (version 2): collectives and their peer traffic.
+    uint64_t tp_all_reduces = 0, tp_gathers = 0;
+    uint64_t tp_bytes_out = 0, tp_bytes_in = 0;
+    double tp_wait_seconds = 0.0;  // inside collectives: sending, and waiting for the peers' parts
 };
 
 }  // namespace td::net

@@ -1,0 +1,236 @@
+#include "cluster/tp-collective.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "net/protocol.h"
+
+namespace td::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kAnyBytes = SIZE_MAX;
+constexpr uint32_t kPhaseWhole = 0, kPhaseScatter = 1, kPhaseGather = 2;
+constexpr size_t kFramesPerPeer = 8;  // a rank is at most one collective ahead of another: 2 frames each
+
+// dst[i] += src[i], in that order for every i.
+void add_into(float *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+PeerCollective::PeerCollective(int rank, int size, std::vector<std::string> peer_names, int timeout_ms)
+    : rank_(rank), size_(size), names_(std::move(peer_names)), timeout_ms_(timeout_ms), peers_(size), parts_(size),
+      ptrs_(size) {
+    TD_ASSERT(size >= 1 && rank >= 0 && rank < size && names_.size() == static_cast<size_t>(size),
+              "rank {} of {} with {} names", rank, size, names_.size());
+}
+
+PeerCollective::~PeerCollective() {
+    close();
+    for (Peer &p : peers_)
+        if (p.thread.joinable()) p.thread.join();
+}
+
+void PeerCollective::close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    for (Peer &p : peers_) {
+        if (p.conn) p.conn->close();
+        if (p.queue) p.queue->close();
+    }
+    attached_cv_.notify_all();
+}
+
+Status PeerCollective::attach(int peer, std::unique_ptr<net::Connection> conn) {
+    std::lock_guard lock(mu_);
+    if (closed_) return make_error(ErrorKind::failed, "the tensor-parallel stage is closing");
+    if (peer < 0 || peer >= size_ || peer == rank_)
+        return invalid_input("peer rank {} is not another rank of this group of {}", peer, size_);
+    Peer &p = peers_[peer];
+    if (p.conn) return invalid_input("rank {} ({}) is already linked", peer, names_[peer]);
+    p.conn = std::move(conn);
+    p.queue = std::make_unique<FrameQueue>(kFramesPerPeer);
+    p.thread = std::thread([this, peer] { recv_loop(peer); });
+    attached_cv_.notify_all();
+    return {};
+}
+
+void PeerCollective::recv_loop(int peer) {
+    Peer &p = peers_[peer];  // conn and queue are set before this thread starts and never replaced
+    for (;;) {
+        Frame *f = p.queue->acquire();
+        if (f == nullptr) return;
+        Status s = p.conn->recv(f->header, f->payload, -1);
+        if (!s.ok()) {
+            {
+                std::lock_guard lock(mu_);
+                p.error = s;
+            }
+            p.queue->release(f);
+            p.queue->close();
+            return;
+        }
+        bytes_in_ += net::kHeaderBytes + f->payload.size();
+        p.queue->push(f);
+    }
+}
+
+Status PeerCollective::peer_failed(int peer, const std::string &what) {
+    std::lock_guard lock(mu_);
+    if (closed_) return make_error(ErrorKind::disconnected, "the tensor-parallel stage was stopped");
+    const Status &e = peers_[peer].error;
+    return Status(ErrorKind::disconnected,
+                  fmt::format("tensor-parallel peer {} (rank {}) disconnected{}{}", names_[peer], peer,
+                              e.ok() ? "" : ": ", e.ok() ? what : e.message()));
+}
+
+Status PeerCollective::send_to(int peer, net::MsgType type, uint64_t id, uint32_t flags, const void *data,
+                               size_t bytes) {
+    net::Connection *conn = nullptr;
+    {
+        std::unique_lock lock(mu_);
+        attached_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms_),
+                              [&] { return closed_ || peers_[peer].conn != nullptr; });
+        if (closed_) return make_error(ErrorKind::disconnected, "the tensor-parallel stage was stopped");
+        if (!peers_[peer].conn)
+            return make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) never linked up in {:.0f} s",
+                              names_[peer], peer, timeout_ms_ / 1000.0);
+        conn = peers_[peer].conn.get();
+    }
+    const std::span<const uint8_t> parts[1] = {{static_cast<const uint8_t *>(data), bytes}};
+    Status s = conn->send(type, id, flags, parts, timeout_ms_);
+    if (!s.ok()) return peer_failed(peer, s.message());
+    bytes_out_ += net::kHeaderBytes + bytes;
+    return {};
+}
+
+Result<Frame *> PeerCollective::take(int peer, net::MsgType type, uint64_t id, uint32_t flags, size_t bytes) {
+    FrameQueue *q = nullptr;
+    {
+        std::unique_lock lock(mu_);
+        attached_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms_),
+                              [&] { return closed_ || peers_[peer].queue != nullptr; });
+        if (closed_) return make_error(ErrorKind::disconnected, "the tensor-parallel stage was stopped");
+        if (!peers_[peer].queue)
+            return make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) never linked up in {:.0f} s",
+                              names_[peer], peer, timeout_ms_ / 1000.0);
+        q = peers_[peer].queue.get();
+    }
+    bool timed_out = false;
+    Frame *f = q->pop_for(timeout_ms_, &timed_out);
+    if (f == nullptr) {
+        if (timed_out)
+            return make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) sent nothing for {:.0f} s",
+                              names_[peer], peer, timeout_ms_ / 1000.0);
+        return peer_failed(peer, "link closed");
+    }
+    const net::FrameHeader &h = f->header;
+    if (h.type != static_cast<uint16_t>(type) || h.request_id != id || h.flags != flags ||
+        (bytes != kAnyBytes && f->payload.size() != bytes)) {
+        const std::string got = fmt::format("{} #{} phase {} of {} bytes",
+                                            net::msg_type_name(static_cast<net::MsgType>(h.type)), h.request_id,
+                                            h.flags, f->payload.size());
+        q->release(f);
+        return make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) sent {}, expected {} #{} phase {}",
+                          names_[peer], peer, got, net::msg_type_name(type), id, flags);
+    }
+    return f;
+}
+
+Status PeerCollective::all_reduce_sum(float *data, size_t n) {
+    const uint64_t id = next_id_++;
+    if (size_ == 1) return {};
+    const auto t0 = Clock::now();
+    const size_t bytes = n * sizeof(float);
+    auto receive_floats = [&](int p, uint32_t phase, float *dst, size_t count) -> Status {
+        TD_ASSIGN_OR_RETURN(Frame * f, take(p, net::MsgType::tp_partial, id, phase, count * sizeof(float)));
+        std::memcpy(dst, f->payload.data(), count * sizeof(float));
+        peers_[p].queue->release(f);
+        return {};
+    };
+    // Sums the parts of one range in rank order into out (which holds this rank's part on entry).
+    auto sum_in_rank_order = [&](float *out, size_t count) {
+        if (rank_ != 0) {  // out becomes p0, then (p0 + p1), ...: keep our own part aside first
+            parts_[rank_].assign(out, out + count);
+            std::memcpy(out, parts_[0].data(), count * sizeof(float));
+        }
+        for (int r = 1; r < size_; ++r) add_into(out, parts_[r].data(), count);
+    };
+    Status s;
+    if (size_ == 2 || bytes <= kDirectMaxBytes) {
+        for (int p = 0; p < size_ && s.ok(); ++p)
+            if (p != rank_) s = send_to(p, net::MsgType::tp_partial, id, kPhaseWhole, data, bytes);
+        for (int p = 0; p < size_ && s.ok(); ++p) {
+            if (p == rank_) continue;
+            parts_[p].resize(n);
+            s = receive_floats(p, kPhaseWhole, parts_[p].data(), n);
+        }
+        if (s.ok()) sum_in_rank_order(data, n);
+    } else {
+        auto chunk = [&](int r) { return n * static_cast<size_t>(r) / static_cast<size_t>(size_); };
+        const size_t mine = chunk(rank_), mine_n = chunk(rank_ + 1) - mine;
+        for (int p = 0; p < size_ && s.ok(); ++p)
+            if (p != rank_)
+                s = send_to(p, net::MsgType::tp_partial, id, kPhaseScatter, data + chunk(p),
+                            (chunk(p + 1) - chunk(p)) * sizeof(float));
+        for (int p = 0; p < size_ && s.ok(); ++p) {
+            if (p == rank_) continue;
+            parts_[p].resize(mine_n);
+            s = receive_floats(p, kPhaseScatter, parts_[p].data(), mine_n);
+        }
+        if (s.ok()) sum_in_rank_order(data + mine, mine_n);
+        for (int p = 0; p < size_ && s.ok(); ++p)
+            if (p != rank_)
+                s = send_to(p, net::MsgType::tp_partial, id, kPhaseGather, data + mine, mine_n * sizeof(float));
+        for (int p = 0; p < size_ && s.ok(); ++p)
+            if (p != rank_) s = receive_floats(p, kPhaseGather, data + chunk(p), chunk(p + 1) - chunk(p));
+    }
+    n_all_reduce_ += 1;
+    wait_ns_ += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    return s;
+}
+
+Status PeerCollective::gather(std::span<const uint8_t> mine, std::vector<std::vector<uint8_t>> &out) {
+    const uint64_t id = next_id_++;
+    const auto t0 = Clock::now();
+    Status s;
+    if (rank_ != 0) {
+        s = send_to(0, net::MsgType::tp_gather, id, 0, mine.data(), mine.size());
+    } else {
+        out.resize(size_);
+        out[0].assign(mine.begin(), mine.end());
+        for (int p = 1; p < size_ && s.ok(); ++p) {
+            auto f = take(p, net::MsgType::tp_gather, id, 0, kAnyBytes);
+            if (!f.ok()) {
+                s = f.status();
+                break;
+            }
+            out[p].assign((*f)->payload.begin(), (*f)->payload.end());
+            peers_[p].queue->release(*f);
+        }
+    }
+    n_gather_ += 1;
+    wait_ns_ += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    return s;
+}
+
+PeerCollective::Stats PeerCollective::stats() const {
+    Stats st;
+    st.all_reduces = n_all_reduce_;
+    st.gathers = n_gather_;
+    st.bytes_out = bytes_out_;
+    st.bytes_in = bytes_in_;
+    st.wait_seconds = static_cast<double>(wait_ns_) * 1e-9;
+    return st;
+}
+
+}  // namespace td::cluster

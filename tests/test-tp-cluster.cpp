@@ -1,0 +1,284 @@
+// Tensor parallelism across real `tandem worker` processes on 127.0.0.1 (port 0): --tp 2, --tp 3 (4 KV heads
+// over 3 nodes), a 2-stage x 2-node layout; the collective's two all-reduces per layer counted from the
+// workers' stats; a rank killed or stalled in the middle of a stream.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "cluster/cluster-engine.h"
+#include "model/engine.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "test-child-process.h"
+#include "test-util.h"
+
+namespace td::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using test::WorkerProcess;
+
+const std::string kModel = "models/stories260K.gguf";
+const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378};  // BOS "Once upon a time"
+
+#define REQUIRE_MODEL() \
+    if (!test::shared_exists(kModel)) GTEST_SKIP() << "no " << test::shared_path(kModel)
+
+std::shared_ptr<const Model> load_model() {
+    auto m = Model::load(test::shared_path(kModel));
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    return m.ok() ? std::shared_ptr<const Model>(*m) : nullptr;
+}
+
+struct GenRun {
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> logits;
+};
+
+// on_token(i) runs after the i-th generated token (e.g. to kill a node mid-stream).
+Result<GenRun> generate_run(Engine &engine, const SamplerParams &sp, int32_t n, bool want_logits,
+                         const std::function<void(int)> &on_token = {}) {
+    GenerateParams gp;
+    gp.n_predict = n;
+    gp.n_batch = 3;  // the prompt in two steps
+    gp.want_logits = want_logits;
+    GenRun run;
+    auto st = generate(
+        engine, sp, kPrompt, gp, [](int32_t) { return false; },
+        [&](int32_t token, const float *logits) {
+            run.tokens.push_back(token);
+            if (want_logits) run.logits.emplace_back(logits, logits + engine.n_vocab());
+            if (on_token) on_token(static_cast<int>(run.tokens.size()));
+            return true;
+        });
+    if (!st.ok()) return st.status();
+    return run;
+}
+
+SamplerParams greedy() {
+    SamplerParams sp;
+    sp.temperature = 0.0f;
+    return sp;
+}
+
+ContextParams context() {
+    ContextParams cp;
+    cp.n_ctx = 128;
+    cp.kv_type = KvType::f32;
+    return cp;
+}
+
+GenRun local(std::shared_ptr<const Model> model, const SamplerParams &sp, int32_t n, bool want_logits) {
+    ThreadPool pool(1);
+    auto e = LocalEngine::create(model, context(), pool);
+    EXPECT_TRUE(e.ok());
+    auto r = generate_run(**e, sp, n, want_logits);
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? *r : GenRun{};
+}
+
+ClusterOptions tp_options(const std::vector<WorkerProcess *> &workers, int32_t tp, const std::string &layout = "") {
+    ClusterOptions o;
+    for (const WorkerProcess *w : workers) o.workers += (o.workers.empty() ? "" : ",") + w->address();
+    o.tp = tp;
+    o.layout = layout;
+    o.wire = net::WireType::f32;
+    o.context = context();
+    o.print_placement = false;
+    return o;
+}
+
+void expect_close(const GenRun &want, const GenRun &got) {
+    ASSERT_EQ(got.tokens, want.tokens);
+    ASSERT_EQ(got.logits.size(), want.logits.size());
+    for (size_t s = 0; s < want.logits.size(); ++s) {
+        float scale = 0.0f, worst = 0.0f;
+        for (size_t i = 0; i < want.logits[s].size(); ++i) {
+            scale = std::max(scale, std::fabs(want.logits[s][i]));
+            worst = std::max(worst, std::fabs(want.logits[s][i] - got.logits[s][i]));
+        }
+        EXPECT_LE(worst, 1e-4f * scale) << "step " << s;
+    }
+}
+
+struct Layout {
+    size_t n_workers;
+    int32_t tp;
+    std::string layout;
+};
+
+TEST(TpCluster, GreedyAndSeededEqualOneMachineOverTwoThreeAndTwoByTwo) {
+    REQUIRE_MODEL();
+    auto model = load_model();
+    const GenRun want = local(model, greedy(), 64, true);
+    SamplerParams seeded;
+    seeded.temperature = 0.8f;
+    seeded.top_p = 0.9f;
+    seeded.seed = 42;
+    const GenRun want_seeded = local(model, seeded, 64, false);
+    for (const Layout &l : {Layout{2, 2, ""}, Layout{3, 3, ""}, Layout{4, 1, "2,2"}}) {
+        SCOPED_TRACE(::testing::Message() << l.n_workers << " workers, tp " << l.tp << " layout " << l.layout);
+        test::TempDir cache;
+        std::vector<std::unique_ptr<WorkerProcess>> procs;
+        std::vector<WorkerProcess *> ws;
+        for (size_t i = 0; i < l.n_workers; ++i) {
+            procs.push_back(std::make_unique<WorkerProcess>(cache.file("w" + std::to_string(i))));
+            ASSERT_TRUE(procs.back()->running());
+            ws.push_back(procs.back().get());
+        }
+        auto e = ClusterEngine::create(model, tp_options(ws, l.tp, l.layout));
+        ASSERT_TRUE(e.ok()) << e.status().message();
+        auto got = generate_run(**e, greedy(), 64, true);
+        ASSERT_TRUE(got.ok()) << got.status().message() << "\n" << ws[0]->log();
+        expect_close(want, *got);
+        auto sparse = generate_run(**e, greedy(), 64, false);  // the ranks send only their best candidates
+        ASSERT_TRUE(sparse.ok()) << sparse.status().message();
+        EXPECT_EQ(sparse->tokens, want.tokens);
+        auto s = generate_run(**e, seeded, 64, false);
+        ASSERT_TRUE(s.ok()) << s.status().message();
+        EXPECT_EQ(s->tokens, want_seeded.tokens);
+        // Each rank holds only its KV heads: a one-stage group's KV caches add up to one machine's.
+        if (l.layout.empty()) {
+            uint64_t kv = 0;
+            for (const NodeStatus &n : (*e)->nodes()) kv += n.ready.kv_bytes;
+            ThreadPool pool(1);
+            auto ctx = Context::create(model, context(), pool);
+            ASSERT_TRUE(ctx.ok());
+            EXPECT_EQ(kv, (*ctx)->kv().bytes());
+        }
+    }
+}
+
+TEST(TpCluster, TwoAllReducesPerLayerPerDecodingStep) {
+    REQUIRE_MODEL();
+    auto model = load_model();
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    auto e = ClusterEngine::create(model, tp_options({&w1, &w2}, 2));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    ASSERT_TRUE((*e)->seq_start(0, greedy()).ok());
+    Batch b;
+    for (size_t i = 0; i < kPrompt.size(); ++i)
+        b.add(kPrompt[i], static_cast<int32_t>(i), 0, i + 1 == kPrompt.size());
+    ASSERT_TRUE((*e)->submit(b).ok());
+    ASSERT_TRUE((*e)->wait().ok());
+    auto before = (*e)->stats();
+    ASSERT_TRUE(before.ok()) << before.status().message();
+    const int32_t n_steps = 20;
+    for (int32_t i = 0; i < n_steps; ++i) {  // decoding steps of one token, continuing the sequence
+        b.clear();
+        b.add(100 + i, static_cast<int32_t>(kPrompt.size()) + i, 0, true);
+        ASSERT_TRUE((*e)->submit(b).ok());
+        ASSERT_TRUE((*e)->wait().ok());
+    }
+    auto after = (*e)->stats();
+    ASSERT_TRUE(after.ok()) << after.status().message();
+    const int32_t n_layer = model->hparams().n_layer;
+    for (size_t i = 0; i < 2; ++i) {
+        const net::StatsReply &a = after->nodes[i], &z = before->nodes[i];
+        EXPECT_EQ(a.forward_steps - z.forward_steps, static_cast<uint64_t>(n_steps));
+        EXPECT_EQ(a.tp_all_reduces - z.tp_all_reduces, static_cast<uint64_t>(2 * n_layer * n_steps));
+        EXPECT_EQ(a.tp_gathers - z.tp_gathers, static_cast<uint64_t>(n_steps));  // one sampling merge each
+        EXPECT_GT(a.tp_bytes_out, z.tp_bytes_out);
+    }
+    const std::string table = (*e)->format_stats(*after);
+    EXPECT_NE(table.find("all-red"), std::string::npos) << table;
+}
+
+// A rank killed (SIGKILL) or stalled (SIGSTOP) in the middle of a stream: the stream ends with an error naming
+// it within 3 s, and the next request after it is back succeeds on the same engine.
+void fault_during_stream(bool kill) {
+    auto model = load_model();
+    const GenRun want = local(model, greedy(), 24, false);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    const uint16_t port2 = w2.port();
+    auto e = ClusterEngine::create(model, tp_options({&w1, &w2}, 2));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    Clock::time_point t_fault;
+    auto failed = generate_run(**e, greedy(), 64, false, [&](int i) {
+        if (i != 8) return;
+        t_fault = Clock::now();
+        if (kill)
+            w2.kill();
+        else
+            w2.stall();
+    });
+    const double took = std::chrono::duration<double>(Clock::now() - t_fault).count();
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.status().message().find("127.0.0.1:" + std::to_string(port2)), std::string::npos)
+        << failed.status().message();
+    EXPECT_LT(took, 3.0) << failed.status().message();
+    if (kill) {
+        w2.start(cache.file("w2"), port2, "", {});
+        ASSERT_TRUE(w2.running()) << w2.log();
+    } else {
+        w2.resume();
+    }
+    Result<GenRun> again = Status(ErrorKind::failed, "not run");
+    for (int attempt = 0; attempt < 3 && !again.ok(); ++attempt) {  // a resumed worker drops its old head first
+        again = generate_run(**e, greedy(), 24, false);
+        if (!again.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    ASSERT_TRUE(again.ok()) << again.status().message() << "\nworker 2 log:\n" << w2.log();
+    EXPECT_EQ(again->tokens, want.tokens);
+}
+
+TEST(TpCluster, KilledRankEndsTheStreamNamingItAndTheHeadRecovers) {
+    REQUIRE_MODEL();
+    fault_during_stream(true);
+}
+
+TEST(TpCluster, StalledRankEndsTheStreamNamingItAndTheHeadRecovers) {
+    REQUIRE_MODEL();
+    fault_during_stream(false);
+}
+
+TEST(TpCluster, RankWithItsOwnCopyCutsItsSliceAndCachesIt) {
+    REQUIRE_MODEL();
+    auto model = load_model();
+    const GenRun want = local(model, greedy(), 16, false);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1"), 0, test::shared_path(kModel)), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    for (int round = 0; round < 2; ++round) {
+        auto e = ClusterEngine::create(model, tp_options({&w1, &w2}, 2));
+        ASSERT_TRUE(e.ok()) << e.status().message();
+        auto got = generate_run(**e, greedy(), 16, false);
+        ASSERT_TRUE(got.ok()) << got.status().message();
+        EXPECT_EQ(got->tokens, want.tokens);
+        const std::string &src1 = (*e)->nodes()[0].source, &src2 = (*e)->nodes()[1].source;
+        if (round == 0) {
+            EXPECT_EQ(src1.rfind("sliced from ", 0), 0u) << src1;
+            EXPECT_EQ(src2.rfind("streamed from the head", 0), 0u) << src2;
+        } else {  // the second time both come from the cache
+            EXPECT_EQ(src1.rfind("cache ", 0), 0u) << src1;
+            EXPECT_EQ(src2.rfind("cache ", 0), 0u) << src2;
+        }
+    }
+}
+
+TEST(TpCluster, LayoutErrorsNameTheProblem) {
+    REQUIRE_MODEL();
+    auto model = load_model();
+    ClusterOptions o;
+    o.workers = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3";
+    o.tp = 2;
+    auto e = ClusterEngine::create(model, o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("--tp 2 needs a multiple of 2 workers"), std::string::npos)
+        << e.status().message();
+    o.tp = 1;
+    o.layout = "2,2";
+    e = ClusterEngine::create(model, o);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("places 4 nodes, --workers lists 3"), std::string::npos)
+        << e.status().message();
+}
+
+}  // namespace
+}  // namespace td::cluster
