@@ -52,7 +52,9 @@ private:
     std::atomic<int> *fail_steps_;
 };
 
-enum class Backend { local, cluster };
+// local: one machine; cluster: two workers as a 2-stage pipeline; tp: the same two workers as one
+// tensor-parallel stage (--tp 2).
+enum class Backend { local, cluster, tp };
 
 struct ServerOptions {
     Backend backend = Backend::local;
@@ -79,13 +81,17 @@ public:
 
     // The ClusterEngine the server runs on: what cli::make_engine builds for --workers A,B --layers 0-1,2-4
     // --wire f32 (the f32 wire keeps the logits bit-identical to one machine).
-    ServeParams::EngineFactory factory() const {
+    // With tp: --tp 2 instead (each worker holds half of every layer).
+    ServeParams::EngineFactory factory(bool tp = false) const {
         const std::string workers = addresses();
-        return [workers](std::shared_ptr<const Model> model, const ContextParams &cp,
-                         ThreadPool &) -> Result<std::unique_ptr<Engine>> {
+        return [workers, tp](std::shared_ptr<const Model> model, const ContextParams &cp,
+                             ThreadPool &) -> Result<std::unique_ptr<Engine>> {
             cluster::ClusterOptions co;
             co.workers = workers;
-            co.layers = "0-1,2-4";
+            if (tp)
+                co.tp = 2;
+            else
+                co.layers = "0-1,2-4";
             co.wire = net::WireType::f32;
             co.context = cp;
             co.print_placement = false;
@@ -109,9 +115,9 @@ public:
         sp.n_threads = 1;
         sp.max_queue = o.max_queue;
         sp.probe_interval_ms = 200;
-        if (o.backend == Backend::cluster) {
+        if (o.backend != Backend::local) {
             workers_ = std::make_unique<TwoWorkers>();
-            sp.make_engine = workers_->factory();
+            sp.make_engine = workers_->factory(o.backend == Backend::tp);
         }
         if (o.step_delay.count() > 0 || o.fail_steps != nullptr) {
             sp.wrap_engine = [o](std::unique_ptr<Engine> e) -> std::unique_ptr<Engine> {

@@ -20,12 +20,15 @@ protected:
         o.backend = GetParam();
         return o;
     }
-    bool cluster() const { return GetParam() == Backend::cluster; }
+    bool cluster() const { return GetParam() != Backend::local; }
+    bool pipeline() const { return GetParam() == Backend::cluster; }
 };
 
-INSTANTIATE_TEST_SUITE_P(Backends, ServerTest, ::testing::Values(Backend::local, Backend::cluster),
+INSTANTIATE_TEST_SUITE_P(Backends, ServerTest, ::testing::Values(Backend::local, Backend::cluster, Backend::tp),
                          [](const ::testing::TestParamInfo<Backend> &info) {
-                             return info.param == Backend::local ? "local" : "two_workers";
+                             return info.param == Backend::local     ? "local"
+                                    : info.param == Backend::cluster ? "two_workers"
+                                                                     : "tp2";
                          });
 
 TEST_P(ServerTest, HealthIsLoadingUntilTheModelIsAttached) {
@@ -215,7 +218,7 @@ TEST_P(ServerTest, ConcurrentClientsGetTheirSoloText) {
     // Batching happened: fewer steps than tokens generated.
     EXPECT_LT(metric(m->body, "tandem_steps_total"), metric(m->body, "tandem_generated_tokens_total"));
     // Through 2 workers the batch flows as 2 micro-batches, one per stage.
-    EXPECT_EQ(metric(m->body, "tandem_micro_batches"), cluster() ? 2 : 1);
+    EXPECT_EQ(metric(m->body, "tandem_micro_batches"), pipeline() ? 2 : 1);
 }
 
 TEST_P(ServerTest, TokenizeDetokenizeRoundTrip) {
@@ -270,7 +273,8 @@ TEST_P(ServerTest, MetricsCountRequestsAndTokens) {
     // Per-node and per-link counters of the workers (the engine thread probes them every 200 ms). The first
     // worker computed the prompt chunk and 7 decode steps (the 8th token is not fed back).
     const std::string a1 = s.workers().first().address(), a2 = s.workers().second().address();
-    const std::string steps1 = "tandem_node_forward_steps_total{node=\"" + a1 + "\",layers=\"0-1\"}";
+    const std::string l1 = pipeline() ? "0-1" : "0-4", l2 = pipeline() ? "2-4" : "0-4";
+    const std::string steps1 = "tandem_node_forward_steps_total{node=\"" + a1 + "\",layers=\"" + l1 + "\"}";
     std::string text;
     for (int i = 0; i < 100; ++i) {
         auto mr = c.Get("/metrics");
@@ -281,12 +285,28 @@ TEST_P(ServerTest, MetricsCountRequestsAndTokens) {
     }
     EXPECT_EQ(metric(text, steps1), 8) << text;
     for (const std::string &needle :
-         {"tandem_node_forward_steps_total{node=\"" + a2 + "\",layers=\"2-4\"} 8\n",
-          "tandem_node_step_latency_seconds{node=\"" + a1 + "\",layers=\"0-1\"} ",
-          "tandem_link_messages_total{from=\"head\",to=\"" + a1 + "\"} ",
-          "tandem_link_send_latency_seconds{from=\"" + a1 + "\",to=\"" + a2 + "\"} ",
-          "tandem_link_bytes_total{from=\"" + a2 + "\",to=\"head\"} "})
+         {"tandem_node_forward_steps_total{node=\"" + a2 + "\",layers=\"" + l2 + "\"} 8\n",
+          "tandem_node_step_latency_seconds{node=\"" + a1 + "\",layers=\"" + l1 + "\"} "})
         EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
+    if (pipeline()) {
+        for (const std::string &needle :
+             {"tandem_link_messages_total{from=\"head\",to=\"" + a1 + "\"} ",
+              "tandem_link_send_latency_seconds{from=\"" + a1 + "\",to=\"" + a2 + "\"} ",
+              "tandem_link_bytes_total{from=\"" + a2 + "\",to=\"head\"} "})
+            EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
+        EXPECT_EQ(text.find("tandem_node_tp_"), std::string::npos);
+        return;
+    }
+    // --tp 2: the head feeds both ranks, rank 0 answers; each rank ran 2 all-reduces per layer per step.
+    const std::string per_step = "tandem_node_tp_all_reduces_per_step{node=\"" + a2 + "\",layers=\"0-4\"}";
+    for (const std::string &needle :
+         {"tandem_link_messages_total{from=\"head\",to=\"" + a1 + "," + a2 + "\"} ",
+          "tandem_link_bytes_total{from=\"" + a1 + "\",to=\"head\"} ", per_step + " ",
+          "tandem_node_tp_all_reduces_total{node=\"" + a1 + "\",layers=\"0-4\"} 80\n",
+          "tandem_node_tp_bytes_per_token{node=\"" + a1 + "\",layers=\"0-4\"} ",
+          "tandem_node_tp_collective_latency_seconds{node=\"" + a2 + "\",layers=\"0-4\"} "})
+        EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
+    EXPECT_EQ(metric(text, per_step), 10) << text;  // stories260K: 5 layers
 }
 
 TEST_P(ServerTest, LogprobsCoverEveryToken) {

@@ -80,7 +80,9 @@ GenRun local(std::shared_ptr<const Model> model, const SamplerParams &sp, int32_
 }
 
 ClusterOptions tp_options(const std::vector<WorkerProcess *> &workers, int32_t tp, const std::string &layout = "") {
+    static test::TempDir stage_dir;  // the head's slice files, fresh for this test binary
     ClusterOptions o;
+    o.stage_dir = stage_dir.path();
     for (const WorkerProcess *w : workers) o.workers += (o.workers.empty() ? "" : ",") + w->address();
     o.tp = tp;
     o.layout = layout;

@@ -176,7 +176,14 @@ Status ClusterEngine::handshake(size_t i) {
 Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
     const std::string path = options_.stage_dir + "/" + fingerprint_hex(ls.fingerprint) + ".gguf";
     std::error_code ec;
-    if (!std::filesystem::exists(path)) {
+    bool have = std::filesystem::exists(path);
+    if (have && ls.tp_size > 1) {  // a file left by another version may carry other slice keys: check them
+        auto f = gguf::File::open(path);
+        auto sl = f.ok() ? tp_slice_read(*f, model_->hparams()) : Result<TpSlice>(f.status());
+        have = sl.ok() && *sl == slices_[i];
+        if (!have) std::filesystem::remove(path, ec);
+    }
+    if (!have) {
         std::filesystem::create_directories(options_.stage_dir, ec);
         if (ec) return make_error(ErrorKind::io, "{}: cannot create: {}", options_.stage_dir, ec.message());
         if (ls.tp_size > 1)
@@ -324,7 +331,13 @@ Status ClusterEngine::connect() {
                 s = sl.status().with_context(fmt::format("stage {} ({} nodes)", st + 1, groups_[st].size()));
                 break;
             }
-            for (size_t r = 0; r < groups_[st].size(); ++r) slices_[groups_[st][r]] = (*sl)[r];
+            for (size_t r = 0; r < groups_[st].size(); ++r) {
+                TpSlice &slice = slices_[groups_[st][r]] = (*sl)[r];
+                if (placement_[st].second != model_->hparams().n_layer) {  // no output head here
+                    slice.vocab_first = 0;
+                    slice.vocab_last = model_->hparams().n_vocab;
+                }
+            }
         }
         if (!s.ok()) placement_.clear();
     }
@@ -363,6 +376,8 @@ Status ClusterEngine::connect() {
                     for (size_t q = r; q < ng.size(); q += g.size()) next.push_back(addresses_[ng[q]]);
                 }
                 s = load_stage(g[r], next, group);
+                nodes_[g[r]].next = next;
+                if (st + 1 == groups_.size() && r == 0) nodes_[g[r]].next = {"head"};
             }
         }
         if (!s.ok()) result_listener_->close();

@@ -81,6 +81,7 @@ struct NodeStatus {
     int32_t rank = 0;     // rank in the stage's tensor-parallel group
     int32_t tp_size = 1;  // ranks in that group
     TpSlice slice;        // what the rank holds (tp_size > 1)
+    std::vector<std::string> next;  // where it sends its output: next stage ranks, "head", or nothing
     net::HelloReply hello;
     std::string source;  // LoadReply.source: "local file ...", "cache ...", "streamed from the head ..."
     net::StageReady ready;

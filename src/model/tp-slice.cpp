@@ -208,11 +208,14 @@ Result<std::vector<TpSlice>> tp_split(const HParams &hp, const std::vector<doubl
 
 Result<TpSlice> tp_slice_read(const gguf::File &file, const HParams &hp) {
     TpSlice s = tp_slice_whole(hp);
-    const bool any = file.has(kTpKeyKvHeads) || file.has(kTpKeyFf) || file.has(kTpKeyVocab);
+    const bool any = file.has(kTpKeyKvHeads) || file.has(kTpKeyFf);
     if (!any) return s;
     TD_ASSIGN_OR_RETURN(auto kv, read_range(file, kTpKeyKvHeads, hp.n_head_kv));
     TD_ASSIGN_OR_RETURN(auto ff, read_range(file, kTpKeyFf, hp.n_ff));
-    TD_ASSIGN_OR_RETURN(auto voc, read_range(file, kTpKeyVocab, hp.n_vocab));
+    std::pair<int32_t, int32_t> voc{0, hp.n_vocab};  // absent: the file has no output head
+    if (file.has(kTpKeyVocab)) {
+        TD_ASSIGN_OR_RETURN(voc, read_range(file, kTpKeyVocab, hp.n_vocab));
+    }
     s = {kv.first, kv.second, ff.first, ff.second, voc.first, voc.second};
     return s;
 }
@@ -282,7 +285,9 @@ Status tp_write_slice_file(const gguf::File &file, const HParams &hp, int32_t la
     }
     w.set_i32_array(kTpKeyKvHeads, {slice.kv_first, slice.kv_last});
     w.set_i32_array(kTpKeyFf, {slice.ff_first, slice.ff_last});
-    w.set_i32_array(kTpKeyVocab, {slice.vocab_first, slice.vocab_last});
+    // Only a file with the output head has vocabulary rows: elsewhere the key would make files with the same
+    // tensors differ (the cache names a slice file by its tensors' hash).
+    if (layer_last == hp.n_layer) w.set_i32_array(kTpKeyVocab, {slice.vocab_first, slice.vocab_last});
     for (const TpSliceTensor &p : plan)
         w.add_tensor_from(p.name, p.type, p.ne, p.n_bytes,
                           [src, p](uint8_t *dst) { return read_planned(*src, p, dst); });

@@ -38,7 +38,7 @@ struct TpSlice {
     bool operator==(const TpSlice &) const = default;
 };
 
-// Keys a slice file carries (i32 arrays [first, last]).
+// Keys a slice file carries (i32 arrays [first, last]); the vocabulary only when it holds the output head.
 inline constexpr const char *kTpKeyKvHeads = "tandem.tp.kv_heads";
 inline constexpr const char *kTpKeyFf = "tandem.tp.ff";
 inline constexpr const char *kTpKeyVocab = "tandem.tp.vocab";

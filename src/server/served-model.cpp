@@ -132,19 +132,67 @@ std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster:
         out +=
             fmt::format("tandem_node_wait_seconds_total{{{}}} {}\n", node_label(i), st.nodes[i].wait_seconds);
 
-    // Links: head -> stage 1, stage i -> stage i+1, last stage -> head. A link's counters are its sender's.
+    // Tensor-parallel ranks: their collectives (two all-reduces per layer per step, one sampling merge).
+    bool tp = false;
+    for (size_t i = 0; i < n; ++i) tp = tp || nodes[i].tp_size > 1;
+    if (tp) {
+        const auto each_rank = [&](auto &&fn) {
+            for (size_t i = 0; i < n; ++i)
+                if (nodes[i].tp_size > 1) fn(i, st.nodes[i]);
+        };
+        family("tandem_node_tp_all_reduces_total", "counter", "All-reduces a tensor-parallel rank took part in.");
+        each_rank([&](size_t i, const net::StatsReply &r) {
+            out += fmt::format("tandem_node_tp_all_reduces_total{{{}}} {}\n", node_label(i), r.tp_all_reduces);
+        });
+        family("tandem_node_tp_all_reduces_per_step", "gauge", "All-reduces per step (2 per layer).");
+        each_rank([&](size_t i, const net::StatsReply &r) {
+            out += fmt::format("tandem_node_tp_all_reduces_per_step{{{}}} {}\n", node_label(i),
+                               r.forward_steps > 0
+                                   ? static_cast<double>(r.tp_all_reduces) / static_cast<double>(r.forward_steps)
+                                   : 0.0);
+        });
+        family("tandem_node_tp_bytes_per_token", "gauge",
+               "Bytes a rank sent to its peers per token returned by the cluster.");
+        each_rank([&](size_t i, const net::StatsReply &r) {
+            out += fmt::format("tandem_node_tp_bytes_per_token{{{}}} {}\n", node_label(i),
+                               st.tokens > 0 ? static_cast<double>(r.tp_bytes_out) / static_cast<double>(st.tokens)
+                                             : 0.0);
+        });
+        family("tandem_node_tp_collective_seconds_total", "counter",
+               "Time a rank spent in collectives (sending its part, waiting for its peers').");
+        each_rank([&](size_t i, const net::StatsReply &r) {
+            out += fmt::format("tandem_node_tp_collective_seconds_total{{{}}} {}\n", node_label(i),
+                               r.tp_wait_seconds);
+        });
+        family("tandem_node_tp_collective_latency_seconds", "gauge", "Mean time of one collective on a rank.");
+        each_rank([&](size_t i, const net::StatsReply &r) {
+            const uint64_t c = r.tp_all_reduces + r.tp_gathers;
+            out += fmt::format("tandem_node_tp_collective_latency_seconds{{{}}} {}\n", node_label(i),
+                               c > 0 ? r.tp_wait_seconds / static_cast<double>(c) : 0.0);
+        });
+    }
+
+    // Links: head -> stage 1 (every rank), a stage's rank -> the next stage's ranks it feeds, the last stage's
+    // rank 0 -> head. A link's counters are its sender's (summed over its destinations).
     struct Link {
         std::string from, to;
         uint64_t msgs, bytes;
         double send_seconds;
     };
     std::vector<Link> links;
-    if (n > 0)
-        links.push_back(
-            {"head", nodes[0].address, st.head_msgs_sent, st.head_bytes_sent, st.head_send_seconds});
+    const auto joined = [](const std::vector<std::string> &v) {
+        std::string s;
+        for (const std::string &x : v) s += (s.empty() ? "" : ",") + x;
+        return s;
+    };
+    std::vector<std::string> first;
     for (size_t i = 0; i < n; ++i)
-        links.push_back({nodes[i].address, i + 1 < n ? nodes[i + 1].address : std::string("head"),
-                         st.nodes[i].msgs_out, st.nodes[i].bytes_out, st.nodes[i].send_seconds});
+        if (nodes[i].stage == 0) first.push_back(nodes[i].address);
+    if (n > 0) links.push_back({"head", joined(first), st.head_msgs_sent, st.head_bytes_sent, st.head_send_seconds});
+    for (size_t i = 0; i < n; ++i)
+        if (!nodes[i].next.empty())
+            links.push_back({nodes[i].address, joined(nodes[i].next), st.nodes[i].msgs_out, st.nodes[i].bytes_out,
+                             st.nodes[i].send_seconds});
     const auto link_label = [&](const Link &l) {
         return fmt::format("from=\"{}\",to=\"{}\"", label(l.from), label(l.to));
     };
