@@ -16,7 +16,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kAnyBytes = SIZE_MAX;
 constexpr uint32_t kPhaseWhole = 0, kPhaseScatter = 1, kPhaseGather = 2;
-constexpr size_t kFramesPerPeer = 8;  // a rank is at most one collective ahead of another: 2 frames each
 
 // dst[i] += src[i], in that order for every i.
 void add_into(float *dst, const float *src, size_t n) {
@@ -34,17 +33,14 @@ PeerCollective::PeerCollective(int rank, int size, std::vector<std::string> peer
 
 PeerCollective::~PeerCollective() {
     close();
-    for (Peer &p : peers_)
-        if (p.thread.joinable()) p.thread.join();
+    for (Peer &p : peers_) p.sender.reset();  // before the connections they write to
 }
 
 void PeerCollective::close() {
     std::lock_guard lock(mu_);
     closed_ = true;
-    for (Peer &p : peers_) {
+    for (Peer &p : peers_)
         if (p.conn) p.conn->close();
-        if (p.queue) p.queue->close();
-    }
     attached_cv_.notify_all();
 }
 
@@ -55,93 +51,88 @@ Status PeerCollective::attach(int peer, std::unique_ptr<net::Connection> conn) {
         return invalid_input("peer rank {} is not another rank of this group of {}", peer, size_);
     Peer &p = peers_[peer];
     if (p.conn) return invalid_input("rank {} ({}) is already linked", peer, names_[peer]);
+    conn->set_recv_spin_us(kSpinUs);
+    p.sender = std::make_unique<net::AsyncSender>(*conn, 2, timeout_ms_);
     p.conn = std::move(conn);
-    p.queue = std::make_unique<FrameQueue>(kFramesPerPeer);
-    p.thread = std::thread([this, peer] { recv_loop(peer); });
     attached_cv_.notify_all();
     return {};
 }
 
-void PeerCollective::recv_loop(int peer) {
-    Peer &p = peers_[peer];  // conn and queue are set before this thread starts and never replaced
-    for (;;) {
-        Frame *f = p.queue->acquire();
-        if (f == nullptr) return;
-        Status s = p.conn->recv(f->header, f->payload, -1);
-        if (!s.ok()) {
-            {
-                std::lock_guard lock(mu_);
-                p.error = s;
-            }
-            p.queue->release(f);
-            p.queue->close();
-            return;
-        }
-        bytes_in_ += net::kHeaderBytes + f->payload.size();
-        p.queue->push(f);
+PeerCollective::Peer *PeerCollective::linked(int peer, Status *error) {
+    std::unique_lock lock(mu_);
+    attached_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms_),
+                          [&] { return closed_ || peers_[peer].conn != nullptr; });
+    if (closed_) {
+        *error = make_error(ErrorKind::disconnected, "the tensor-parallel stage was stopped");
+        return nullptr;
     }
+    if (!peers_[peer].conn) {
+        *error = make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) never linked up in {:.0f} s",
+                            names_[peer], peer, timeout_ms_ / 1000.0);
+        return nullptr;
+    }
+    return &peers_[peer];  // conn is never replaced once set
 }
 
-Status PeerCollective::peer_failed(int peer, const std::string &what) {
-    std::lock_guard lock(mu_);
-    if (closed_) return make_error(ErrorKind::disconnected, "the tensor-parallel stage was stopped");
-    const Status &e = peers_[peer].error;
-    return Status(ErrorKind::disconnected,
-                  fmt::format("tensor-parallel peer {} (rank {}) disconnected{}{}", names_[peer], peer,
-                              e.ok() ? "" : ": ", e.ok() ? what : e.message()));
+Status PeerCollective::peer_failed(int peer, const Status &why) {
+    {
+        std::lock_guard lock(mu_);
+        if (closed_) return make_error(ErrorKind::disconnected, "the tensor-parallel stage was stopped");
+    }
+    const ErrorKind kind = why.kind() == ErrorKind::failed ? ErrorKind::failed : ErrorKind::disconnected;
+    return Status(kind, fmt::format("tensor-parallel peer {} (rank {}): {}", names_[peer], peer, why.message()));
 }
 
 Status PeerCollective::send_to(int peer, net::MsgType type, uint64_t id, uint32_t flags, const void *data,
                                size_t bytes) {
-    net::Connection *conn = nullptr;
-    {
-        std::unique_lock lock(mu_);
-        attached_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms_),
-                              [&] { return closed_ || peers_[peer].conn != nullptr; });
-        if (closed_) return make_error(ErrorKind::disconnected, "the tensor-parallel stage was stopped");
-        if (!peers_[peer].conn)
-            return make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) never linked up in {:.0f} s",
-                              names_[peer], peer, timeout_ms_ / 1000.0);
-        conn = peers_[peer].conn.get();
+    Status error;
+    Peer *p = linked(peer, &error);
+    if (p == nullptr) return error;
+    const std::span<const uint8_t> payload{static_cast<const uint8_t *>(data), bytes};
+    Status s;
+    if (bytes > kInlineSendMaxBytes) {
+        s = p->sender->enqueue(type, id, flags, payload);  // copied; we go on to receive
+        p->sender_used = true;
+    } else {
+        if (p->sender_used) {  // frames of a link stay in order
+            s = p->sender->flush();
+            p->sender_used = false;
+        }
+        const std::span<const uint8_t> parts[1] = {payload};
+        if (s.ok()) s = p->conn->send(type, id, flags, parts, timeout_ms_);
     }
-    const std::span<const uint8_t> parts[1] = {{static_cast<const uint8_t *>(data), bytes}};
-    Status s = conn->send(type, id, flags, parts, timeout_ms_);
-    if (!s.ok()) return peer_failed(peer, s.message());
+    if (!s.ok()) return peer_failed(peer, s);
     bytes_out_ += net::kHeaderBytes + bytes;
     return {};
 }
 
+Status PeerCollective::flush_senders() {
+    for (int r = 0; r < size_; ++r) {
+        Peer &p = peers_[r];
+        if (!p.sender_used) continue;
+        p.sender_used = false;
+        if (Status s = p.sender->flush(); !s.ok()) return peer_failed(r, s);
+    }
+    return {};
+}
+
 Result<Frame *> PeerCollective::take(int peer, net::MsgType type, uint64_t id, uint32_t flags, size_t bytes) {
-    FrameQueue *q = nullptr;
-    {
-        std::unique_lock lock(mu_);
-        attached_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms_),
-                              [&] { return closed_ || peers_[peer].queue != nullptr; });
-        if (closed_) return make_error(ErrorKind::disconnected, "the tensor-parallel stage was stopped");
-        if (!peers_[peer].queue)
-            return make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) never linked up in {:.0f} s",
-                              names_[peer], peer, timeout_ms_ / 1000.0);
-        q = peers_[peer].queue.get();
-    }
-    bool timed_out = false;
-    Frame *f = q->pop_for(timeout_ms_, &timed_out);
-    if (f == nullptr) {
-        if (timed_out)
-            return make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) sent nothing for {:.0f} s",
-                              names_[peer], peer, timeout_ms_ / 1000.0);
-        return peer_failed(peer, "link closed");
-    }
-    const net::FrameHeader &h = f->header;
+    Status error;
+    Peer *p = linked(peer, &error);
+    if (p == nullptr) return error;
+    Frame &f = p->frame;
+    if (Status s = p->conn->recv(f.header, f.payload, timeout_ms_); !s.ok()) return peer_failed(peer, s);
+    bytes_in_ += net::kHeaderBytes + f.payload.size();
+    const net::FrameHeader &h = f.header;
     if (h.type != static_cast<uint16_t>(type) || h.request_id != id || h.flags != flags ||
-        (bytes != kAnyBytes && f->payload.size() != bytes)) {
-        const std::string got = fmt::format("{} #{} phase {} of {} bytes",
-                                            net::msg_type_name(static_cast<net::MsgType>(h.type)), h.request_id,
-                                            h.flags, f->payload.size());
-        q->release(f);
-        return make_error(ErrorKind::failed, "tensor-parallel peer {} (rank {}) sent {}, expected {} #{} phase {}",
-                          names_[peer], peer, got, net::msg_type_name(type), id, flags);
+        (bytes != kAnyBytes && f.payload.size() != bytes)) {
+        return make_error(ErrorKind::failed,
+                          "tensor-parallel peer {} (rank {}) sent {} #{} phase {} of {} bytes, expected {} #{} "
+                          "phase {}",
+                          names_[peer], peer, net::msg_type_name(static_cast<net::MsgType>(h.type)), h.request_id,
+                          h.flags, f.payload.size(), net::msg_type_name(type), id, flags);
     }
-    return f;
+    return &f;
 }
 
 Status PeerCollective::all_reduce_sum(float *data, size_t n) {
@@ -152,7 +143,6 @@ Status PeerCollective::all_reduce_sum(float *data, size_t n) {
     auto receive_floats = [&](int p, uint32_t phase, float *dst, size_t count) -> Status {
         TD_ASSIGN_OR_RETURN(Frame * f, take(p, net::MsgType::tp_partial, id, phase, count * sizeof(float)));
         std::memcpy(dst, f->payload.data(), count * sizeof(float));
-        peers_[p].queue->release(f);
         return {};
     };
     // Sums the parts of one range in rank order into out (which holds this rank's part on entry).
@@ -192,6 +182,7 @@ Status PeerCollective::all_reduce_sum(float *data, size_t n) {
         for (int p = 0; p < size_ && s.ok(); ++p)
             if (p != rank_) s = receive_floats(p, kPhaseGather, data + chunk(p), chunk(p + 1) - chunk(p));
     }
+    if (s.ok()) s = flush_senders();
     n_all_reduce_ += 1;
     wait_ns_ += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
@@ -214,7 +205,6 @@ Status PeerCollective::gather(std::span<const uint8_t> mine, std::vector<std::ve
                 break;
             }
             out[p].assign((*f)->payload.begin(), (*f)->payload.end());
-            peers_[p].queue->release(*f);
         }
     }
     n_gather_ += 1;

@@ -1,9 +1,12 @@
 // The Collective of a tensor-parallel stage, over the peer links of its group (net/ connections).
 //
 // Every pair of ranks shares one connection (the lower rank dials the higher one's worker when it loads,
-// with a peer Hello naming the group). Each link has a receiving thread that drains it into a small queue
-// of reusable frames, so a rank's sends never wait on a peer that is itself sending; the computing thread
-// sends directly (no hand-off on the way out) and blocks, without spinning, until the parts it needs arrive.
+// with a peer Hello naming the group). The computing thread does the I/O itself, with no hand-off to another
+// thread either way: it sends small parts directly (they fit the socket buffers, so two ranks sending each
+// other at once never wait on each other) and large ones through a sender thread per link (so it can
+// receive meanwhile); it receives by busy-polling the socket for up to kSpinUs, then sleeping in poll().
+// The spin is what makes a collective cost a network latency rather than a wake-up from sleep (tens of
+// microseconds on a virtual machine); it only runs while this rank has nothing to compute, and is bounded.
 //
 // all_reduce_sum, by size:
 //   direct (2 ranks, or a message of at most kDirectMaxBytes): every rank sends its whole partial to every
@@ -24,7 +27,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cluster/frame-queue.h"
@@ -52,6 +54,8 @@ public:
     Status gather(std::span<const uint8_t> mine, std::vector<std::vector<uint8_t>> &out) override;
 
     static constexpr size_t kDirectMaxBytes = 64 * 1024;
+    static constexpr size_t kInlineSendMaxBytes = 256 * 1024;  // larger parts go through the sender thread
+    static constexpr int kSpinUs = 200;
 
     struct Stats {
         uint64_t all_reduces = 0, gathers = 0, bytes_out = 0, bytes_in = 0;
@@ -62,15 +66,18 @@ public:
 private:
     struct Peer {
         std::unique_ptr<net::Connection> conn;
-        std::unique_ptr<FrameQueue> queue;
-        std::thread thread;
-        Status error;  // why the receiver stopped (under mu_)
+        std::unique_ptr<net::AsyncSender> sender;  // large parts
+        bool sender_used = false;                  // computing thread only: flush before the next direct send
+        Frame frame;                               // the last frame received (computing thread only)
     };
-    void recv_loop(int peer);
+    // The peer's link, once attached (waits up to timeout_ms). nullptr with *error set otherwise.
+    Peer *linked(int peer, Status *error);
     Status send_to(int peer, net::MsgType type, uint64_t id, uint32_t flags, const void *data, size_t bytes);
-    // The next frame from `peer`, which must be (type, id, flags) with `bytes` of payload; release it after.
+    // Receives the next frame from `peer` into its Peer::frame; it must be (type, id, flags) with `bytes` of
+    // payload (kAnyBytes: any).
     Result<Frame *> take(int peer, net::MsgType type, uint64_t id, uint32_t flags, size_t bytes);
-    Status peer_failed(int peer, const std::string &what);
+    Status peer_failed(int peer, const Status &why);
+    Status flush_senders();
 
     const int rank_, size_;
     const std::vector<std::string> names_;

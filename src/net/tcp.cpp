@@ -188,8 +188,10 @@ private:
     }
     // Waits until fd_ is readable/writable. ok, failed (deadline passed) or disconnected (closed meanwhile).
     Status wait(short events, const Deadline &deadline, bool *timed_out);
-    // Reads into buf[*got..n); returns when full, on EOF/error, or at the deadline (*timed_out).
-    Status read_some(uint8_t *buf, size_t n, size_t *got, const Deadline &deadline, bool *timed_out);
+    // Reads into buf[*got..n); returns when full, on EOF/error, or at the deadline (*timed_out). Until
+    // *spin_end_ns (0: not yet started) it retries instead of sleeping in poll (set_recv_spin_us).
+    Status read_some(uint8_t *buf, size_t n, size_t *got, const Deadline &deadline, bool *timed_out,
+                     int64_t *spin_end_ns);
 
     int fd_;
     std::string peer_, local_;
@@ -215,7 +217,7 @@ Status TcpConnection::wait(short events, const Deadline &deadline, bool *timed_o
 }
 
 Status TcpConnection::read_some(uint8_t *buf, size_t n, size_t *got, const Deadline &deadline,
-                                bool *timed_out) {
+                                bool *timed_out, int64_t *spin_end_ns) {
     while (*got < n) {
         const ssize_t r = ::recv(fd_, buf + *got, n - *got, 0);
         if (r > 0) {
@@ -225,6 +227,11 @@ Status TcpConnection::read_some(uint8_t *buf, size_t n, size_t *got, const Deadl
         if (r == 0) return eof_status();
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) return errno_status("recv from", errno);
+        if (recv_spin_ns_ > 0) {
+            const int64_t now = now_ns();
+            if (*spin_end_ns == 0) *spin_end_ns = now + recv_spin_ns_;
+            if (now < *spin_end_ns && !closed_ && !deadline.passed()) continue;
+        }
         TD_TRY(wait(POLLIN, deadline, timed_out));
         if (*timed_out) return {};
     }
@@ -240,7 +247,8 @@ Status TcpConnection::recv(FrameHeader &header, std::vector<uint8_t> &payload, i
 
     uint8_t raw[kHeaderBytes];
     size_t got = 0;
-    TD_TRY(read_some(raw, kHeaderBytes, &got, deadline, &timed_out));
+    int64_t spin_end_ns = 0;
+    TD_TRY(read_some(raw, kHeaderBytes, &got, deadline, &timed_out, &spin_end_ns));
     if (timed_out) {
         if (got == 0)
             return make_error(ErrorKind::failed, "no frame from {} within {} ms", peer_, timeout_ms);
@@ -273,7 +281,7 @@ Status TcpConnection::recv(FrameHeader &header, std::vector<uint8_t> &payload, i
     got = 0;
     while (got < n) {
         if (got == payload.size()) payload.resize(std::min(n, 2 * payload.size()));
-        TD_TRY(read_some(payload.data(), payload.size(), &got, deadline, &timed_out));
+        TD_TRY(read_some(payload.data(), payload.size(), &got, deadline, &timed_out, &spin_end_ns));
         if (timed_out) {
             close();
             return make_error(ErrorKind::failed,

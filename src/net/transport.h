@@ -43,6 +43,10 @@ public:
     // Caps the payload recv() accepts below max_payload(type) (e.g. a node that knows its largest step).
     // A larger announced payload is invalid_input before anything is read or allocated. Set before use.
     void set_recv_limit(uint64_t bytes) { recv_limit_ = bytes; }
+    // recv() busy-polls for up to this long before it sleeps waiting for data (0: it sleeps at once). For a
+    // caller that has nothing else to do until the frame arrives and cannot afford a wake-up from sleep (an
+    // all-reduce); the spin is bounded, so a peer that is slow costs at most this much CPU per frame.
+    void set_recv_spin_us(int us) { recv_spin_ns_ = int64_t{us} * 1000; }
 
     // Convenience: send one control payload.
     Status send_msg(MsgType type, uint64_t request_id, std::span<const uint8_t> payload,
@@ -54,6 +58,7 @@ public:
 protected:
     ConnStats stats_;
     uint64_t recv_limit_ = UINT64_MAX;
+    int64_t recv_spin_ns_ = 0;
 };
 
 class Listener {
