@@ -264,6 +264,36 @@ TEST(TpCluster, RankWithItsOwnCopyCutsItsSliceAndCachesIt) {
     }
 }
 
+// The README's commands: `tandem run --workers A,B --tp 2` prints one machine's text, `tandem bench --tp 2`
+// reports the layout, and the flags without --workers are refused.
+TEST(TpCluster, RunAndBenchCommandsWithTp) {
+    REQUIRE_MODEL();
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    const std::string model = test::shared_path(kModel);
+    const std::string workers = w1.address() + "," + w2.address();
+    const std::vector<std::string> gen = {"run", "-m", model, "--temp", "0", "-n", "32", "-t", "1"};
+    auto local = test::run_tandem(gen);
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    std::vector<std::string> args = gen;
+    args.insert(args.end(), {"--workers", workers, "--tp", "2", "--stats"});
+    auto tp = test::run_tandem(args);
+    ASSERT_EQ(tp.exit_code, 0) << tp.err;
+    EXPECT_EQ(tp.out, local.out);
+    EXPECT_NE(tp.err.find("0/2: kv 0-1"), std::string::npos) << tp.err;  // the placement table's slices
+    EXPECT_NE(tp.err.find("all-red"), std::string::npos) << tp.err;      // --stats: the collectives
+
+    auto bench = test::run_tandem(
+        {"bench", "-m", model, "--workers", workers, "--tp", "2", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl"});
+    ASSERT_EQ(bench.exit_code, 0) << bench.err;
+    EXPECT_NE(bench.out.find("\"pipeline\": \"1-stage 0-4x2"), std::string::npos) << bench.out;
+
+    auto bad = test::run_tandem({"run", "-m", model, "--tp", "2", "-n", "1"});
+    EXPECT_EQ(bad.exit_code, 1);
+    EXPECT_NE(bad.err.find("need --workers"), std::string::npos) << bad.err;
+}
+
 TEST(TpCluster, LayoutErrorsNameTheProblem) {
     REQUIRE_MODEL();
     auto model = load_model();
