@@ -22,6 +22,10 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
                     "FFN rows (--tp 2 with 2 workers: both work on every token)")
         ->default_val(1)
         ->check(CLI::Range(1, 64));
+    cmd->add_option("--tp-reduce", flags.tp_reduce,
+                    "What tensor-parallel nodes send each other for their sums: f32 (exact order), f16 or bf16 "
+                    "(half the bytes; logits move by ~1e-3)")
+        ->default_val("f32");
     cmd->add_option("--layout", flags.layout,
                     "Nodes per pipeline stage, in --workers order, e.g. 2,2 (two stages of two tensor-parallel "
                     "nodes) or 2,1");
@@ -59,6 +63,8 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.layers = flags.layers;
     co.split = flags.split;
     co.tp = flags.tp;
+    if (!net::reduce_type_from_name(flags.tp_reduce, &co.tp_reduce))
+        return invalid_input("--tp-reduce must be f32, f16 or bf16, got '{}'", flags.tp_reduce);
     co.layout = flags.layout;
     if (!net::wire_type_from_name(flags.wire, &co.wire))
         return invalid_input("--wire must be f32, f16 or q8_0, got '{}'", flags.wire);

@@ -1,6 +1,7 @@
 // ClusterEngine: connecting, placing, loading and linking the pipeline; tearing it down.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -268,6 +269,7 @@ Status ClusterEngine::load_stage(size_t i, const std::vector<std::string> &next,
         const int32_t v[6] = {sl.kv_first, sl.kv_last, sl.ff_first, sl.ff_last, sl.vocab_first, sl.vocab_last};
         std::copy(v, v + 6, ls.slice);
         ls.group = group;
+        ls.tp_reduce = static_cast<uint32_t>(options_.tp_reduce);
         for (size_t w : groups_[node.stage]) ls.peers.push_back(addresses_[w]);
     }
     const std::string &addr = addresses_[i];
@@ -325,6 +327,10 @@ Status ClusterEngine::connect() {
             if (groups_[st].size() < 2) continue;
             std::vector<double> shares;
             for (size_t i : groups_[st]) shares.push_back(node_weights[i]);
+            // Measured speeds of equal machines differ by a few percent from run to run; an uneven split of
+            // equal nodes would make the faster one wait at every all-reduce. Within 15%, split evenly.
+            const auto [lo, hi] = std::minmax_element(shares.begin(), shares.end());
+            if (options_.split.empty() && *hi < 1.15 * *lo) shares.assign(shares.size(), 1.0);
             auto sl = tp_split(model_->hparams(), shares,
                                tp_ff_unit(model_->file(), placement_[st].first, placement_[st].second));
             if (!sl.ok()) {
@@ -466,8 +472,10 @@ std::string ClusterEngine::placement_table() const {
     bool tp = false;
     for (const auto &g : groups_) tp = tp || g.size() > 1;
     std::string out = fmt::format(
-        "tandem: placement ({} workers in {} stages, head layers {}, wire {}, n_ctx {}, {} seq):\n", nodes_.size(),
-        groups_.size(), options_.head_layers, net::wire_type_name(options_.wire), n_ctx_, options_.context.n_seq);
+        "tandem: placement ({} workers in {} stages, head layers {}, wire {}{}, n_ctx {}, {} seq):\n", nodes_.size(),
+        groups_.size(), options_.head_layers, net::wire_type_name(options_.wire),
+        tp ? fmt::format(", all-reduce {}", net::reduce_type_name(options_.tp_reduce)) : "", n_ctx_,
+        options_.context.n_seq);
     out += fmt::format("  {:<22} {:<8} {:>11} {:>11} {:>8}  {}{}\n", "node", "layers", "weights", "KV", "GFLOP/s",
                        tp ? "slice (rank: KV heads, FFN rows, vocab rows)      " : "", "weights from");
     if (head_ctx_) {

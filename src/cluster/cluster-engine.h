@@ -59,6 +59,7 @@ struct ClusterOptions {
     int32_t tp = 1;       // > 1: the workers form stages of tp nodes each (tensor-parallel groups)
     std::string layout;   // "2,2": nodes per stage, in worker order (instead of tp); "" = tp (or 1 each)
     net::WireType wire = net::WireType::f16;
+    net::ReduceType tp_reduce = net::ReduceType::f32;  // what a TP group's all-reduce parts travel as
     ContextParams context;  // n_ctx (0: the model's), n_seq, kv type; every stage uses the same
     int32_t n_threads = 0;  // threads per worker; 0: the worker's own -t
     int max_in_flight = 8;

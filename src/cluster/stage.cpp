@@ -61,7 +61,8 @@ Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model,
         return invalid_input("load_stage: n_seq {} must be in 1..4096", cp.n_seq);
     if (load.tp_size > 1) {
         st->collective_ = std::make_unique<PeerCollective>(static_cast<int>(load.tp_rank),
-                                                           static_cast<int>(load.tp_size), load.peers);
+                                                           static_cast<int>(load.tp_size), load.peers,
+                                                           static_cast<net::ReduceType>(load.tp_reduce));
         // Our links to the higher ranks (already loaded: the head loads a group from its last rank down);
         // the lower ranks dial us when they load.
         for (uint32_t r = load.tp_rank + 1; r < load.tp_size; ++r) {

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "net/protocol.h"
+#include "tensor/fp16.h"
 
 namespace td::cluster {
 namespace {
@@ -24,9 +25,10 @@ void add_into(float *dst, const float *src, size_t n) {
 
 }  // namespace
 
-PeerCollective::PeerCollective(int rank, int size, std::vector<std::string> peer_names, int timeout_ms)
-    : rank_(rank), size_(size), names_(std::move(peer_names)), timeout_ms_(timeout_ms), peers_(size), parts_(size),
-      ptrs_(size) {
+PeerCollective::PeerCollective(int rank, int size, std::vector<std::string> peer_names, net::ReduceType reduce,
+                               int timeout_ms)
+    : rank_(rank), size_(size), names_(std::move(peer_names)), reduce_(reduce), timeout_ms_(timeout_ms),
+      peers_(size), parts_(size), ptrs_(size) {
     TD_ASSERT(size >= 1 && rank >= 0 && rank < size && names_.size() == static_cast<size_t>(size),
               "rank {} of {} with {} names", rank, size, names_.size());
 }
@@ -135,16 +137,39 @@ Result<Frame *> PeerCollective::take(int peer, net::MsgType type, uint64_t id, u
     return &f;
 }
 
+std::span<const uint8_t> PeerCollective::encode(float *data, size_t n) {
+    if (reduce_ == net::ReduceType::f32) return {reinterpret_cast<const uint8_t *>(data), n * sizeof(float)};
+    wire_.resize(n);
+    const bool half = reduce_ == net::ReduceType::f16;
+    for (size_t i = 0; i < n; ++i) {
+        wire_[i] = half ? fp32_to_fp16(data[i]) : fp32_to_bf16(data[i]);
+        data[i] = half ? fp16_to_fp32(wire_[i]) : bf16_to_fp32(wire_[i]);
+    }
+    return {reinterpret_cast<const uint8_t *>(wire_.data()), n * sizeof(uint16_t)};
+}
+
+Status PeerCollective::receive_floats(int peer, uint64_t id, uint32_t phase, float *dst, size_t n) {
+    const size_t elem = net::reduce_type_bytes(reduce_);
+    TD_ASSIGN_OR_RETURN(Frame * f, take(peer, net::MsgType::tp_partial, id, phase, n * elem));
+    const uint8_t *src = f->payload.data();
+    if (reduce_ == net::ReduceType::f32) {
+        std::memcpy(dst, src, n * sizeof(float));
+        return {};
+    }
+    const bool half = reduce_ == net::ReduceType::f16;
+    for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = half ? fp16_to_fp32(h) : bf16_to_fp32(h);
+    }
+    return {};
+}
+
 Status PeerCollective::all_reduce_sum(float *data, size_t n) {
     const uint64_t id = next_id_++;
     if (size_ == 1) return {};
     const auto t0 = Clock::now();
-    const size_t bytes = n * sizeof(float);
-    auto receive_floats = [&](int p, uint32_t phase, float *dst, size_t count) -> Status {
-        TD_ASSIGN_OR_RETURN(Frame * f, take(p, net::MsgType::tp_partial, id, phase, count * sizeof(float)));
-        std::memcpy(dst, f->payload.data(), count * sizeof(float));
-        return {};
-    };
+    const size_t bytes = n * net::reduce_type_bytes(reduce_);
     // Sums the parts of one range in rank order into out (which holds this rank's part on entry).
     auto sum_in_rank_order = [&](float *out, size_t count) {
         if (rank_ != 0) {  // out becomes p0, then (p0 + p1), ...: keep our own part aside first
@@ -155,32 +180,35 @@ Status PeerCollective::all_reduce_sum(float *data, size_t n) {
     };
     Status s;
     if (size_ == 2 || bytes <= kDirectMaxBytes) {
+        const std::span<const uint8_t> mine = encode(data, n);
         for (int p = 0; p < size_ && s.ok(); ++p)
-            if (p != rank_) s = send_to(p, net::MsgType::tp_partial, id, kPhaseWhole, data, bytes);
+            if (p != rank_) s = send_to(p, net::MsgType::tp_partial, id, kPhaseWhole, mine.data(), mine.size());
         for (int p = 0; p < size_ && s.ok(); ++p) {
             if (p == rank_) continue;
             parts_[p].resize(n);
-            s = receive_floats(p, kPhaseWhole, parts_[p].data(), n);
+            s = receive_floats(p, id, kPhaseWhole, parts_[p].data(), n);
         }
         if (s.ok()) sum_in_rank_order(data, n);
     } else {
         auto chunk = [&](int r) { return n * static_cast<size_t>(r) / static_cast<size_t>(size_); };
         const size_t mine = chunk(rank_), mine_n = chunk(rank_ + 1) - mine;
-        for (int p = 0; p < size_ && s.ok(); ++p)
-            if (p != rank_)
-                s = send_to(p, net::MsgType::tp_partial, id, kPhaseScatter, data + chunk(p),
-                            (chunk(p + 1) - chunk(p)) * sizeof(float));
+        for (int p = 0; p < size_ && s.ok(); ++p) {
+            if (p == rank_) continue;
+            const std::span<const uint8_t> part = encode(data + chunk(p), chunk(p + 1) - chunk(p));
+            s = send_to(p, net::MsgType::tp_partial, id, kPhaseScatter, part.data(), part.size());
+        }
+        (void)encode(data + mine, mine_n);  // our own part of our chunk, rounded as the others' are
         for (int p = 0; p < size_ && s.ok(); ++p) {
             if (p == rank_) continue;
             parts_[p].resize(mine_n);
-            s = receive_floats(p, kPhaseScatter, parts_[p].data(), mine_n);
+            s = receive_floats(p, id, kPhaseScatter, parts_[p].data(), mine_n);
         }
         if (s.ok()) sum_in_rank_order(data + mine, mine_n);
+        const std::span<const uint8_t> reduced = s.ok() ? encode(data + mine, mine_n) : std::span<const uint8_t>{};
         for (int p = 0; p < size_ && s.ok(); ++p)
-            if (p != rank_)
-                s = send_to(p, net::MsgType::tp_partial, id, kPhaseGather, data + mine, mine_n * sizeof(float));
+            if (p != rank_) s = send_to(p, net::MsgType::tp_partial, id, kPhaseGather, reduced.data(), reduced.size());
         for (int p = 0; p < size_ && s.ok(); ++p)
-            if (p != rank_) s = receive_floats(p, kPhaseGather, data + chunk(p), chunk(p + 1) - chunk(p));
+            if (p != rank_) s = receive_floats(p, id, kPhaseGather, data + chunk(p), chunk(p + 1) - chunk(p));
     }
     if (s.ok()) s = flush_senders();
     n_all_reduce_ += 1;

@@ -37,9 +37,11 @@ namespace td::cluster {
 
 class PeerCollective : public Collective {
 public:
-    // peer_names: [size] the ranks' worker addresses, for messages. timeout_ms: the longest wait for a peer's
-    // part (also for its link to be attached).
-    PeerCollective(int rank, int size, std::vector<std::string> peer_names, int timeout_ms = 30000);
+    // peer_names: [size] the ranks' worker addresses, for messages. reduce: what the parts travel as (f16 /
+    // bf16 halve the bytes; every rank rounds its own part the same way, so the ranks still agree bit for
+    // bit). timeout_ms: the longest wait for a peer's part (also for its link to be attached).
+    PeerCollective(int rank, int size, std::vector<std::string> peer_names,
+                   net::ReduceType reduce = net::ReduceType::f32, int timeout_ms = 30000);
     ~PeerCollective() override;
 
     // Hands over the link to `peer` (dialed or accepted, Hello exchanged) and starts its receiver. Errors:
@@ -79,8 +81,14 @@ private:
     Status peer_failed(int peer, const Status &why);
     Status flush_senders();
 
+    // The bytes of data[0, n) as they travel (data itself for f32, else wire_ filled); rounds data in place to
+    // what the receivers will see.
+    std::span<const uint8_t> encode(float *data, size_t n);
+    Status receive_floats(int peer, uint64_t id, uint32_t phase, float *dst, size_t n);
+
     const int rank_, size_;
     const std::vector<std::string> names_;
+    const net::ReduceType reduce_;
     const int timeout_ms_;
     mutable std::mutex mu_;
     std::condition_variable attached_cv_;
@@ -91,6 +99,7 @@ private:
     // Scratch (the computing thread only): the peers' parts as floats.
     std::vector<std::vector<float>> parts_;  // [size]
     std::vector<const float *> ptrs_;        // [size]
+    std::vector<uint16_t> wire_;             // an f16 / bf16 part
 
     std::atomic<uint64_t> n_all_reduce_{0}, n_gather_{0}, bytes_out_{0}, bytes_in_{0}, wait_ns_{0};
 };

@@ -212,6 +212,14 @@ size_t MappedFile::huge_page_bytes() const {
 #endif
 }
 
+void MappedFile::drop_pages(size_t offset, size_t len) const {
+    if (data_ == nullptr || offset >= size_) return;
+    len = std::min(len, size_ - offset);
+    const auto base = reinterpret_cast<uintptr_t>(data_);
+    const uintptr_t begin = align_up(base + offset, kSmallPage), end = align_down(base + offset + len, kSmallPage);
+    if (end > begin) ::madvise(reinterpret_cast<void *>(begin), end - begin, MADV_DONTNEED);
+}
+
 void MappedFile::avoid_huge_pages(size_t offset, size_t len) const {
 #if defined(__linux__)
     if (data_ == nullptr || offset >= size_) return;

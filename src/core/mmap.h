@@ -54,6 +54,9 @@ public:
     // For a range read sparsely (an embedding table, a row per token): keeps it mapped in 4 KiB pages
     // (MADV_NOHUGEPAGE), so that touching one row does not map (and count in RSS) 2 MiB around it.
     void avoid_huge_pages(size_t offset, size_t len) const;
+    // For a range read once (hashed): unmaps its pages from this process (MADV_DONTNEED; the page cache keeps
+    // them, a later read maps them again), so they stop counting in RSS. The mapping stays valid.
+    void drop_pages(size_t offset, size_t len) const;
     // Bytes of the mapping now mapped in 2 MiB pages (FilePmdMapped; 0 where unknown): what the advice got.
     size_t huge_page_bytes() const;
 

@@ -328,6 +328,7 @@ Status load_stage_fields(Io &io, M &m, uint8_t &pad) {
     for (auto &v : m.slice) TD_TRY(io.field(v, "slice"));
     TD_TRY(io.field(m.group, "group"));
     TD_TRY(io.field(m.stage_fingerprint, "stage_fingerprint"));
+    TD_TRY(io.field(m.tp_reduce, "tp_reduce"));
     TD_TRY(io.flag(m.is_last, "is_last"));
     TD_TRY(io.field(pad, "padding"));
     TD_TRY(io.string(m.model_name, "model_name"));
@@ -347,10 +348,12 @@ Result<LoadStage> decode_load_stage(std::span<const uint8_t> payload) {
     uint8_t pad = 0;
     TD_TRY(load_stage_fields(r, m, pad));
     TD_TRY(r.finish());
-    if (pad != 0) return invalid_input("load_stage: padding byte at offset 97 is {}, must be 0", pad);
+    if (pad != 0) return invalid_input("load_stage: padding byte at offset 101 is {}, must be 0", pad);
     if (m.tp_size < 1 || m.tp_size > kMaxTpSize || m.tp_rank >= m.tp_size)
         return invalid_input("load_stage: rank {} of a group of {} (1..{} ranks)", m.tp_rank, m.tp_size,
                              kMaxTpSize);
+    if (m.tp_reduce > static_cast<uint32_t>(ReduceType::bf16))
+        return invalid_input("load_stage: unknown all-reduce type {} (0 f32, 1 f16, 2 bf16)", m.tp_reduce);
     if (m.tp_size > 1 && m.peers.size() != m.tp_size)
         return invalid_input("load_stage: a group of {} ranks lists {} peers", m.tp_size, m.peers.size());
     if (m.tp_size > 1)

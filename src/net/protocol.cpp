@@ -76,6 +76,31 @@ bool msg_type_known(uint16_t type) {
     return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::tp_gather);
 }
 
+const char *reduce_type_name(ReduceType type) {
+    switch (type) {
+        case ReduceType::f32:
+            return "f32";
+        case ReduceType::f16:
+            return "f16";
+        case ReduceType::bf16:
+            return "bf16";
+    }
+    return "unknown";
+}
+
+bool reduce_type_from_name(const std::string &name, ReduceType *out) {
+    for (ReduceType t : {ReduceType::f32, ReduceType::f16, ReduceType::bf16})
+        if (name == reduce_type_name(t)) {
+            *out = t;
+            return true;
+        }
+    return false;
+}
+
+size_t reduce_type_bytes(ReduceType type) {
+    return type == ReduceType::f32 ? 4 : 2;
+}
+
 const char *wire_type_name(WireType type) {
     switch (type) {
         case WireType::f32:

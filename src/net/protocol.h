@@ -91,6 +91,12 @@ enum class WireType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8 };
 const char *wire_type_name(WireType type);
 bool wire_type_from_name(const std::string &name, WireType *out);
 bool wire_type_known(uint32_t type);
+// What the ranks of a tensor-parallel group send each other for an all-reduce (each rank rounds its own part
+// the same way, so all ranks still sum the same values).
+enum class ReduceType : uint32_t { f32 = 0, f16 = 1, bf16 = 2 };
+const char *reduce_type_name(ReduceType type);
+bool reduce_type_from_name(const std::string &name, ReduceType *out);
+size_t reduce_type_bytes(ReduceType type);  // per value: 4 or 2
 // q8_0 on the wire is ggml's block: f16 scale d, then 32 int8 q; x = d * q.
 inline constexpr size_t kWireQ8Block = 32;
 inline constexpr size_t kWireQ8BlockBytes = 34;
@@ -151,6 +157,7 @@ struct LoadStage {
     int32_t slice[6] = {0, 0, 0, 0, 0, 0};
     uint64_t group = 0;               // names this group's mesh (peers' Hello.group)
     uint64_t stage_fingerprint = 0;
+    uint32_t tp_reduce = 0;           // ReduceType of the all-reduce parts
     std::vector<std::string> peers;   // [tp_size] "host:port" of every rank's worker, in rank order
 };
 
