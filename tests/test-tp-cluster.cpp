@@ -109,6 +109,7 @@ struct Layout {
     size_t n_workers;
     int32_t tp;
     std::string layout;
+    std::string split;  // per-worker shares ("": measured speed)
 };
 
 TEST(TpCluster, GreedyAndSeededEqualOneMachineOverTwoThreeAndTwoByTwo) {
@@ -120,8 +121,10 @@ TEST(TpCluster, GreedyAndSeededEqualOneMachineOverTwoThreeAndTwoByTwo) {
     seeded.top_p = 0.9f;
     seeded.seed = 42;
     const GenRun want_seeded = local(model, seeded, 64, false);
-    for (const Layout &l : {Layout{2, 2, ""}, Layout{3, 3, ""}, Layout{4, 1, "2,2"}}) {
-        SCOPED_TRACE(::testing::Message() << l.n_workers << " workers, tp " << l.tp << " layout " << l.layout);
+    for (const Layout &l : {Layout{2, 2, "", ""}, Layout{3, 3, "", ""}, Layout{4, 1, "2,2", ""},
+                            Layout{2, 2, "", "3,1"}}) {
+        SCOPED_TRACE(::testing::Message() << l.n_workers << " workers, tp " << l.tp << " layout " << l.layout
+                                          << " split " << l.split);
         test::TempDir cache;
         std::vector<std::unique_ptr<WorkerProcess>> procs;
         std::vector<WorkerProcess *> ws;
@@ -132,8 +135,15 @@ TEST(TpCluster, GreedyAndSeededEqualOneMachineOverTwoThreeAndTwoByTwo) {
             ASSERT_TRUE(procs.back()->running());
             ws.push_back(procs.back().get());
         }
-        auto e = ClusterEngine::create(model, tp_options(ws, l.tp, l.layout));
+        ClusterOptions o = tp_options(ws, l.tp, l.layout);
+        o.split = l.split;
+        auto e = ClusterEngine::create(model, o);
         ASSERT_TRUE(e.ok()) << e.status().message();
+        if (l.split == "3,1") {  // a fast and a slow node: 3 of the 4 KV heads, three quarters of the FFN rows
+            EXPECT_EQ((*e)->nodes()[0].slice.n_kv(), 3);
+            EXPECT_EQ((*e)->nodes()[1].slice.n_kv(), 1);
+            EXPECT_GT((*e)->nodes()[0].slice.n_ff(), 2 * (*e)->nodes()[1].slice.n_ff());
+        }
         auto got = generate_run(**e, greedy(), 64, true);
         ASSERT_TRUE(got.ok()) << got.status().message() << "\n" << ws[0]->log();
         expect_close(want, *got);

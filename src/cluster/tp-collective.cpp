@@ -53,7 +53,6 @@ Status PeerCollective::attach(int peer, std::unique_ptr<net::Connection> conn) {
         return invalid_input("peer rank {} is not another rank of this group of {}", peer, size_);
     Peer &p = peers_[peer];
     if (p.conn) return invalid_input("rank {} ({}) is already linked", peer, names_[peer]);
-    conn->set_recv_spin_us(kSpinUs);
     p.sender = std::make_unique<net::AsyncSender>(*conn, 2, timeout_ms_);
     p.conn = std::move(conn);
     attached_cv_.notify_all();
@@ -123,7 +122,19 @@ Result<Frame *> PeerCollective::take(int peer, net::MsgType type, uint64_t id, u
     Peer *p = linked(peer, &error);
     if (p == nullptr) return error;
     Frame &f = p->frame;
+    const bool spin = p->spin_rest == 0;
+    if (!spin) --p->spin_rest;
+    p->conn->set_recv_spin_us(spin ? kSpinUs : 0);
+    const auto t0 = Clock::now();
     if (Status s = p->conn->recv(f.header, f.payload, timeout_ms_); !s.ok()) return peer_failed(peer, s);
+    if (spin) {
+        const bool missed = Clock::now() - t0 > std::chrono::microseconds(kSpinUs);
+        p->spin_misses = missed ? p->spin_misses + 1 : 0;
+        if (p->spin_misses >= kSpinMisses) {
+            p->spin_misses = 0;
+            p->spin_rest = kSpinRest;
+        }
+    }
     bytes_in_ += net::kHeaderBytes + f.payload.size();
     const net::FrameHeader &h = f.header;
     if (h.type != static_cast<uint16_t>(type) || h.request_id != id || h.flags != flags ||

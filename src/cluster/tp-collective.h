@@ -6,7 +6,8 @@
 // other at once never wait on each other) and large ones through a sender thread per link (so it can
 // receive meanwhile); it receives by busy-polling the socket for up to kSpinUs, then sleeping in poll().
 // The spin is what makes a collective cost a network latency rather than a wake-up from sleep (tens of
-// microseconds on a virtual machine); it only runs while this rank has nothing to compute, and is bounded.
+// microseconds on a virtual machine); it only runs while this rank has nothing to compute, is bounded, and
+// stops for a while when it keeps missing (a peer slower than the spin, or one sharing our core).
 //
 // all_reduce_sum, by size:
 //   direct (2 ranks, or a message of at most kDirectMaxBytes): every rank sends its whole partial to every
@@ -71,7 +72,11 @@ private:
         std::unique_ptr<net::AsyncSender> sender;  // large parts
         bool sender_used = false;                  // computing thread only: flush before the next direct send
         Frame frame;                               // the last frame received (computing thread only)
+        // Adaptive spin (computing thread only): after kSpinMisses receives in a row that outlasted the spin,
+        // the peer is slower than the spin (or shares our core), so the next kSpinRest receives sleep at once.
+        int spin_misses = 0, spin_rest = 0;
     };
+    static constexpr int kSpinMisses = 8, kSpinRest = 64;
     // The peer's link, once attached (waits up to timeout_ms). nullptr with *error set otherwise.
     Peer *linked(int peer, Status *error);
     Status send_to(int peer, net::MsgType type, uint64_t id, uint32_t flags, const void *data, size_t bytes);
