@@ -36,25 +36,10 @@ if [[ ! -f $model ]]; then
 fi
 
 tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
+source "$here/bench/workers.sh"
 
-start_worker() {  # core, log: starts in this shell (so cleanup sees the pid)
-  taskset -c "$1" "$bin" worker --listen 127.0.0.1:0 -t 1 --model "$model" --cache-dir "$tmp/cache" \
-    </dev/null >/dev/null 2>"$2" &
-  pids+=($!)
-}
-worker_address() {  # log
-  for _ in $(seq 1 600); do
-    grep -q "listening on" "$1" && break
-    sleep 0.1
-  done
-  sed -n 's|.*listening on \(.*\)$|\1|p' "$1"
-}
-
-start_worker 0 "$tmp/a.log"
-start_worker 1 "$tmp/b.log"
+start_worker 0 "$tmp/a.log" --model "$model" --cache-dir "$tmp/cache"
+start_worker 1 "$tmp/b.log" --model "$model" --cache-dir "$tmp/cache"
 a=$(worker_address "$tmp/a.log")
 b=$(worker_address "$tmp/b.log")
 cluster=(--workers "$a,$b" --split "${SPLIT:-1,1}" --wire "$wire" --head-layers "$head_layers" --chunk "$chunk")

@@ -43,24 +43,11 @@ if [[ ${#models[@]} -eq 0 ]]; then
 fi
 
 tmp=$(mktemp -d)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
-trap cleanup EXIT
+source "$here/bench/workers.sh"
 export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/tmp/tandem-bench/cache}
 
-start_worker() {  # core, log
-  taskset -c "$1" "$bin" worker --listen 127.0.0.1:0 -t 1 --cache-dir "$tmp/cache$1" </dev/null >/dev/null 2>"$2" &
-  pids+=($!)
-}
-worker_address() {  # log
-  for _ in $(seq 1 600); do
-    grep -q "listening on" "$1" && break
-    sleep 0.1
-  done
-  sed -n 's|.*listening on \(.*\)$|\1|p' "$1"
-}
-start_worker 0 "$tmp/a.log"
-start_worker 1 "$tmp/b.log"
+start_worker 0 "$tmp/a.log" --cache-dir "$tmp/cache0"
+start_worker 1 "$tmp/b.log" --cache-dir "$tmp/cache1"
 a=$(worker_address "$tmp/a.log")
 b=$(worker_address "$tmp/b.log")
 
@@ -113,9 +100,9 @@ print(f"\nPlain read, same rounds: one thread on core 0 {med(bw1):.1f} GB/s, two
       f"{med([r[4] / r[1] for r in rows]) / med(ceil) * 100:.0f}% of it). Load average before {lb}, after {la}.")
 EOF
   # Peak RSS of each rank: fresh workers (weights streamed from the head), one --tp 2 run, then VmHWM.
-  start_worker 0 "$tmp/ra.log"
+  start_worker 0 "$tmp/ra.log" --cache-dir "$tmp/rss0-$(basename "$model")"
   ra_pid=${pids[-1]}
-  start_worker 1 "$tmp/rb.log"
+  start_worker 1 "$tmp/rb.log" --cache-dir "$tmp/rss1-$(basename "$model")"
   rb_pid=${pids[-1]}
   ra=$(worker_address "$tmp/ra.log")
   rb=$(worker_address "$tmp/rb.log")
