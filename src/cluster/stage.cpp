@@ -188,9 +188,10 @@ Status Stage::send_down(net::MsgType type, uint64_t request_id, std::span<const 
     const auto t0 = Clock::now();
     Status s;
     for (auto &sender : senders_) {
-        if (s = sender->enqueue(type, request_id, 0, payload); !s.ok()) break;
+        // Counted before the frame can reach anyone: the head may ask for stats as soon as it has a result.
         msgs_out_ += 1;
         bytes_out_ += net::kHeaderBytes + payload.size();
+        if (s = sender->enqueue(type, request_id, 0, payload); !s.ok()) break;
     }
     send_ns_ += ns_since(t0);
     return s;
