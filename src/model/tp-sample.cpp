@@ -39,7 +39,7 @@ void put(std::vector<uint8_t> &buf, T v) {
 
 template <typename T>
 bool get(const std::vector<uint8_t> &buf, size_t &at, T *v) {
-    if (buf.size() - at < sizeof(T) || at > buf.size()) return false;
+    if (at > buf.size() || buf.size() - at < sizeof(T)) return false;
     std::memcpy(v, &buf[at], sizeof(T));
     at += sizeof(T);
     return true;
