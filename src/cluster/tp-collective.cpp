@@ -179,6 +179,9 @@ Status PeerCollective::receive_floats(int peer, uint64_t id, uint32_t phase, flo
 Status PeerCollective::all_reduce_sum(float *data, size_t n) {
     const uint64_t id = next_id_++;
     if (size_ == 1) return {};
+    // Counted as it begins: the step's result can reach the head (which may then ask for stats) before a rank
+    // returns from its last collective.
+    n_all_reduce_ += 1;
     const auto t0 = Clock::now();
     const size_t bytes = n * net::reduce_type_bytes(reduce_);
     // Sums the parts of one range in rank order into out (which holds this rank's part on entry).
@@ -222,7 +225,6 @@ Status PeerCollective::all_reduce_sum(float *data, size_t n) {
             if (p != rank_) s = receive_floats(p, id, kPhaseGather, data + chunk(p), chunk(p + 1) - chunk(p));
     }
     if (s.ok()) s = flush_senders();
-    n_all_reduce_ += 1;
     wait_ns_ += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
     return s;
@@ -230,6 +232,7 @@ Status PeerCollective::all_reduce_sum(float *data, size_t n) {
 
 Status PeerCollective::gather(std::span<const uint8_t> mine, std::vector<std::vector<uint8_t>> &out) {
     const uint64_t id = next_id_++;
+    n_gather_ += 1;  // as it begins (see all_reduce_sum)
     const auto t0 = Clock::now();
     Status s;
     if (rank_ != 0) {
@@ -246,7 +249,6 @@ Status PeerCollective::gather(std::span<const uint8_t> mine, std::vector<std::ve
             out[p].assign((*f)->payload.begin(), (*f)->payload.end());
         }
     }
-    n_gather_ += 1;
     wait_ns_ += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
     return s;
