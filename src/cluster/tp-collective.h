@@ -2,7 +2,7 @@
 //
 // Every pair of ranks shares one connection (the lower rank dials the higher one's worker when it loads,
 // with a peer Hello naming the group). The computing thread does the I/O itself, with no hand-off to another
-// thread either way: it sends small parts directly (they fit the socket buffers, so two ranks sending each
+// thread either way: it sends small parts directly (they fit any socket buffer, so two ranks sending each
 // other at once never wait on each other) and large ones through a sender thread per link (so it can
 // receive meanwhile); it receives by busy-polling the socket for up to kSpinUs, then sleeping in poll().
 // The spin is what makes a collective cost a network latency rather than a wake-up from sleep (tens of
@@ -57,7 +57,10 @@ public:
     Status gather(std::span<const uint8_t> mine, std::vector<std::vector<uint8_t>> &out) override;
 
     static constexpr size_t kDirectMaxBytes = 64 * 1024;
-    static constexpr size_t kInlineSendMaxBytes = 256 * 1024;  // larger parts go through the sender thread
+    // Larger parts go through the sender thread. An inline send must never wait for its peer to read (the peer
+    // may be sending to us at the same moment): a rank has at most two parts in flight per link (it can be one
+    // collective ahead), and 2 x 64 KiB fits any socket's buffer (Linux's default is 208 KiB, AF_UNIX too).
+    static constexpr size_t kInlineSendMaxBytes = 64 * 1024;
     static constexpr int kSpinUs = 200;
 
     struct Stats {
