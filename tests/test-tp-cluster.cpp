@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "test-child-process.h"
+#include "test-tp-util.h"
 #include "test-util.h"
 
 namespace td::cluster {
@@ -285,22 +286,8 @@ TEST(TpCluster, SynthArchitecturesGreedyEqualOneMachineUntilATie) {
     test::TempDir dir;
     for (const std::string arch : {"qwen2", "qwen3", "gemma2"}) {
         SCOPED_TRACE(arch);
-        SynthParams p;
-        p.arch = arch;
-        p.n_embd = 128;
-        p.n_layer = 3;
-        p.n_head = 8;
-        p.n_head_kv = 4;
-        p.n_ff = 256;
-        p.n_ctx = 256;
-        p.n_swa = arch == "gemma2" ? 8 : 0;
-        p.attn_softcap = 0.05f;
-        p.final_softcap = 2.0f;
-        p.seed = 3;  // as test-tp.cpp's: its first near tie comes late enough for every architecture
-        p.vocab_from = test::shared_path(kModel);
         const std::string path = dir.file(arch + ".gguf");
-        ThreadPool pool(2);
-        ASSERT_TRUE(synth_model(p, path, pool).ok());
+        ASSERT_TRUE(test::synth_tp_model(arch, DType::f32, path).ok());
         auto m = Model::load(path);
         ASSERT_TRUE(m.ok());
         std::shared_ptr<const Model> model = *m;

@@ -18,6 +18,7 @@
 #include "model/synth.h"
 #include "model/tp-sample.h"
 #include "model/tp-slice.h"
+#include "test-tp-util.h"
 #include "test-util.h"
 
 namespace td {
@@ -396,23 +397,8 @@ class TpArch : public ::testing::TestWithParam<ArchCase> {};
 TEST_P(TpArch, SynthModelGreedyEqualsOneMachineUntilATie) {
     REQUIRE_STORIES();
     test::TempDir dir;
-    SynthParams p;
-    p.arch = GetParam().arch;
-    p.n_embd = 128;
-    p.n_layer = 3;
-    p.n_head = 8;
-    p.n_head_kv = 4;
-    p.n_ff = 256;
-    p.n_ctx = 256;
-    p.n_swa = p.arch == "gemma2" ? 8 : 0;
-    p.attn_softcap = 0.05f;  // below the largest attention scores (~0.1): the cap changes the result
-    p.final_softcap = 2.0f;
-    p.type = GetParam().type;
-    p.seed = 3;
-    p.vocab_from = stories();
-    const std::string path = dir.file(p.arch + ".gguf");
-    ThreadPool pool(2);
-    ASSERT_TRUE(synth_model(p, path, pool).ok());
+    const std::string path = dir.file(GetParam().arch + ".gguf");
+    ASSERT_TRUE(test::synth_tp_model(GetParam().arch, GetParam().type, path).ok());
     const Generated ref = one_machine(path, kStoriesPrompt, 64, greedy(), true);
     const size_t agree = first_close_step(ref, 1e-3f);
     for (const std::vector<double> &shares : {std::vector<double>{1, 1}, std::vector<double>{1, 1, 1}}) {

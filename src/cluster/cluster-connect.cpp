@@ -97,16 +97,18 @@ ClusterEngine::~ClusterEngine() {
     disconnect();
 }
 
+Result<std::vector<double>> ClusterEngine::node_shares() const {
+    if (!options_.split.empty()) return parse_split(options_.split, addresses_.size());
+    std::vector<double> w;  // default: in proportion to measured speed
+    for (const NodeStatus &n : nodes_) w.push_back(n.hello.gflops > 0 ? n.hello.gflops : 1.0);
+    return w;
+}
+
 Result<std::vector<LayerRange>> ClusterEngine::place() const {
     const int32_t n_layer = model_->hparams().n_layer;
     const int32_t first = options_.head_layers;
     if (!options_.layers.empty()) return parse_layer_ranges(options_.layers, groups_.size(), n_layer, first);
-    std::vector<double> node_weights;
-    if (!options_.split.empty()) {
-        TD_ASSIGN_OR_RETURN(node_weights, parse_split(options_.split, addresses_.size()));
-    } else {  // default: in proportion to measured speed
-        for (const NodeStatus &n : nodes_) node_weights.push_back(n.hello.gflops > 0 ? n.hello.gflops : 1.0);
-    }
+    TD_ASSIGN_OR_RETURN(const std::vector<double> node_weights, node_shares());
     // A stage's speed is its nodes' together (a tensor-parallel group shares each layer's work).
     std::vector<double> weights;
     for (const auto &g : groups_) {
@@ -315,13 +317,10 @@ Status ClusterEngine::connect() {
         // Each tensor-parallel group splits its layers' heads and FFN rows by its nodes' speed (or --split).
         slices_.assign(n, TpSlice{});
         std::vector<double> node_weights;
-        if (s.ok() && !options_.split.empty()) {
-            auto w = parse_split(options_.split, n);
+        if (s.ok()) {
+            auto w = node_shares();
             s = w.status();
             if (w.ok()) node_weights = *w;
-        } else {
-            for (const NodeStatus &node : nodes_)
-                node_weights.push_back(node.hello.gflops > 0 ? node.hello.gflops : 1.0);
         }
         for (size_t st = 0; st < groups_.size() && s.ok(); ++st) {
             if (groups_[st].size() < 2) continue;

@@ -154,6 +154,8 @@ private:
     uint64_t fingerprint_of(size_t i, uint64_t *stage_fp);
     Status stream_stage_file(size_t i, const net::LoadStage &ls);
     Status accept_result_link();
+    // Each worker's relative speed: --split, else its measured GFLOP/s.
+    Result<std::vector<double>> node_shares() const;
     Result<std::vector<LayerRange>> place() const;
     Status enqueue_data(net::MsgType type, uint64_t request_id, std::span<const uint8_t> payload);
     // Sends rows [begin, end) of `batch` as one Forward message with step id `id` (running the head's

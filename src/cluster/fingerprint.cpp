@@ -55,7 +55,7 @@ uint64_t slice_fingerprint(const std::vector<TpSliceTensor> &plan) {
         const uint32_t type = static_cast<uint32_t>(t.type);
         XXH3_64bits_update(state, &type, sizeof(type));
         XXH3_64bits_update(state, t.ne.data(), sizeof(int64_t) * t.ne.size());
-        t.for_each_span([&](const uint8_t *p, size_t n) { XXH3_64bits_update(state, p, n); });
+        t.for_each_span([&](size_t offset, size_t n) { XXH3_64bits_update(state, t.src->data + offset, n); });
     }
     const uint64_t h = XXH3_64bits_digest(state);
     XXH3_freeState(state);

@@ -76,8 +76,9 @@ Result<std::vector<size_t>> parse_layout(const std::string &layout, int32_t tp, 
         for (const std::string &p : split_commas(layout)) {
             char *end = nullptr;
             const long v = std::strtol(p.c_str(), &end, 10);
-            if (p.empty() || end != p.c_str() + p.size() || v < 1 || v > 64)
-                return invalid_input("--layout: '{}' is not a node count in 1..64 (e.g. --layout 2,2)", p);
+            if (p.empty() || end != p.c_str() + p.size() || v < 1 || v > static_cast<long>(net::kMaxTpSize))
+                return invalid_input("--layout: '{}' is not a node count in 1..{} (e.g. --layout 2,2)", p,
+                                     net::kMaxTpSize);
             sizes.push_back(static_cast<size_t>(v));
             total += static_cast<size_t>(v);
         }
@@ -89,7 +90,8 @@ Result<std::vector<size_t>> parse_layout(const std::string &layout, int32_t tp, 
                     return invalid_input("--layout '{}' disagrees with --tp {}; give one of them", layout, tp);
         return sizes;
     }
-    if (tp < 1 || tp > 64) return invalid_input("--tp {} must be in 1..64", tp);
+    if (tp < 1 || tp > static_cast<int32_t>(net::kMaxTpSize))
+        return invalid_input("--tp {} must be in 1..{}", tp, net::kMaxTpSize);
     if (n_workers % static_cast<size_t>(tp) != 0)
         return invalid_input("--tp {} needs a multiple of {} workers (stages of {} nodes), got {}", tp, tp, tp,
                              n_workers);

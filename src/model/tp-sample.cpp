@@ -69,15 +69,18 @@ Status TpOutputMerger::sample(const Batch &batch, const float *logits, const TpS
             continue;
         }
         const int32_t n = std::min(k, n_local);
-        order_.resize(n_local);
-        for (int32_t j = 0; j < n_local; ++j) order_[j] = j;
         auto better = [row](int32_t a, int32_t b) {
             const float ka = key(row[a]), kb = key(row[b]);
             return ka > kb || (ka == kb && a < b);
         };
-        if (n == 1) {
-            order_[0] = *std::min_element(order_.begin(), order_.end(), better);
+        order_.resize(n_local);
+        if (n == 1) {  // greedy: one pass, the first of the largest
+            int32_t best = 0;
+            for (int32_t j = 1; j < n_local; ++j)
+                if (better(j, best)) best = j;
+            order_[0] = best;
         } else {
+            for (int32_t j = 0; j < n_local; ++j) order_[j] = j;
             std::partial_sort(order_.begin(), order_.begin() + n, order_.end(), better);
         }
         put<uint32_t>(mine_, static_cast<uint32_t>(n));

@@ -134,22 +134,13 @@ Result<TpSliceTensor> plan_tensor(const gguf::File &file, const gguf::TensorInfo
 
 // Produces a planned tensor's bytes with pread (the writer's source).
 Status read_planned(const SourceFile &src, const TpSliceTensor &p, uint8_t *dst) {
-    const gguf::TensorInfo &t = *p.src;
-    const size_t row_bytes = dtype_row_bytes(t.type, t.ne[0]);
-    switch (p.cut) {
-        case Cut::whole:
-            return src.read(dst, p.n_bytes, t.offset);
-        case Cut::rows:
-            return src.read(dst, p.n_bytes, t.offset + row_bytes * static_cast<uint64_t>(p.first));
-        case Cut::cols: {
-            const size_t skip = dtype_row_bytes(t.type, p.first), keep = dtype_row_bytes(t.type, p.last - p.first);
-            const size_t n_rows = t.n_bytes / row_bytes;
-            for (size_t r = 0; r < n_rows; ++r)
-                TD_TRY(src.read(dst + r * keep, keep, t.offset + r * row_bytes + skip));
-            return {};
-        }
-    }
-    return {};
+    Status s;
+    size_t at = 0;
+    p.for_each_span([&](size_t offset, size_t bytes) {
+        if (s.ok()) s = src.read(dst + at, bytes, p.src->offset + offset);
+        at += bytes;
+    });
+    return s;
 }
 
 Result<std::pair<int32_t, int32_t>> read_range(const gguf::File &file, const char *key, int32_t limit) {

@@ -74,7 +74,9 @@ struct TpSliceTensor {
     size_t n_bytes = 0;
     Cut cut = Cut::whole;
     int64_t first = 0, last = 0;     // rows or columns [first, last) of src
-    // Calls fn over the slice's bytes in order, read through src's mapping (for hashing).
+    // Calls fn(offset, bytes) for each run of the slice's bytes, in order, with offsets from the start of src's
+    // data: one run for a whole tensor or a row cut, one per row for a column cut. The slice file's bytes are
+    // those runs back to back (the writer reads them with pread, the fingerprint hashes them in the mapping).
     template <typename Fn>
     void for_each_span(Fn &&fn) const;
 };
@@ -102,15 +104,15 @@ void TpSliceTensor::for_each_span(Fn &&fn) const {
     const size_t row_bytes = dtype_row_bytes(src->type, src->ne[0]);
     switch (cut) {
         case Cut::whole:
-            fn(src->data, src->n_bytes);
+            fn(size_t{0}, src->n_bytes);
             break;
         case Cut::rows:
-            fn(src->data + row_bytes * static_cast<size_t>(first), n_bytes);
+            fn(row_bytes * static_cast<size_t>(first), n_bytes);
             break;
         case Cut::cols: {
             const size_t skip = dtype_row_bytes(src->type, first), keep = dtype_row_bytes(src->type, last - first);
             const size_t n_rows = src->n_bytes / row_bytes;
-            for (size_t r = 0; r < n_rows; ++r) fn(src->data + r * row_bytes + skip, keep);
+            for (size_t r = 0; r < n_rows; ++r) fn(r * row_bytes + skip, keep);
             break;
         }
     }
