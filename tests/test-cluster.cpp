@@ -237,12 +237,12 @@ TEST(Cluster, ProtocolVersionMismatchNamesBothVersions) {
     auto model = load_model();
     ASSERT_TRUE(model);
     test::TempDir dir;
-    WorkerProcess w1(dir.file("c1"), 0, "", {"TANDEM_PROTOCOL_VERSION_OVERRIDE=3"});
+    WorkerProcess w1(dir.file("c1"), 0, "", {"TANDEM_PROTOCOL_VERSION_OVERRIDE=2"});
     ASSERT_TRUE(w1.running());
     const auto t0 = Clock::now();
     auto e = ClusterEngine::create(model, options_for({&w1}));
     ASSERT_FALSE(e.ok());
-    EXPECT_EQ(e.status().message(), fmt::format("worker {} speaks protocol 3, head speaks {}", w1.address(),
+    EXPECT_EQ(e.status().message(), fmt::format("worker {} speaks protocol 2, head speaks {}", w1.address(),
                                                 net::kProtocolVersion));
     EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
 }

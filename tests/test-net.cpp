@@ -78,7 +78,17 @@ Status decode_any(MsgType type, std::span<const uint8_t> p) {
         case MsgType::pong:
         case MsgType::tp_partial:  // raw floats / opaque candidates: their receivers check the size
         case MsgType::tp_gather:
+        case MsgType::echo:  // opaque bytes
+        case MsgType::echo_reply:
             return {};
+        case MsgType::probe_compute:
+            return decode_probe_compute(p).status();
+        case MsgType::probe_compute_reply:
+            return decode_probe_compute_reply(p).status();
+        case MsgType::probe_link:
+            return decode_probe_link(p).status();
+        case MsgType::probe_link_reply:
+            return decode_probe_link_reply(p).status();
     }
     return invalid_input("unknown type");
 }
@@ -139,6 +149,16 @@ SeqStart sample_seq_start() {
     m.presence_penalty = 0.25f;
     m.frequency_penalty = 0.5f;
     m.seed = 0xdeadbeefcafeull;
+    return m;
+}
+ProbeCompute sample_probe_compute() {
+    ProbeCompute m;
+    m.n_threads = 4;
+    m.budget_ms = 15;
+    m.working_set = 64u << 20;
+    m.matrices = {{2, 2048, 2048}, {12, 2048, 8192}};
+    m.rows = {1, 16, 512};
+    m.ops = {2048, 8192, 32, 8, 64, 256};
     return m;
 }
 StatsReply sample_stats() {
@@ -225,6 +245,11 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
     v.emplace_back(MsgType::stats_request, Bytes{});
     v.emplace_back(MsgType::shutdown, Bytes{});
     v.emplace_back(MsgType::ping, Bytes{1, 2, 3, 4, 5, 6, 7, 8});
+    add(MsgType::probe_compute, sample_probe_compute());
+    add(MsgType::probe_compute_reply, ProbeComputeReply{2, 31.5, {1e-4, 2e-4, 3e-4}, 1e-6, 2e-6, 1e-6, 5e-6, 3e-6});
+    add(MsgType::probe_link, ProbeLink{"10.0.0.3:9000", 50, {64, 4096}, {1u << 20}});
+    add(MsgType::probe_link_reply, ProbeLinkReply{{LinkSample{64, 0, 100, 4e-5, 5e-5, 9e-5, 2e-4, 0.003},
+                                                   LinkSample{1u << 20, 1, 8, 1e-3, 1e-3, 2e-3, 2e-3, 1.1}}});
     return v;
 }
 
@@ -434,6 +459,75 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_TRUE(decode_empty(MsgType::shutdown, {}).ok());
     const uint8_t one[1] = {0};
     EXPECT_FALSE(decode_empty(MsgType::shutdown, one).ok());
+}
+
+TEST(NetCodec, ProbeMessagesRoundTripAndCheckTheirLimits) {
+    Bytes b;
+    encode(sample_probe_compute(), b);
+    auto pc = decode_probe_compute(b);
+    ASSERT_TRUE(pc.ok()) << pc.status().message();
+    EXPECT_EQ(pc->n_threads, 4u);
+    EXPECT_EQ(pc->working_set, 64u << 20);
+    ASSERT_EQ(pc->matrices.size(), 2u);
+    EXPECT_EQ(pc->matrices[1].dtype, 12u);
+    EXPECT_EQ(pc->matrices[1].n_out, 8192u);
+    EXPECT_EQ(pc->rows, (std::vector<uint32_t>{1, 16, 512}));
+    EXPECT_EQ(pc->ops.n_ff, 8192u);
+    EXPECT_EQ(pc->ops.n_pos, 256u);
+
+    ProbeCompute bad = sample_probe_compute();
+    bad.rows = {0};  // every row count must be 1..kMaxBatchRows
+    b.clear();
+    encode(bad, b);
+    EXPECT_FALSE(decode_probe_compute(b).ok());
+    bad = sample_probe_compute();
+    bad.budget_ms = kMaxProbeBudgetMs + 1;
+    b.clear();
+    encode(bad, b);
+    EXPECT_FALSE(decode_probe_compute(b).ok());
+    bad = sample_probe_compute();
+    bad.ops.n_head = 30;  // not a multiple of the KV heads
+    b.clear();
+    encode(bad, b);
+    EXPECT_FALSE(decode_probe_compute(b).ok());
+    bad = sample_probe_compute();
+    bad.working_set = kMaxProbeWorkingSet + 1;
+    b.clear();
+    encode(bad, b);
+    EXPECT_FALSE(decode_probe_compute(b).ok());
+    bad = sample_probe_compute();
+    bad.matrices.assign(kMaxProbeMatrices + 1, ProbeMatrix{2, 32, 32});  // the count is checked before reading
+    b.clear();
+    encode(bad, b);
+    EXPECT_FALSE(decode_probe_compute(b).ok());
+
+    b.clear();
+    encode(ProbeLink{"10.0.0.3:9000", 50, {64, 4096}, {1u << 20}}, b);
+    auto pl = decode_probe_link(b);
+    ASSERT_TRUE(pl.ok()) << pl.status().message();
+    EXPECT_EQ(pl->address, "10.0.0.3:9000");
+    EXPECT_EQ(pl->rtt_sizes, (std::vector<uint64_t>{64, 4096}));
+    b.clear();
+    encode(ProbeLink{"x:1", 50, {kMaxEchoPayload + 1}, {}}, b);
+    EXPECT_FALSE(decode_probe_link(b).ok());
+
+    b.clear();
+    encode(ProbeLinkReply{{LinkSample{64, 0, 100, 4e-5, 5e-5, 9e-5, 2e-4, 0.003}}}, b);
+    auto lr = decode_probe_link_reply(b);
+    ASSERT_TRUE(lr.ok());
+    ASSERT_EQ(lr->samples.size(), 1u);
+    EXPECT_EQ(lr->samples[0].count, 100u);
+    EXPECT_DOUBLE_EQ(lr->samples[0].p99, 9e-5);
+    b.clear();
+    encode(ProbeLinkReply{{LinkSample{64, 2, 1, 0, 0, 0, 0, 0}}}, b);  // unknown mode
+    EXPECT_FALSE(decode_probe_link_reply(b).ok());
+    b.clear();
+    encode(ProbeComputeReply{1, 10.0, {-1.0}, 0, 0, 0, 0, 0}, b);  // a negative time
+    EXPECT_FALSE(decode_probe_compute_reply(b).ok());
+
+    // The echo's limit is what netbench's largest message needs, and no more.
+    EXPECT_EQ(max_payload(MsgType::echo), kMaxEchoPayload);
+    EXPECT_EQ(max_payload(MsgType::probe_compute), kMaxControlPayload);
 }
 
 TEST(NetCodec, TruncatedAndTrailingPayloadsAreErrors) {

@@ -6,29 +6,88 @@
 
 #include "cli/common.h"
 #include "cluster/cluster-engine.h"
+#include "cluster/placement.h"
+#include "cluster/planner.h"
 #include "net/protocol.h"
 
 namespace td::cli {
+namespace {
+
+// --layout auto: measure the workers and links as `tandem plan` does, then run the layout it recommends for
+// the engine's sequence slots (the batch a server keeps in flight), saying which and why on stderr.
+Status choose_layout(const Model &model, const ContextParams &params, int32_t n_threads,
+                     cluster::ClusterOptions &co) {
+    TD_ASSIGN_OR_RETURN(auto workers, cluster::parse_worker_list(co.workers));
+    TD_ASSIGN_OR_RETURN(cluster::ModelShape shape, cluster::model_shape_from_file(model.file()));
+    cluster::PlanOptions po;
+    const int32_t batch = std::max<int32_t>(1, params.n_seq);
+    po.batches = {batch};
+    po.probe_ms = 10;
+    po.n_threads = n_threads;
+    std::fprintf(stderr, "tandem: --layout auto: measuring %zu workers and their links\n", workers.size());
+    TD_ASSIGN_OR_RETURN(cluster::ClusterSpec spec, cluster::measure_cluster(workers, shape, po, {}));
+    const cluster::Plan plan = cluster::make_plan(shape, spec, po);
+    const cluster::PlanBatch &pb = plan.batches[0];
+    if (pb.recommended < 0)
+        return invalid_input("--layout auto: no layout of {} fits these workers", shape.name);
+    const cluster::PlanEntry &e = pb.entries[static_cast<size_t>(pb.recommended)];
+    const cluster::Layout &l = e.layout;
+    std::string names, sizes, ranges, split;
+    bool uneven = false;
+    for (size_t s = 0; s < l.groups.size(); ++s) {
+        for (size_t r = 0; r < l.groups[s].size(); ++r) {
+            names += (names.empty() ? "" : ",") + spec.nodes[static_cast<size_t>(l.groups[s][r])].name;
+            split += fmt::format("{}{:.3f}", split.empty() ? "" : ",", l.shares[s][r]);
+            uneven |= l.shares[s][r] != l.shares[s][0];
+        }
+        sizes += fmt::format("{}{}", s ? "," : "", l.groups[s].size());
+        ranges += fmt::format("{}{}-{}", s ? "," : "", l.layers[s].first, l.layers[s].second - 1);
+    }
+    co.workers = names;
+    co.layout = sizes;
+    co.tp = 1;
+    if (l.groups.size() > 1) co.layers = ranges;
+    if (uneven) co.split = split;
+    std::string others;
+    for (auto [what, idx] : {std::pair{"one machine", pb.best_single},
+                             {"pipeline", pb.best_pipeline},
+                             {"tensor parallel", pb.best_tp},
+                             {"hybrid", pb.best_hybrid}})
+        if (idx >= 0 && idx != pb.recommended)
+            others += fmt::format("{}{} {:.1f}", others.empty() ? "" : ", ", what,
+                                  pb.entries[static_cast<size_t>(idx)].prediction.gen.tokens_per_s);
+    std::fprintf(
+        stderr,
+        "tandem: --layout auto chose %s (%s), %s: %.1f tokens/s predicted at batch %d (%s); %s dominates\n",
+        l.label().c_str(), l.kind().c_str(), l.flags(spec).c_str(), e.prediction.gen.tokens_per_s, batch,
+        others.empty() ? "nothing else fits" : others.c_str(), cluster::term_name(e.prediction.gen.dominant));
+    return {};
+}
+
+}  // namespace
 
 void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
     cmd->add_option("--workers", flags.workers,
                     "Run as a pipeline on these workers: HOST:PORT,HOST:PORT,...");
     cmd->add_option("--layers", flags.layers,
                     "Layers per worker, e.g. 0-7,8-15 (default: by measured speed)");
-    cmd->add_option("--split", flags.split,
-                    "Relative shares per worker, e.g. 1,1 or 3,1 (layers; with --tp also heads and FFN rows)");
+    cmd->add_option(
+        "--split", flags.split,
+        "Relative shares per worker, e.g. 1,1 or 3,1 (layers; with --tp also heads and FFN rows)");
     cmd->add_option("--tp", flags.tp,
                     "Tensor parallelism: every N workers form one stage that splits each layer's heads and "
                     "FFN rows (--tp 2 with 2 workers: both work on every token)")
         ->default_val(1)
         ->check(CLI::Range(1, 64));
-    cmd->add_option("--tp-reduce", flags.tp_reduce,
-                    "What tensor-parallel nodes send each other for their sums: f32 (exact order), f16 or bf16 "
-                    "(half the bytes; logits move by ~1e-3)")
+    cmd->add_option(
+           "--tp-reduce", flags.tp_reduce,
+           "What tensor-parallel nodes send each other for their sums: f32 (exact order), f16 or bf16 "
+           "(half the bytes; logits move by ~1e-3)")
         ->default_val("f32");
-    cmd->add_option("--layout", flags.layout,
-                    "Nodes per pipeline stage, in --workers order, e.g. 2,2 (two stages of two tensor-parallel "
-                    "nodes) or 2,1");
+    cmd->add_option(
+        "--layout", flags.layout,
+        "Nodes per pipeline stage, in --workers order, e.g. 2,2 (two stages of two tensor-parallel "
+        "nodes) or 2,1; auto: measure the workers and links and run what `tandem plan` recommends");
     cmd->add_option("--wire", flags.wire, "Activation encoding between stages: f32, f16 or q8_0")
         ->default_val("f16");
     cmd->add_option("--head-layers", flags.head_layers,
@@ -52,7 +111,8 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     if (flags.workers.empty()) {
         if (!flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0 || flags.chunk_rows > 0 ||
             flags.tp > 1 || !flags.layout.empty())
-            return invalid_input("--layers, --split, --tp, --layout, --head-layers and --chunk need --workers");
+            return invalid_input(
+                "--layers, --split, --tp, --layout, --head-layers and --chunk need --workers");
         TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
         return std::unique_ptr<Engine>(std::move(e));
     }
@@ -63,9 +123,16 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.layers = flags.layers;
     co.split = flags.split;
     co.tp = flags.tp;
+    if (flags.layout == "auto") {
+        if (flags.tp > 1 || !flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0)
+            return invalid_input(
+                "--layout auto chooses the stages, layers and shares itself; drop --tp, --layers, "
+                "--split and --head-layers");
+        TD_TRY(choose_layout(*model, params, n_threads, co));
+    }
     if (!net::reduce_type_from_name(flags.tp_reduce, &co.tp_reduce))
         return invalid_input("--tp-reduce must be f32, f16 or bf16, got '{}'", flags.tp_reduce);
-    co.layout = flags.layout;
+    if (flags.layout != "auto") co.layout = flags.layout;
     if (!net::wire_type_from_name(flags.wire, &co.wire))
         return invalid_input("--wire must be f32, f16 or q8_0, got '{}'", flags.wire);
     co.context = params;

@@ -17,5 +17,9 @@ void register_synth(CLI::App &app, Runners &runners);
 void register_bench(CLI::App &app, Runners &runners);
 void register_serve(CLI::App &app, Runners &runners);
 void register_worker(CLI::App &app, Runners &runners);
+void register_netbench(CLI::App &app, Runners &runners);
+void register_plan(CLI::App &app, Runners &runners);
+void register_doctor(CLI::App &app, Runners &runners);
+void register_relay(CLI::App &app, Runners &runners);
 
 }  // namespace td::cli

@@ -25,6 +25,10 @@ int main(int argc, char **argv) {
     td::cli::register_bench(app, runners);
     td::cli::register_serve(app, runners);
     td::cli::register_worker(app, runners);
+    td::cli::register_netbench(app, runners);
+    td::cli::register_plan(app, runners);
+    td::cli::register_doctor(app, runners);
+    td::cli::register_relay(app, runners);
 
     try {
         app.parse(argc, argv);

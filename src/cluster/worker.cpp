@@ -7,6 +7,7 @@
 
 #include "cluster/fingerprint.h"
 #include "cluster/node-info.h"
+#include "cluster/probe.h"
 #include "cluster/stage.h"
 #include "cluster/wire.h"
 #include "core/log.h"
@@ -52,6 +53,10 @@ void Worker::stop() {
     {
         std::lock_guard lock(control_mu_);
         if (control_ != nullptr) control_->close();
+    }
+    {
+        std::lock_guard lock(probes_mu_);
+        for (net::Connection *c : probes_) c->close();
     }
     drop_stage();
     std::lock_guard lock(threads_mu_);
@@ -130,6 +135,17 @@ void Worker::handle_connection(std::unique_ptr<net::Connection> conn, uint64_t a
         log_warn("{} runs build {}, this worker runs {}", peer, hello->build_id, build_id());
     if (hello->role == net::ConnRole::control) {
         serve_control(std::move(conn), accept_seq);
+        return;
+    }
+    if (hello->role == net::ConnRole::probe) {
+        {
+            std::lock_guard lock(probes_mu_);
+            if (stopping_) return;
+            probes_.push_back(conn.get());
+        }
+        serve_probe(*conn, pool_->n_threads());
+        std::lock_guard lock(probes_mu_);
+        std::erase(probes_, conn.get());
         return;
     }
     std::lock_guard lock(stage_mu_);

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/status.h"
 #include "core/thread-pool.h"
@@ -91,6 +92,8 @@ private:
     uint64_t control_seq_ = 0;            // its accept_seq
     std::mutex stage_mu_;
     std::unique_ptr<Stage> stage_;
+    std::mutex probes_mu_;                  // open probe connections (netbench, plan), closed by stop()
+    std::vector<net::Connection *> probes_;  // owned by their handler threads
     uint64_t accept_seq_ = 0;  // serve() thread only
 };
 

@@ -60,6 +60,9 @@ public:
     void seq_clear(int32_t seq) { kv_.seq_clear(seq); }
     int32_t seq_len(int32_t seq) const { return kv_.seq_len(seq); }
 
+    // Rows a layer computes at once: a longer step runs its layers in micro-batches of this many rows.
+    static constexpr int32_t kMaxUbatch = 256;
+
 private:
     Context() = default;
     Status validate(const Batch &batch, const float *hidden_in) const;
@@ -72,7 +75,6 @@ private:
     Status reduce(int32_t n);
     // xn_ rows [0, n) = rmsnorm(xn_ rows) * norm, when the layer has that post-norm (gemma2); else nothing.
     void post_norm(const TensorView &norm, int32_t n);
-    static constexpr int32_t kMaxUbatch = 256;
     // Query heads per attention job at most (each needs 2 * n_ctx floats of scratch per thread).
     static constexpr int32_t kAttnBlock = 4;
     void ensure_scratch(int32_t n_tokens);

@@ -243,8 +243,8 @@ Result<Hello> decode_hello(std::span<const uint8_t> payload) {
         return m;
     }
     TD_TRY(r.field(role, "role"));
-    if (role < static_cast<uint32_t>(ConnRole::control) || role > static_cast<uint32_t>(ConnRole::peer)) {
-        return invalid_input("hello: unknown connection role {} (1 control, 2 data, 3 peer)", role);
+    if (role < static_cast<uint32_t>(ConnRole::control) || role > static_cast<uint32_t>(ConnRole::probe)) {
+        return invalid_input("hello: unknown connection role {} (1 control, 2 data, 3 peer, 4 probe)", role);
     }
     m.role = static_cast<ConnRole>(role);
     TD_TRY(r.string(m.build_id, "build_id"));
@@ -691,6 +691,200 @@ void encode_result(std::span<const ResultRow> rows, const float *logits, uint32_
         put_at(q + 8, rows[i].logprob);
     }
     if (logits) std::memcpy(p + 8 + n * kResultRowBytes, logits, logits_bytes);
+}
+
+size_t forward_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireType wire, bool tokens) {
+    return forward_layout(n_rows, tokens ? 4ull * n_rows : uint64_t{n_rows} * wire_row_bytes(wire, n_embd))
+        .total;
+}
+
+// ---- measurements (version 3) ----------------------------------------------------------------------------
+
+namespace {
+
+template <typename Io, typename M>
+Status probe_compute_fields(Io &io, M &m, uint32_t &n_matrices, uint32_t &n_rows) {
+    TD_TRY(io.field(m.n_threads, "n_threads"));
+    TD_TRY(io.field(m.budget_ms, "budget_ms"));
+    TD_TRY(io.field(m.working_set, "working_set"));
+    return io.field(n_matrices, "matrices");
+}
+
+Status check_probe_compute(const ProbeCompute &m) {
+    if (m.budget_ms > kMaxProbeBudgetMs)
+        return invalid_input("probe_compute: budget of {} ms per point, limit {}", m.budget_ms,
+                             kMaxProbeBudgetMs);
+    if (m.working_set > kMaxProbeWorkingSet)
+        return invalid_input("probe_compute: working set of {} bytes, limit {}", m.working_set,
+                             kMaxProbeWorkingSet);
+    if (m.n_threads > 4096) return invalid_input("probe_compute: {} threads", m.n_threads);
+    for (const ProbeMatrix &x : m.matrices) {
+        if (x.n_in == 0 || x.n_out == 0 || x.n_in > (1u << 24) || x.n_out > (1u << 24))
+            return invalid_input("probe_compute: a {} x {} matrix", x.n_out, x.n_in);
+    }
+    for (uint32_t r : m.rows)
+        if (r == 0 || r > kMaxBatchRows)
+            return invalid_input("probe_compute: {} rows, must be 1..{}", r, kMaxBatchRows);
+    const ProbeOps &o = m.ops;
+    if (o.n_embd != 0 &&
+        (o.n_embd > kMaxEmbd || o.n_ff == 0 || o.n_ff > 16 * kMaxEmbd || o.head_dim == 0 ||
+         o.head_dim > 1024 || o.head_dim % 2 != 0 || o.n_head_kv == 0 || o.n_head % o.n_head_kv != 0 ||
+         o.n_head > 4096 || o.n_pos == 0 || o.n_pos > (1u << 20)))
+        return invalid_input(
+            "probe_compute: row ops of n_embd {}, n_ff {}, {} heads ({} KV) of {}, {} positions", o.n_embd,
+            o.n_ff, o.n_head, o.n_head_kv, o.head_dim, o.n_pos);
+    return {};
+}
+
+}  // namespace
+
+void encode(const ProbeCompute &m, std::vector<uint8_t> &out) {
+    put<uint32_t>(out, m.n_threads);
+    put<uint32_t>(out, m.budget_ms);
+    put<uint64_t>(out, m.working_set);
+    put<uint32_t>(out, static_cast<uint32_t>(m.matrices.size()));
+    for (const ProbeMatrix &x : m.matrices) {
+        put<uint32_t>(out, x.dtype);
+        put<uint32_t>(out, x.n_in);
+        put<uint32_t>(out, x.n_out);
+    }
+    put<uint32_t>(out, static_cast<uint32_t>(m.rows.size()));
+    for (uint32_t r : m.rows) put<uint32_t>(out, r);
+    for (uint32_t v : {m.ops.n_embd, m.ops.n_ff, m.ops.n_head, m.ops.n_head_kv, m.ops.head_dim, m.ops.n_pos})
+        put<uint32_t>(out, v);
+}
+
+Result<ProbeCompute> decode_probe_compute(std::span<const uint8_t> payload) {
+    Reader r("probe_compute", payload);
+    ProbeCompute m;
+    uint32_t n = 0;
+    TD_TRY(r.field(m.n_threads, "n_threads"));
+    TD_TRY(r.field(m.budget_ms, "budget_ms"));
+    TD_TRY(r.field(m.working_set, "working_set"));
+    TD_TRY(r.field(n, "matrices"));
+    if (n > kMaxProbeMatrices)
+        return invalid_input("probe_compute: {} matrices, limit {}", n, kMaxProbeMatrices);
+    m.matrices.resize(n);
+    for (ProbeMatrix &x : m.matrices) {
+        TD_TRY(r.field(x.dtype, "dtype"));
+        TD_TRY(r.field(x.n_in, "n_in"));
+        TD_TRY(r.field(x.n_out, "n_out"));
+    }
+    TD_TRY(r.field(n, "rows"));
+    if (n > kMaxProbeRows) return invalid_input("probe_compute: {} row counts, limit {}", n, kMaxProbeRows);
+    m.rows.resize(n);
+    for (uint32_t &v : m.rows) TD_TRY(r.field(v, "rows"));
+    for (uint32_t *v :
+         {&m.ops.n_embd, &m.ops.n_ff, &m.ops.n_head, &m.ops.n_head_kv, &m.ops.head_dim, &m.ops.n_pos})
+        TD_TRY(r.field(*v, "ops"));
+    TD_TRY(r.finish());
+    TD_TRY(check_probe_compute(m));
+    return m;
+}
+
+void encode(const ProbeComputeReply &m, std::vector<uint8_t> &out) {
+    put<uint32_t>(out, m.n_threads);
+    put<double>(out, m.read_gbps);
+    put<uint32_t>(out, static_cast<uint32_t>(m.seconds.size()));
+    for (double v : m.seconds) put<double>(out, v);
+    for (double v : {m.norm_s, m.act_s, m.rope_s, m.attn_s, m.dispatch_s}) put<double>(out, v);
+}
+
+Result<ProbeComputeReply> decode_probe_compute_reply(std::span<const uint8_t> payload) {
+    Reader r("probe_compute_reply", payload);
+    ProbeComputeReply m;
+    uint32_t n = 0;
+    TD_TRY(r.field(m.n_threads, "n_threads"));
+    TD_TRY(r.field(m.read_gbps, "read_gbps"));
+    TD_TRY(r.field(n, "seconds"));
+    if (n > kMaxProbeMatrices * kMaxProbeRows)
+        return invalid_input("probe_compute_reply: {} timings, limit {}", n,
+                             kMaxProbeMatrices * kMaxProbeRows);
+    m.seconds.resize(n);
+    for (double &v : m.seconds) {
+        TD_TRY(r.field(v, "seconds"));
+        if (!std::isfinite(v) || v < 0) return invalid_input("probe_compute_reply: a timing of {} s", v);
+    }
+    for (double *v : {&m.norm_s, &m.act_s, &m.rope_s, &m.attn_s, &m.dispatch_s}) {
+        TD_TRY(r.field(*v, "ops"));
+        if (!std::isfinite(*v) || *v < 0) return invalid_input("probe_compute_reply: a timing of {} s", *v);
+    }
+    TD_TRY(r.finish());
+    if (!std::isfinite(m.read_gbps) || m.read_gbps < 0)
+        return invalid_input("probe_compute_reply: read bandwidth {}", m.read_gbps);
+    return m;
+}
+
+namespace {
+
+Status read_sizes(Reader &r, std::vector<uint64_t> &v, const char *name) {
+    uint32_t n = 0;
+    TD_TRY(r.field(n, name));
+    if (n > kMaxProbeSizes) return invalid_input("probe_link: {} {}, limit {}", n, name, kMaxProbeSizes);
+    v.resize(n);
+    for (uint64_t &x : v) {
+        TD_TRY(r.field(x, name));
+        if (x > kMaxEchoPayload)
+            return invalid_input("probe_link: a message of {} bytes, limit {}", x, kMaxEchoPayload);
+    }
+    return {};
+}
+
+}  // namespace
+
+void encode(const ProbeLink &m, std::vector<uint8_t> &out) {
+    put_string(out, m.address);
+    put<uint32_t>(out, m.budget_ms);
+    put<uint32_t>(out, static_cast<uint32_t>(m.rtt_sizes.size()));
+    for (uint64_t v : m.rtt_sizes) put<uint64_t>(out, v);
+    put<uint32_t>(out, static_cast<uint32_t>(m.stream_sizes.size()));
+    for (uint64_t v : m.stream_sizes) put<uint64_t>(out, v);
+}
+
+Result<ProbeLink> decode_probe_link(std::span<const uint8_t> payload) {
+    Reader r("probe_link", payload);
+    ProbeLink m;
+    TD_TRY(r.string(m.address, "address"));
+    TD_TRY(r.field(m.budget_ms, "budget_ms"));
+    TD_TRY(read_sizes(r, m.rtt_sizes, "rtt_sizes"));
+    TD_TRY(read_sizes(r, m.stream_sizes, "stream_sizes"));
+    TD_TRY(r.finish());
+    if (m.budget_ms > kMaxProbeBudgetMs)
+        return invalid_input("probe_link: budget of {} ms per size, limit {}", m.budget_ms,
+                             kMaxProbeBudgetMs);
+    return m;
+}
+
+void encode(const ProbeLinkReply &m, std::vector<uint8_t> &out) {
+    put<uint32_t>(out, static_cast<uint32_t>(m.samples.size()));
+    for (const LinkSample &x : m.samples) {
+        put<uint64_t>(out, x.bytes);
+        put<uint32_t>(out, x.mode);
+        put<uint32_t>(out, x.count);
+        for (double v : {x.p50, x.p90, x.p99, x.max, x.gbps}) put<double>(out, v);
+    }
+}
+
+Result<ProbeLinkReply> decode_probe_link_reply(std::span<const uint8_t> payload) {
+    Reader r("probe_link_reply", payload);
+    ProbeLinkReply m;
+    uint32_t n = 0;
+    TD_TRY(r.field(n, "samples"));
+    if (n > 2 * kMaxProbeSizes)
+        return invalid_input("probe_link_reply: {} samples, limit {}", n, 2 * kMaxProbeSizes);
+    m.samples.resize(n);
+    for (LinkSample &x : m.samples) {
+        TD_TRY(r.field(x.bytes, "bytes"));
+        TD_TRY(r.field(x.mode, "mode"));
+        TD_TRY(r.field(x.count, "count"));
+        for (double *v : {&x.p50, &x.p90, &x.p99, &x.max, &x.gbps}) {
+            TD_TRY(r.field(*v, "timing"));
+            if (!std::isfinite(*v) || *v < 0) return invalid_input("probe_link_reply: a timing of {}", *v);
+        }
+        if (x.mode > 1) return invalid_input("probe_link_reply: unknown mode {}", x.mode);
+    }
+    TD_TRY(r.finish());
+    return m;
 }
 
 }  // namespace td::net

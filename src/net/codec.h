@@ -37,6 +37,16 @@ Result<StageReady> decode_stage_ready(std::span<const uint8_t> payload);
 Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload);
 Result<SeqClear> decode_seq_clear(std::span<const uint8_t> payload);
 Result<StatsReply> decode_stats_reply(std::span<const uint8_t> payload);
+// Measurements (version 3). decode checks every count against its kMaxProbe* limit, each row count in
+// 1..kMaxBatchRows, sizes <= kMaxEchoPayload and budgets <= kMaxProbeBudgetMs.
+void encode(const ProbeCompute &m, std::vector<uint8_t> &out);
+void encode(const ProbeComputeReply &m, std::vector<uint8_t> &out);
+void encode(const ProbeLink &m, std::vector<uint8_t> &out);
+void encode(const ProbeLinkReply &m, std::vector<uint8_t> &out);
+Result<ProbeCompute> decode_probe_compute(std::span<const uint8_t> payload);
+Result<ProbeComputeReply> decode_probe_compute_reply(std::span<const uint8_t> payload);
+Result<ProbeLink> decode_probe_link(std::span<const uint8_t> payload);
+Result<ProbeLinkReply> decode_probe_link_reply(std::span<const uint8_t> payload);
 // stats_request and shutdown carry no payload in this version; anything else is invalid_input.
 Status decode_empty(MsgType type, std::span<const uint8_t> payload);
 
@@ -68,6 +78,8 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload);
 void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, std::span<const uint8_t> want,
                     std::span<const int32_t> tokens, const float *hidden, uint32_t n_embd, WireType wire,
                     std::vector<uint8_t> &out);
+// Bytes of a Forward payload of n_rows hidden rows (tokens: with kForwardTokens, 4 bytes a row instead).
+size_t forward_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireType wire, bool tokens = false);
 // Converts received hidden rows to f32. out: [n_rows, n_embd].
 void wire_to_f32(const ForwardView &v, float *out);
 

@@ -41,6 +41,18 @@ const char *msg_type_name(MsgType type) {
             return "tp_partial";
         case MsgType::tp_gather:
             return "tp_gather";
+        case MsgType::echo:
+            return "echo";
+        case MsgType::echo_reply:
+            return "echo_reply";
+        case MsgType::probe_compute:
+            return "probe_compute";
+        case MsgType::probe_compute_reply:
+            return "probe_compute_reply";
+        case MsgType::probe_link:
+            return "probe_link";
+        case MsgType::probe_link_reply:
+            return "probe_link_reply";
     }
     return "unknown";
 }
@@ -60,7 +72,14 @@ size_t max_payload(MsgType type) {
         case MsgType::pong:
         case MsgType::stats_request:  // empty in version 1
         case MsgType::shutdown:       // empty in version 1
+        case MsgType::probe_compute:
+        case MsgType::probe_compute_reply:
+        case MsgType::probe_link:
+        case MsgType::probe_link_reply:
             return kMaxControlPayload;
+        case MsgType::echo:
+        case MsgType::echo_reply:
+            return kMaxEchoPayload;
         case MsgType::weights_chunk:
             return kWeightsChunkFixedBytes + kMaxWeightsChunk;
         case MsgType::forward:
@@ -73,7 +92,7 @@ size_t max_payload(MsgType type) {
 }
 
 bool msg_type_known(uint16_t type) {
-    return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::tp_gather);
+    return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::probe_link_reply);
 }
 
 const char *reduce_type_name(ReduceType type) {

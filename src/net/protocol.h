@@ -31,17 +31,24 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 32;
 
-inline constexpr size_t kMaxString = 4096;             // names, messages, build ids, addresses
-inline constexpr size_t kMaxControlPayload = 1 << 20;  // control messages other than weights
-inline constexpr size_t kMaxWeightsChunk = 16u << 20;  // one WeightsChunk
-inline constexpr size_t kMaxBatchRows = 8192;          // rows in one Forward
-inline constexpr size_t kMaxEmbd = 65536;              // hidden size
-inline constexpr size_t kMaxDataPayload = 1u << 30;    // one Forward or Result (1 GiB)
-inline constexpr size_t kMaxNextHops = 64;             // destinations one stage rank sends to
-inline constexpr size_t kMaxTpSize = 64;               // ranks in a tensor-parallel group
+inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
+inline constexpr size_t kMaxControlPayload = 1 << 20;                // control messages other than weights
+inline constexpr size_t kMaxWeightsChunk = 16u << 20;                // one WeightsChunk
+inline constexpr size_t kMaxBatchRows = 8192;                        // rows in one Forward
+inline constexpr size_t kMaxEmbd = 65536;                            // hidden size
+inline constexpr size_t kMaxDataPayload = 1u << 30;                  // one Forward or Result (1 GiB)
+inline constexpr size_t kMaxNextHops = 64;                           // destinations one stage rank sends to
+inline constexpr size_t kMaxTpSize = 64;                             // ranks in a tensor-parallel group
+inline constexpr size_t kMaxEchoPayload = 64u << 20;                 // one echo (netbench's largest message)
+inline constexpr size_t kMaxProbeMatrices = 128;                     // shapes in one ProbeCompute
+inline constexpr size_t kMaxProbeRows = 16;                          // row counts in one ProbeCompute
+inline constexpr size_t kMaxProbeSizes = 32;                         // message sizes in one ProbeLink
+inline constexpr uint64_t kMaxProbeMatrixBytes = uint64_t(4) << 30;  // one probed matrix
+inline constexpr uint64_t kMaxProbeWorkingSet = uint64_t(1) << 30;   // what a compute probe may allocate
+inline constexpr uint32_t kMaxProbeBudgetMs = 2000;                  // per measured point
 
 // Message types. Pinned: never renumber, only append.
 enum class MsgType : uint16_t {
@@ -62,8 +69,16 @@ enum class MsgType : uint16_t {
     stats_reply = 15,
     shutdown = 16,  // head -> worker (control): drop the stage, keep listening
     // version 2
-    tp_partial = 17,  // peer: a rank's partial sum (or reduced chunk) in an all-reduce; raw f32 after the header
-    tp_gather = 18,   // peer: a rank's candidates for the sampling merge, to rank 0; opaque bytes
+    tp_partial =
+        17,  // peer: a rank's partial sum (or reduced chunk) in an all-reduce; raw f32 after the header
+    tp_gather = 18,  // peer: a rank's candidates for the sampling merge, to rank 0; opaque bytes
+    // version 3: measurements (probe connections; they never touch the worker's stage or its head)
+    echo = 19,  // probe: opaque bytes; echo_reply returns them (kEchoSink: only their count)
+    echo_reply = 20,
+    probe_compute = 21,  // probe: time matmuls of the given shapes on the worker's threads
+    probe_compute_reply = 22,
+    probe_link = 23,  // probe: the worker measures its own link to another worker
+    probe_link_reply = 24,
 };
 
 const char *msg_type_name(MsgType type);  // "forward", ...; "unknown" for others
@@ -84,7 +99,8 @@ static_assert(sizeof(FrameHeader) == kHeaderBytes, "the header is 32 bytes on th
 size_t max_payload(MsgType type);
 
 // peer: a tensor-parallel rank's link to another rank of its group (Hello carries group and rank).
-enum class ConnRole : uint32_t { control = 1, data = 2, peer = 3 };
+// probe: measurements (netbench, plan); a worker serves any number of them beside its head's control link.
+enum class ConnRole : uint32_t { control = 1, data = 2, peer = 3, probe = 4 };
 
 // Activation encoding on the wire.
 enum class WireType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8 };
@@ -150,15 +166,15 @@ struct LoadStage {
     std::vector<std::string> next;  // [<= kMaxNextHops]
     // Tensor parallelism (tp_size 1: the stage is one node, the rest is unused). The stage's model is the
     // slice file of `slice` (kv_first, kv_last, ff_first, ff_last, vocab_first, vocab_last: model/tp-slice.h)
-    // of layers [layer_first, layer_last); fingerprint is the slice file's, stage_fingerprint the whole range's
-    // (what a worker's own copy must match before it cuts the slice).
+    // of layers [layer_first, layer_last); fingerprint is the slice file's, stage_fingerprint the whole
+    // range's (what a worker's own copy must match before it cuts the slice).
     uint32_t tp_rank = 0;
     uint32_t tp_size = 1;
     int32_t slice[6] = {0, 0, 0, 0, 0, 0};
-    uint64_t group = 0;               // names this group's mesh (peers' Hello.group)
+    uint64_t group = 0;  // names this group's mesh (peers' Hello.group)
     uint64_t stage_fingerprint = 0;
-    uint32_t tp_reduce = 0;           // ReduceType of the all-reduce parts
-    std::vector<std::string> peers;   // [tp_size] "host:port" of every rank's worker, in rank order
+    uint32_t tp_reduce = 0;          // ReduceType of the all-reduce parts
+    std::vector<std::string> peers;  // [tp_size] "host:port" of every rank's worker, in rank order
 };
 
 struct LoadReply {
@@ -237,6 +253,68 @@ struct StatsReply {
     uint64_t tp_all_reduces = 0, tp_gathers = 0;
     uint64_t tp_bytes_out = 0, tp_bytes_in = 0;
     double tp_wait_seconds = 0.0;  // inside collectives: sending, and waiting for the peers' parts
+};
+
+// ---- measurements (version 3, probe connections) ----------------------------------------------------
+//
+// echo: any bytes (<= kMaxEchoPayload). echo_reply carries the same bytes, or with flag kEchoSink in the
+// echo's header only a u64: the number of bytes received (one-way throughput without the echo's return).
+inline constexpr uint32_t kEchoSink = 1u << 0;
+
+// probe_compute: u32 n_threads, u32 budget_ms, u64 working_set, u32 count + count x (u32 dtype, u32 n_in,
+// u32 n_out), u32 count + count x u32 rows. The worker times y = x W^T for every matrix at every row count
+// on n_threads threads (0: its own count), each point for about budget_ms, cycling through copies of the
+// matrix that together exceed working_set bytes (0: a few times its last-level cache), so the weights come
+// from memory as they do in a forward pass. Packed where the engine would pack.
+struct ProbeMatrix {
+    uint32_t dtype = 0;  // DType
+    uint32_t n_in = 0;
+    uint32_t n_out = 0;
+};
+// Then the row ops of a layer (u32 n_embd, n_ff, n_head, n_head_kv, head_dim, n_pos; n_embd 0: none): one
+// RMSNorm of n_embd, one SwiGLU of n_ff, RoPE of n_head + n_head_kv heads, one grouped attention of
+// n_head / n_head_kv query heads over n_pos f16 positions, and one empty dispatch of the thread pool.
+struct ProbeOps {
+    uint32_t n_embd = 0, n_ff = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_pos = 0;
+};
+struct ProbeCompute {
+    uint32_t n_threads = 0;
+    uint32_t budget_ms = 20;            // <= kMaxProbeBudgetMs
+    uint64_t working_set = 0;           // bytes, <= kMaxProbeWorkingSet
+    std::vector<ProbeMatrix> matrices;  // [<= kMaxProbeMatrices]
+    std::vector<uint32_t> rows;         // [<= kMaxProbeRows], each 1..kMaxBatchRows
+    ProbeOps ops;                       // sizes <= kMaxEmbd (n_ff <= 16 x kMaxEmbd), n_pos <= 1 << 20
+};
+// probe_compute_reply: u32 n_threads, f64 read_gbps, u32 count + count x f64 seconds, then f64 norm, act,
+// rope, attn, dispatch (seconds per call; 0 without ops).
+struct ProbeComputeReply {
+    uint32_t n_threads = 0;       // the threads that ran
+    double read_gbps = 0.0;       // a plain read of the working set on those threads
+    std::vector<double> seconds;  // [matrices x rows]: seconds per matmul, matrix-major
+    double norm_s = 0.0, act_s = 0.0, rope_s = 0.0, attn_s = 0.0, dispatch_s = 0.0;
+};
+
+// One measured message size. Round trip (mode 0): echo's round trip, seconds per message. Stream (mode 1):
+// messages sent back to back with kEchoSink; p50 .. max are seconds per message, gbps the rate.
+struct LinkSample {
+    uint64_t bytes = 0;
+    uint32_t mode = 0;   // 0 round trip, 1 stream
+    uint32_t count = 0;  // messages measured
+    double p50 = 0.0, p90 = 0.0, p99 = 0.0, max = 0.0;
+    double gbps = 0.0;  // payload bytes per second / 1e9
+};
+// probe_link: string address, u32 budget_ms, u32 count + count x u64 round-trip sizes, u32 count + count x
+// u64 stream sizes (each <= kMaxEchoPayload). The worker opens a probe connection to `address` and runs the
+// same measurement netbench runs; probe_link_reply: u32 count + count x LinkSample
+// (u64 bytes, u32 mode, u32 count, 5 x f64).
+struct ProbeLink {
+    std::string address;
+    uint32_t budget_ms = 100;            // per size, <= kMaxProbeBudgetMs
+    std::vector<uint64_t> rtt_sizes;     // [<= kMaxProbeSizes]
+    std::vector<uint64_t> stream_sizes;  // [<= kMaxProbeSizes]
+};
+struct ProbeLinkReply {
+    std::vector<LinkSample> samples;  // [<= 2 * kMaxProbeSizes]
 };
 
 }  // namespace td::net

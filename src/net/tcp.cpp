@@ -31,7 +31,7 @@ namespace td::net {
 
 namespace {
 
-constexpr int kSocketBufferBytes = 4 << 20;  // holds a few activation frames in flight per direction
+constexpr int kSocketBufferBytes = kTcpSocketBufferBytes;
 constexpr size_t kRecvGrowStart = 1u << 20;  // payload buffer growth starts here (see recv)
 constexpr size_t kMaxIov = 64;               // header + parts per sendmsg call (the loop sends more)
 

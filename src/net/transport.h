@@ -72,6 +72,10 @@ public:
     virtual void close() = 0;  // unblocks accept()
 };
 
+// What TCP connections ask for as SO_SNDBUF / SO_RCVBUF: a few activation frames in flight per direction. The
+// kernel caps it at net.core.wmem_max / rmem_max (`tandem doctor` checks them).
+inline constexpr int kTcpSocketBufferBytes = 4 << 20;
+
 // TCP: TCP_NODELAY, socket buffers sized for activation messages, keepalive. Port 0 picks a free port.
 Result<std::unique_ptr<Listener>> tcp_listen(const std::string &host, uint16_t port);
 Result<std::unique_ptr<Connection>> tcp_connect(const std::string &host, uint16_t port, int timeout_ms);

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Predicted against measured: for loopback clusters of 1, 2 and 3 workers (one thread each, pinned to cores
+# 0, 1, 0 ...), each with every link delayed by 0, 0.1 and 1 ms one way (`tandem relay` in front of every
+# worker), runs `tandem plan` (which measures the nodes and links) and then `tandem bench` on the layouts it
+# ranks: one node, the pipeline over all workers, tensor parallelism over all workers, and the recommended
+# one. Generation is tg N_GEN at batch 1 and 16 (PARALLEL), prompt is pp N_PROMPT at batch 1. Prints one
+# markdown row per (cluster, layout, test) with predicted, measured and their ratio, and per (cluster, batch)
+# whether the recommended layout was the measured fastest (or within 5% of it).
+#
+#   bench/plan-check.sh [MODEL]
+#   env: TANDEM (binary), NODES ("1 2 3"), DELAYS_MS ("0 0.1 1"), N_GEN (128), N_PROMPT (512), PARALLEL (16),
+#        REPS (2)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+bin=${TANDEM:-$here/build/release/tandem}
+model=${1:-/tmp/tandem-bench/1b-q4_0.gguf}
+nodes_list=${NODES:-"1 2 3"}
+delays=${DELAYS_MS:-"0 0.1 1"}
+n_gen=${N_GEN:-128}
+n_prompt=${N_PROMPT:-512}
+parallel=${PARALLEL:-16}
+reps=${REPS:-2}
+if [[ ! -f $model ]]; then
+  mkdir -p "$(dirname "$model")"
+  "$bin" synth -o "$model" --dim 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 5632 \
+    --vocab-from "$here/../shared/vocab/ggml-vocab-llama-spm.gguf" --type q4_0 >&2
+fi
+tmp=$(mktemp -d)
+source "$here/bench/workers.sh"
+export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/tmp/tandem-bench/cache}
+
+max_nodes=0
+for n in $nodes_list; do (( n > max_nodes )) && max_nodes=$n; done
+addrs=()
+for ((i = 0; i < max_nodes; i++)); do
+  start_worker $((i % 2)) "$tmp/w$i.log" --cache-dir "$tmp/cache$i"
+  addrs+=("$(worker_address "$tmp/w$i.log")")
+done
+
+echo "| workers | delay | layout | test | predicted t/s | measured t/s | measured / predicted |"
+echo "| ---: | ---: | --- | --- | ---: | ---: | ---: |"
+: > "$tmp/summary"
+for n in $nodes_list; do
+  for d in $delays; do
+    relays=()
+    list=""
+    for ((i = 0; i < n; i++)); do
+      a=${addrs[$i]}
+      if [[ $d != 0 ]]; then
+        "$bin" relay "$a" --delay-ms "$d" 2>"$tmp/r$i.log" &
+        pids+=($!)
+        relays+=($!)
+        a=$(sed -n 's|.*listening on \([^,]*\),.*|\1|p' "$tmp/r$i.log")
+        while [[ -z $a ]]; do sleep 0.1; a=$(sed -n 's|.*listening on \([^,]*\),.*|\1|p' "$tmp/r$i.log"); done
+      fi
+      list+="${list:+,}$a"
+    done
+    "$bin" plan -m "$model" --workers "$list" -t 1 --batch "1,$parallel" -n "$n_gen" -p "$n_prompt" --json \
+      > "$tmp/plan.json" 2>/dev/null
+    # The layouts to run: flags, label and predictions per batch.
+    python3 - "$tmp/plan.json" "$n" > "$tmp/layouts" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1])); n = int(sys.argv[2])
+want = {}
+for b in plan["batches"]:
+    for l in b["layouts"]:
+        if not l["fits"]: continue
+        take = (l["kind"] == "one node" and l["flags"].split()[1] == plan["nodes"][0]["name"]) or \
+               (l["kind"] in ("pipeline", "tensor parallel") and l["nodes"] == n) or \
+               l["flags"] == b["recommended"]["flags"]
+        if take:
+            e = want.setdefault(l["flags"], {"label": l["label"], "gen": {}, "prompt": l["prompt"]["tokens_per_s"]})
+            e["gen"][b["batch"]] = l["generation"]["tokens_per_s"]
+for b in plan["batches"]:
+    want[b["recommended"]["flags"]].setdefault("recommended", []).append(b["batch"])
+names = [n["name"] for n in plan["nodes"]]
+for f, e in want.items():
+    ws = f.split()[1].split(",")
+    e["label"] += " [" + ",".join("w%d" % names.index(w) for w in ws) + "]"
+    print(json.dumps({"flags": f, **e}))
+PY
+    while read -r line; do
+      flags=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["flags"])' "$line")
+      # shellcheck disable=SC2086
+      "$bin" bench -m "$model" $flags -t 1 -p 0 -n "$n_gen" --parallel "1,$parallel" -r "$reps" -o jsonl \
+        2>/dev/null > "$tmp/gen.jsonl" || true
+      # shellcheck disable=SC2086
+      "$bin" bench -m "$model" $flags -t 1 -p "$n_prompt" -n 0 --parallel 1 -r 1 -o jsonl \
+        2>/dev/null > "$tmp/pp.jsonl" || true
+      python3 - "$line" "$tmp/gen.jsonl" "$tmp/pp.jsonl" "$n" "$d" "$n_gen" "$n_prompt" >> "$tmp/summary" <<'PY'
+import json, sys
+e = json.loads(sys.argv[1]); n, d, ng, npr = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
+gen = {}
+for l in open(sys.argv[2]):
+    if l.strip():
+        r = json.loads(l); gen[int(r.get("n_parallel", r.get("seqs", 1)))] = r["avg_ts"]
+pp = [json.loads(l)["avg_ts"] for l in open(sys.argv[3]) if l.strip()]
+for b, p in sorted(e["gen"].items(), key=lambda x: int(x[0])):
+    m = gen.get(int(b))
+    print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": f"tg{ng} x{b}", "batch": int(b),
+                      "pred": p, "meas": m, "rec": int(b) in e.get("recommended", [])}))
+if pp:
+    print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": f"pp{npr}", "batch": 0,
+                      "pred": e["prompt"], "meas": pp[0], "rec": False}))
+PY
+    done < "$tmp/layouts"
+    for r in "${relays[@]}"; do kill "$r" 2>/dev/null || true; wait "$r" 2>/dev/null || true; done
+    python3 - "$tmp/summary" "$n" "$d" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if r["n"] == sys.argv[2] and r["d"] == sys.argv[3]]
+for r in rows:
+    ratio = r["meas"] / r["pred"] if r["meas"] and r["pred"] else float("nan")
+    print(f'| {r["n"]} | {r["d"]} ms | {r["label"]}{" (recommended)" if r["rec"] else ""} | {r["test"]} | '
+          f'{r["pred"]:.1f} | {r["meas"] or float("nan"):.1f} | {ratio:.2f} |')
+PY
+  done
+done
+echo
+echo "| workers | delay | batch | recommended | measured fastest | recommended / fastest |"
+echo "| ---: | ---: | ---: | --- | --- | ---: |"
+python3 - "$tmp/summary" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+groups = {}
+for r in rows:
+    if r["batch"] > 0 and r["meas"]: groups.setdefault((r["n"], r["d"], r["batch"]), []).append(r)
+within = []
+for (n, d, b), rs in groups.items():
+    fast = max(rs, key=lambda r: r["meas"])
+    rec = [r for r in rs if r["rec"]]
+    if not rec: continue
+    q = rec[0]["meas"] / fast["meas"]
+    within.append(q >= 0.95)
+    print(f'| {n} | {d} ms | {b} | {rec[0]["label"]} | {fast["label"]} | {q:.2f} |')
+ratios = [r["meas"] / r["pred"] for r in rows if r["meas"] and r["pred"]]
+ok = sum(1 for q in ratios if 0.8 <= q <= 1.2)
+print(f"\npredictions within 20%: {ok} of {len(ratios)}; recommended within 5% of the fastest: {sum(within)} of {len(within)}")
+PY

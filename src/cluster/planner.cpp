@@ -1,0 +1,625 @@
+#include "cluster/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "cluster/cluster-engine.h"
+#include "core/check.h"
+
+namespace td::cluster {
+namespace {
+
+using json = nlohmann::json;
+using Key = std::tuple<uint32_t, int64_t, int64_t, int32_t>;
+
+std::string host_of(const std::string &address) {
+    std::string host;
+    uint16_t port = 0;
+    return net::parse_host_port(address, &host, &port).ok() ? host : address;
+}
+
+double gib(double bytes) {
+    return bytes / 1073741824.0;
+}
+
+std::string fmt_seconds(double s) {
+    if (s < 1e-3) return fmt::format("{:.0f} µs", s * 1e6);
+    if (s < 1.0) return fmt::format("{:.2f} ms", s * 1e3);
+    return fmt::format("{:.2f} s", s);
+}
+
+// Every (type, n_in, n_out) the candidates would give a node, whole layers and output head included.
+std::vector<net::ProbeMatrix> needed_matrices(const ModelShape &model, const ClusterSpec &spec) {
+    std::set<std::tuple<uint32_t, uint32_t, uint32_t>> seen;
+    std::vector<net::ProbeMatrix> out;
+    auto add = [&](const ShapeMatrix &m) {
+        const auto k = std::make_tuple(static_cast<uint32_t>(m.type), static_cast<uint32_t>(m.n_in),
+                                       static_cast<uint32_t>(m.n_out));
+        if (seen.insert(k).second) out.push_back({std::get<0>(k), std::get<1>(k), std::get<2>(k)});
+    };
+    for (const Layout &l : candidate_layouts(model, spec, 1))
+        for (size_t s = 0; s < l.groups.size(); ++s)
+            for (size_t r = 0; r < l.groups[s].size(); ++r) {
+                const TpSlice &sl = l.slices[s][r];
+                for (int32_t il = l.layers[s].first; il < l.layers[s].second; ++il)
+                    for (const ShapeMatrix &x : model.layers[static_cast<size_t>(il)])
+                        add(slice_matrix(x, model.hp, sl));
+                if (s + 1 == l.groups.size()) add(slice_matrix(model.output, model.hp, sl));
+            }
+    return out;
+}
+
+Result<std::vector<double>> run_probe(ProbeClient &client, const std::vector<net::ProbeMatrix> &matrices,
+                                      const std::vector<int32_t> &rows, const PlanOptions &o,
+                                      double *read_bps, const ModelShape *ops_of = nullptr,
+                                      NodeSpec *ops_into = nullptr) {
+    std::vector<double> seconds;
+    for (size_t at = 0; at < matrices.size(); at += net::kMaxProbeMatrices) {
+        net::ProbeCompute req;
+        req.n_threads = static_cast<uint32_t>(std::max(0, o.n_threads));
+        req.budget_ms =
+            static_cast<uint32_t>(std::clamp(o.probe_ms, 1, static_cast<int>(net::kMaxProbeBudgetMs)));
+        req.matrices.assign(matrices.begin() + static_cast<std::ptrdiff_t>(at),
+                            matrices.begin() + static_cast<std::ptrdiff_t>(
+                                                   std::min(matrices.size(), at + net::kMaxProbeMatrices)));
+        for (int32_t r : rows) req.rows.push_back(static_cast<uint32_t>(r));
+        constexpr uint32_t kProbePositions = 256;
+        if (ops_of != nullptr && at == 0) {
+            const HParams &hp = ops_of->hp;
+            req.ops = {static_cast<uint32_t>(hp.n_embd),   static_cast<uint32_t>(hp.n_ff),
+                       static_cast<uint32_t>(hp.n_head),   static_cast<uint32_t>(hp.n_head_kv),
+                       static_cast<uint32_t>(hp.head_dim), kProbePositions};
+        }
+        TD_ASSIGN_OR_RETURN(net::ProbeComputeReply rep, client.compute(req));
+        if (ops_into != nullptr && req.ops.n_embd > 0) {
+            const net::ProbeOps &p = req.ops;
+            ops_into->norm_per_elem_s = rep.norm_s / p.n_embd;
+            ops_into->act_per_elem_s = rep.act_s / p.n_ff;
+            ops_into->rope_per_head_s = rep.rope_s / (p.n_head + p.n_head_kv);
+            ops_into->attn_per_pos_s = rep.attn_s / (static_cast<double>(p.n_head / p.n_head_kv) * p.n_pos);
+            ops_into->dispatch_s = rep.dispatch_s;
+        }
+        if (read_bps != nullptr) *read_bps = std::max(*read_bps, rep.read_gbps * 1e9);
+        seconds.insert(seconds.end(), rep.seconds.begin(), rep.seconds.end());
+    }
+    return seconds;
+}
+
+void store(NodeSpec &n, const std::vector<net::ProbeMatrix> &mats, const std::vector<int32_t> &rows,
+           const std::vector<double> &seconds) {
+    for (size_t i = 0; i < mats.size(); ++i)
+        for (size_t j = 0; j < rows.size(); ++j)
+            n.measured[Key{mats[i].dtype, mats[i].n_in, mats[i].n_out, rows[j]}] =
+                seconds[i * rows.size() + j];
+    // Roofline numbers for shapes and rows nobody measured: the best rate seen.
+    double flops = 0, bps = 0;
+    for (const auto &[k, t] : n.measured) {
+        const auto [type, n_in, n_out, r] = k;
+        if (t <= 0) continue;
+        flops = std::max(flops, 2.0 * static_cast<double>(n_in) * static_cast<double>(n_out) * r / t);
+        if (r == 1)
+            bps = std::max(bps,
+                           static_cast<double>(dtype_row_bytes(static_cast<DType>(type), n_in)) * n_out / t);
+    }
+    if (flops > 0) n.flops_per_s = flops;
+    if (bps > 0 && n.read_bytes_per_s > 0) n.matvec_efficiency = std::min(1.0, bps / n.read_bytes_per_s);
+}
+
+Result<double> json_number(const json &j, const char *key, const std::string &where, bool required,
+                           double def) {
+    if (!j.contains(key)) {
+        if (required) return invalid_input("{}.{} is missing", where, key);
+        return def;
+    }
+    if (!j[key].is_number() || !(j[key].get<double>() > 0) || !std::isfinite(j[key].get<double>()))
+        return invalid_input("{}.{} must be a positive number", where, key);
+    return j[key].get<double>();
+}
+
+Result<LinkSpec> json_link(const json &j, const std::string &where) {
+    if (!j.is_object())
+        return invalid_input("{} must be an object with latency_us and bandwidth_gbps", where);
+    LinkSpec l;
+    TD_ASSIGN_OR_RETURN(double lat, json_number(j, "latency_us", where, true, 0));
+    TD_ASSIGN_OR_RETURN(double bw, json_number(j, "bandwidth_gbps", where, true, 0));
+    l.latency_s = lat * 1e-6;
+    l.bytes_per_s = bw * 1e9 / 8.0;  // gigabits per second, as links are sold
+    return l;
+}
+
+}  // namespace
+
+std::vector<int32_t> plan_rows(const PlanOptions &o, int n_nodes) {
+    std::set<int32_t> rows{1};
+    for (int32_t b : o.batches)
+        for (int32_t s = 1; s <= std::max(1, n_nodes); ++s)
+            rows.insert((b + std::min(b, s) - 1) / std::min(b, s));
+    const int32_t step = std::min(o.predict.n_batch, o.predict.n_prompt);
+    for (int32_t s = 1; s <= std::max(1, n_nodes); ++s) rows.insert(std::min(step, auto_chunk_rows(step, s)));
+    std::vector<int32_t> out(rows.begin(), rows.end());
+    if (out.size() > net::kMaxProbeRows) out.resize(net::kMaxProbeRows);
+    return out;
+}
+
+Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, const ModelShape &model,
+                                    const PlanOptions &o,
+                                    const std::function<void(const std::string &)> &progress) {
+    auto say = [&](const std::string &s) {
+        if (progress) progress(s);
+    };
+    ClusterSpec spec;
+    spec.name = "measured";
+    std::vector<std::unique_ptr<ProbeClient>> clients;
+    for (const std::string &w : workers) {
+        TD_ASSIGN_OR_RETURN(auto c, ProbeClient::connect(w));
+        NodeSpec n;
+        n.name = w;
+        n.host = host_of(w);
+        n.threads = o.n_threads > 0 ? o.n_threads : static_cast<int32_t>(c->hello().n_threads);
+        n.mem_bytes = c->hello().mem_available;
+        spec.nodes.push_back(n);
+        clients.push_back(std::move(c));
+    }
+    // Links: a small message, one token's activation, an all-reduce part, and a stream.
+    LinkOptions lo;
+    lo.budget_ms = o.link_ms;
+    lo.rtt_sizes = {
+        64,
+        static_cast<uint64_t>(net::wire_row_bytes(o.predict.wire, static_cast<size_t>(model.hp.n_embd))) + 64,
+        static_cast<uint64_t>(model.hp.n_embd) * 4};
+    lo.stream_sizes = {4u << 20};
+    auto to_spec = [](const std::vector<net::LinkSample> &s) {
+        LinkSpec l;
+        l.latency_s = link_latency_seconds(s);
+        l.bytes_per_s = std::max(1.0, link_bytes_per_second(s));
+        return l;
+    };
+    for (size_t i = 0; i < workers.size(); ++i) {
+        say(fmt::format("measuring the link head -> {}", workers[i]));
+        TD_ASSIGN_OR_RETURN(auto s, clients[i]->measure_link(lo));
+        spec.links[{-1, static_cast<int>(i)}] = to_spec(s);
+        for (size_t j = 0; j < workers.size(); ++j) {
+            if (i == j) continue;
+            say(fmt::format("measuring the link {} -> {}", workers[i], workers[j]));
+            TD_ASSIGN_OR_RETURN(auto t, clients[i]->link_to(workers[j], lo));
+            spec.links[{static_cast<int>(i), static_cast<int>(j)}] = to_spec(t);
+        }
+    }
+    // Worker -> head (the results' hop): each worker measures its link to a probe listener here, at the
+    // address it would send results to (this end's address on its probe connection).
+    {
+        std::string host;
+        uint16_t port = 0;
+        TD_TRY(net::parse_host_port(clients[0]->local_address(), &host, &port));
+        TD_ASSIGN_OR_RETURN(auto listener, net::tcp_listen(host, 0));
+        std::atomic<bool> done{false};
+        std::thread acceptor([&] {
+            std::vector<std::thread> conns;
+            while (!done) {
+                auto c = listener->accept(100);
+                if (!c.ok()) continue;
+                conns.emplace_back([conn = std::move(c).value()]() mutable {
+                    if (accept_probe(*conn, "head").ok()) serve_probe(*conn, 1);
+                });
+            }
+            for (auto &t : conns) t.join();
+        });
+        Status st;
+        for (size_t i = 0; i < workers.size() && st.ok(); ++i) {
+            say(fmt::format("measuring the link {} -> head", workers[i]));
+            auto t = clients[i]->link_to(listener->address(), lo);
+            if (t.ok())
+                spec.links[{static_cast<int>(i), -1}] = to_spec(*t);
+            else
+                st = t.status();
+        }
+        done = true;
+        acceptor.join();
+        listener->close();
+        TD_TRY(st);
+    }
+    if (!spec.links.empty()) spec.head_link = spec.links.begin()->second;
+    // Compute: every shape the candidates need, alone on each node.
+    const std::vector<net::ProbeMatrix> mats = needed_matrices(model, spec);
+    const std::vector<int32_t> rows = plan_rows(o, static_cast<int>(workers.size()));
+    // Rounds one node after another, each point the mean of its rounds: the figure for the minutes the layout
+    // will run in, on a host whose other tenants come and go (the fastest round alone predicted 10-20% high
+    // when the host then slowed down).
+    std::vector<std::vector<double>> best(workers.size());
+    std::vector<double> bps(workers.size(), 0.0);
+    for (int round = 0; round < std::max(1, o.rounds); ++round)
+        for (size_t i = 0; i < workers.size(); ++i) {
+            say(fmt::format("measuring {}: {} matrices x {} row counts (round {})", workers[i], mats.size(),
+                            rows.size(), round + 1));
+            NodeSpec ops;
+            TD_ASSIGN_OR_RETURN(auto sec, run_probe(*clients[i], mats, rows, o, &bps[i], &model, &ops));
+            NodeSpec &n = spec.nodes[i];
+            if (round == 0 || ops.attn_per_pos_s < n.attn_per_pos_s) {
+                n.norm_per_elem_s = ops.norm_per_elem_s;
+                n.act_per_elem_s = ops.act_per_elem_s;
+                n.rope_per_head_s = ops.rope_per_head_s;
+                n.attn_per_pos_s = ops.attn_per_pos_s;
+                n.dispatch_s = ops.dispatch_s;
+            }
+            if (best[i].empty()) best[i].assign(sec.size(), 0.0);
+            for (size_t k = 0; k < sec.size(); ++k) best[i][k] += sec[k] / std::max(1, o.rounds);
+        }
+    for (size_t i = 0; i < workers.size(); ++i) {
+        spec.nodes[i].read_bytes_per_s = bps[i] > 0 ? bps[i] : spec.nodes[i].read_bytes_per_s;
+        store(spec.nodes[i], mats, rows, best[i]);
+    }
+    // Together: every pair of nodes of one host at once, on a layer's matrices at the smallest, a middle and
+    // the largest row count (the median slowdown against alone).
+    if (o.contention) {
+        std::vector<net::ProbeMatrix> layer;
+        for (const ShapeMatrix &x : model.layers[0])
+            layer.push_back({static_cast<uint32_t>(x.type), static_cast<uint32_t>(x.n_in),
+                             static_cast<uint32_t>(x.n_out)});
+        const std::vector<int32_t> crow = {rows.front(), rows.back()};
+        for (size_t i = 0; i < spec.nodes.size(); ++i)
+            for (size_t j = i + 1; j < spec.nodes.size(); ++j) {
+                if (spec.nodes[i].host != spec.nodes[j].host) continue;
+                say(fmt::format("measuring {} and {} together", workers[i], workers[j]));
+                auto fi = std::async(std::launch::async,
+                                     [&] { return run_probe(*clients[i], layer, crow, o, nullptr); });
+                auto fj = std::async(std::launch::async,
+                                     [&] { return run_probe(*clients[j], layer, crow, o, nullptr); });
+                auto si = fi.get();
+                auto sj = fj.get();
+                TD_TRY(si.status());
+                TD_TRY(sj.status());
+                std::vector<double> small, large;  // one row (a weight stream), the most rows (compute)
+                for (auto [q, sec] : {std::pair{i, &*si}, std::pair{j, &*sj}}) {
+                    const NodeSpec &n = spec.nodes[q];
+                    for (size_t a = 0; a < layer.size(); ++a)
+                        for (size_t b = 0; b < crow.size(); b += crow.size() - 1) {
+                            auto it =
+                                n.measured.find(Key{layer[a].dtype, layer[a].n_in, layer[a].n_out, crow[b]});
+                            if (it != n.measured.end() && it->second > 0)
+                                (b == 0 ? small : large).push_back((*sec)[a * crow.size() + b] / it->second);
+                        }
+                }
+                auto median = [](std::vector<double> v) {
+                    std::sort(v.begin(), v.end());
+                    return v.empty() ? 1.0 : std::max(1.0, v[v.size() / 2]);
+                };
+                spec.together[{static_cast<int>(i), static_cast<int>(j)}] = median(large);
+                spec.together_stream[{static_cast<int>(i), static_cast<int>(j)}] = median(small);
+            }
+    }
+    return spec;
+}
+
+Result<ClusterSpec> cluster_from_json(const std::string &text) {
+    json j = json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+        return invalid_input("the cluster description is not a JSON object");
+    ClusterSpec c;
+    c.name = j.value("name", std::string("described"));
+    if (!j.contains("nodes") || !j["nodes"].is_array() || j["nodes"].empty())
+        return invalid_input("nodes must be a non-empty array");
+    for (size_t i = 0; i < j["nodes"].size(); ++i) {
+        const json &n = j["nodes"][i];
+        const std::string where = fmt::format("nodes[{}]", i);
+        if (!n.is_object()) return invalid_input("{} must be an object", where);
+        NodeSpec s;
+        s.name = n.contains("name") && n["name"].is_string() ? n["name"].get<std::string>()
+                                                             : fmt::format("node{}", i + 1);
+        s.host = n.contains("host") && n["host"].is_string() ? n["host"].get<std::string>() : s.name;
+        TD_ASSIGN_OR_RETURN(double mem, json_number(n, "memory_gib", where, true, 0));
+        TD_ASSIGN_OR_RETURN(double bw, json_number(n, "mem_bw_gbs", where, true, 0));
+        TD_ASSIGN_OR_RETURN(double gf, json_number(n, "gflops", where, true, 0));
+        TD_ASSIGN_OR_RETURN(double eff, json_number(n, "matvec_efficiency", where, false, 0.7));
+        TD_ASSIGN_OR_RETURN(double th, json_number(n, "threads", where, false, 1));
+        if (eff > 1)
+            return invalid_input("{}.matvec_efficiency is a share of the bandwidth, at most 1", where);
+        s.mem_bytes = static_cast<uint64_t>(mem * 1073741824.0);
+        s.read_bytes_per_s = bw * 1e9;
+        s.flops_per_s = gf * 1e9;
+        s.matvec_efficiency = eff;
+        s.threads = static_cast<int32_t>(th);
+        c.nodes.push_back(s);
+    }
+    if (j.contains("link")) {
+        TD_ASSIGN_OR_RETURN(c.default_link, json_link(j["link"], "link"));
+    }
+    c.head_link = LinkSpec{5e-6, 20e9};  // the head beside a node: loopback
+    if (j.contains("head_link")) {
+        TD_ASSIGN_OR_RETURN(c.head_link, json_link(j["head_link"], "head_link"));
+    }
+    if (j.contains("links")) {
+        if (!j["links"].is_array()) return invalid_input("links must be an array");
+        for (size_t i = 0; i < j["links"].size(); ++i) {
+            const json &l = j["links"][i];
+            const std::string where = fmt::format("links[{}]", i);
+            TD_ASSIGN_OR_RETURN(LinkSpec ls, json_link(l, where));
+            auto find = [&](const char *key) -> int {
+                if (!l.contains(key) || !l[key].is_string()) return -2;
+                for (size_t k = 0; k < c.nodes.size(); ++k)
+                    if (c.nodes[k].name == l[key].get<std::string>()) return static_cast<int>(k);
+                return -2;
+            };
+            const int a = find("from"), b = find("to");
+            if (a < 0 || b < 0) return invalid_input("{}: from and to must name nodes", where);
+            c.links[{a, b}] = ls;
+        }
+    }
+    return c;
+}
+
+Plan make_plan(const ModelShape &model, const ClusterSpec &cluster, const PlanOptions &options) {
+    Plan plan;
+    plan.model = model;
+    plan.cluster = cluster;
+    plan.options = options;
+    for (const NodeSpec &n : cluster.nodes)
+        plan.largest_node_bytes = std::max(plan.largest_node_bytes, n.mem_bytes);
+    const std::vector<Layout> layouts = candidate_layouts(model, cluster, 1);
+    for (int32_t b : options.batches) {
+        PlanBatch pb;
+        pb.batch = b;
+        for (const Layout &l : layouts)
+            pb.entries.push_back({l, predict(model, cluster, l, b, options.predict)});
+        std::stable_sort(pb.entries.begin(), pb.entries.end(), [](const PlanEntry &x, const PlanEntry &y) {
+            if (x.prediction.fits != y.prediction.fits) return x.prediction.fits;
+            return x.prediction.gen.tokens_per_s > y.prediction.gen.tokens_per_s;
+        });
+        for (size_t i = 0; i < pb.entries.size(); ++i) {
+            const PlanEntry &e = pb.entries[i];
+            if (!e.prediction.fits) continue;
+            const std::string k = e.layout.kind();
+            int *slot = k == "one node"          ? &pb.best_single
+                        : k == "pipeline"        ? &pb.best_pipeline
+                        : k == "tensor parallel" ? &pb.best_tp
+                                                 : &pb.best_hybrid;
+            if (*slot < 0) *slot = static_cast<int>(i);
+        }
+        // The fastest that fits (and puts no two ranks of a group on shared cores); within 2% of it, the one
+        // with fewer nodes (less to go wrong).
+        double top = 0;
+        for (size_t i = 0; i < pb.entries.size(); ++i) {
+            const PlanEntry &e = pb.entries[i];
+            if (!e.prediction.fits) break;
+            if (e.prediction.shares_core) continue;
+            if (pb.recommended < 0) {
+                pb.recommended = static_cast<int>(i);
+                top = e.prediction.gen.tokens_per_s;
+                continue;
+            }
+            const PlanEntry &best = pb.entries[static_cast<size_t>(pb.recommended)];
+            if (e.prediction.gen.tokens_per_s >= 0.98 * top && e.layout.n_nodes() < best.layout.n_nodes())
+                pb.recommended = static_cast<int>(i);
+        }
+        plan.batches.push_back(std::move(pb));
+    }
+    return plan;
+}
+
+namespace {
+
+std::string terms_line(const PhaseCost &p) {
+    std::string s;
+    for (int t = 0; t < 4; ++t) {
+        if (p.terms[static_cast<size_t>(t)] <= 0) continue;
+        s += fmt::format("{}{} {}", s.empty() ? "" : ", ", term_name(static_cast<Term>(t)),
+                         fmt_seconds(p.terms[static_cast<size_t>(t)]));
+    }
+    return s;
+}
+
+json phase_json(const PhaseCost &p) {
+    json j;
+    j["tokens_per_s"] = p.tokens_per_s;
+    j["seconds"] = p.seconds;
+    j["bound"] = p.bound;
+    j["dominant"] = term_name(p.dominant);
+    json t;
+    for (int i = 0; i < 4; ++i) t[term_name(static_cast<Term>(i))] = p.terms[static_cast<size_t>(i)];
+    j["terms_seconds"] = t;
+    return j;
+}
+
+}  // namespace
+
+std::string plan_text(const Plan &plan) {
+    const ClusterSpec &c = plan.cluster;
+    std::string o = fmt::format("model: {}, {} layers, {:.2f} GiB of weights\n", plan.model.name,
+                                plan.model.hp.n_layer, gib(static_cast<double>(plan.model.total_bytes())));
+    o += fmt::format("cluster: {} ({} nodes)\n", c.name, c.nodes.size());
+    for (const NodeSpec &n : c.nodes) {
+        o += fmt::format(
+            "  {:<22} {:>2} threads  {:>6.1f} GiB free  read {:>6.1f} GB/s  matmul peak {:>7.1f} GFLOP/s  "
+            "matvec at {:.0f}% of read",
+            n.name, n.threads, gib(static_cast<double>(n.mem_bytes)), n.read_bytes_per_s / 1e9,
+            n.flops_per_s / 1e9, 100 * n.matvec_efficiency);
+        o += "\n";
+    }
+    for (const auto &[k, f] : c.together)
+        o += fmt::format(
+            "  {} and {} together: each {:.2f}x slower computing, {:.2f}x streaming weights{}\n",
+            c.nodes[static_cast<size_t>(k.first)].name, c.nodes[static_cast<size_t>(k.second)].name, f,
+            c.together_of(k.first, k.second, true),
+            f >= ClusterSpec::kSharedCore ? " (they share cores: no tensor parallelism between them)" : "");
+    auto link_line = [&](const std::string &a, const std::string &b, const LinkSpec &l) {
+        return fmt::format("  {:<22} -> {:<22} {:>8}  {:>6.2f} GB/s\n", a, b, fmt_seconds(l.latency_s),
+                           l.bytes_per_s / 1e9);
+    };
+    o += "links (one way: a small message; a stream):\n";
+    if (c.links.empty()) {
+        o += link_line("head", "any node", c.head_link);
+        if (c.nodes.size() > 1) o += link_line("node", "node", c.default_link);
+    }
+    for (const auto &[k, l] : c.links)
+        o += link_line(k.first < 0 ? "head" : c.nodes[static_cast<size_t>(k.first)].name,
+                       k.second < 0 ? "head" : c.nodes[static_cast<size_t>(k.second)].name, l);
+    const PredictOptions &po = plan.options.predict;
+    o += fmt::format("predicted (generation: tg{} per sequence; prompt: pp{} per sequence):\n", po.n_gen,
+                     po.n_prompt);
+    for (const PlanBatch &pb : plan.batches) {
+        o += fmt::format("batch {}\n", pb.batch);
+        auto row = [&](const char *kind, int idx, const std::string &none) {
+            if (idx < 0) {
+                o += fmt::format("  {:<16} {}\n", kind, none);
+                return;
+            }
+            const PlanEntry &e = pb.entries[static_cast<size_t>(idx)];
+            o += fmt::format(
+                "  {:<16} {:>9.1f} tok/s generation {:>9.1f} tok/s prompt   {}  ({}: {})\n", kind,
+                e.prediction.gen.tokens_per_s, e.prediction.prompt.tokens_per_s, e.layout.label(),
+                term_name(e.prediction.gen.dominant),
+                fmt_seconds(e.prediction.gen.terms[static_cast<size_t>(e.prediction.gen.dominant)]));
+        };
+        std::string nofit = "no layout fits";
+        for (const PlanEntry &e : pb.entries)
+            if (e.layout.kind() == "one node" && !e.prediction.fits) {
+                nofit = fmt::format("does not fit: needs {:.1f} GiB, the largest node has {:.1f} GiB",
+                                    gib(static_cast<double>(
+                                        e.prediction.node_bytes[static_cast<size_t>(e.layout.groups[0][0])])),
+                                    gib(static_cast<double>(plan.largest_node_bytes)));
+                break;
+            }
+        row("one machine", pb.best_single, nofit);
+        row("pipeline", pb.best_pipeline, c.nodes.size() < 2 ? "needs 2 nodes" : "no pipeline fits");
+        row("tensor parallel", pb.best_tp, c.nodes.size() < 2 ? "needs 2 nodes" : "no group fits");
+        row("hybrid", pb.best_hybrid, c.nodes.size() < 3 ? "needs 3 nodes" : "no hybrid fits");
+        if (pb.recommended >= 0) {
+            const PlanEntry &e = pb.entries[static_cast<size_t>(pb.recommended)];
+            const PhaseCost &g = e.prediction.gen;
+            o += fmt::format("  recommended: {} ({}): {}\n", e.layout.label(), e.layout.kind(),
+                             e.layout.flags(c));
+            o += fmt::format("    per step of {} tokens: {} ({}), {} dominates; {}\n", pb.batch,
+                             fmt_seconds(g.seconds),
+                             g.bound == "ring" ? "one round of the ring" : g.bound + " sets the pace",
+                             term_name(g.dominant), terms_line(g));
+        }
+    }
+    return o;
+}
+
+std::string plan_json(const Plan &plan) {
+    json j;
+    j["model"] = {
+        {"name", plan.model.name}, {"n_layer", plan.model.hp.n_layer}, {"bytes", plan.model.total_bytes()}};
+    json nodes = json::array();
+    for (const NodeSpec &n : plan.cluster.nodes)
+        nodes.push_back({{"name", n.name},
+                         {"host", n.host},
+                         {"threads", n.threads},
+                         {"mem_bytes", n.mem_bytes},
+                         {"read_gbps", n.read_bytes_per_s / 1e9},
+                         {"gflops", n.flops_per_s / 1e9},
+                         {"matvec_efficiency", n.matvec_efficiency}});
+    j["nodes"] = nodes;
+    json links = json::array();
+    for (const auto &[k, l] : plan.cluster.links)
+        links.push_back({{"from", k.first < 0 ? std::string("head")
+                                              : plan.cluster.nodes[static_cast<size_t>(k.first)].name},
+                         {"to", k.second < 0 ? std::string("head")
+                                             : plan.cluster.nodes[static_cast<size_t>(k.second)].name},
+                         {"latency_us", l.latency_s * 1e6},
+                         {"gbps", l.bytes_per_s / 1e9}});
+    j["links"] = links;
+    json together = json::array();
+    for (const auto &[k, f] : plan.cluster.together)
+        together.push_back({{"a", plan.cluster.nodes[static_cast<size_t>(k.first)].name},
+                            {"b", plan.cluster.nodes[static_cast<size_t>(k.second)].name},
+                            {"slowdown", f},
+                            {"stream_slowdown", plan.cluster.together_of(k.first, k.second, true)}});
+    j["together"] = together;
+    json batches = json::array();
+    for (const PlanBatch &pb : plan.batches) {
+        json b;
+        b["batch"] = pb.batch;
+        json layouts = json::array();
+        for (const PlanEntry &e : pb.entries)
+            layouts.push_back({{"label", e.layout.label()},
+                               {"kind", e.layout.kind()},
+                               {"nodes", e.layout.n_nodes()},
+                               {"flags", e.layout.flags(plan.cluster)},
+                               {"fits", e.prediction.fits},
+                               {"fit_message", e.prediction.fit_message},
+                               {"shares_core", e.prediction.shares_core},
+                               {"generation", phase_json(e.prediction.gen)},
+                               {"prompt", phase_json(e.prediction.prompt)}});
+        b["layouts"] = layouts;
+        if (pb.recommended >= 0) b["recommended"] = layouts[static_cast<size_t>(pb.recommended)];
+        batches.push_back(b);
+    }
+    j["batches"] = batches;
+    return j.dump(2);
+}
+
+std::string plan_svg(const Plan &plan) {
+    constexpr double W = 720, H = 420, L = 70, R = 190, T = 40, B = 50;
+    const char *names[4] = {"one machine", "pipeline", "tensor parallel", "hybrid"};
+    const char *colors[4] = {"#555555", "#1f77b4", "#d62728", "#2ca02c"};
+    double ymax = 1;
+    for (const PlanBatch &pb : plan.batches)
+        for (int idx : {pb.best_single, pb.best_pipeline, pb.best_tp, pb.best_hybrid})
+            if (idx >= 0)
+                ymax = std::max(ymax, pb.entries[static_cast<size_t>(idx)].prediction.gen.tokens_per_s);
+    ymax *= 1.1;
+    const double bmin = std::log2(std::max(1, plan.batches.empty() ? 1 : plan.batches.front().batch));
+    const double bmax = std::log2(std::max(2, plan.batches.empty() ? 2 : plan.batches.back().batch));
+    auto x = [&](int32_t b) {
+        const double span = std::max(1e-9, bmax - bmin);
+        return L + (W - L - R) * (std::log2(static_cast<double>(b)) - bmin) / span;
+    };
+    auto y = [&](double v) { return H - B - (H - T - B) * v / ymax; };
+    std::string s = fmt::format(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+        "font-size=\"12\">\n"
+        "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+        "<text x=\"{}\" y=\"22\" font-size=\"14\">{}: predicted generation tokens/s on {}</text>\n",
+        W, H, L, plan.model.name, plan.cluster.name);
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, H - B, W - R,
+                     H - B);
+    s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n", L, T, L, H - B);
+    for (int i = 0; i <= 5; ++i) {
+        const double v = ymax * i / 5;
+        s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0f}</text>\n", L - 6, y(v) + 4, v);
+        s += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#eeeeee\"/>\n", L, y(v),
+                         W - R, y(v));
+    }
+    for (const PlanBatch &pb : plan.batches)
+        s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x(pb.batch),
+                         H - B + 18, pb.batch);
+    s += fmt::format(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">batch (sequences decoding at once)</text>\n",
+        (L + W - R) / 2, H - 12);
+    s += fmt::format(
+        "<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">tokens/s</text>\n",
+        (T + H - B) / 2, (T + H - B) / 2);
+    for (int k = 0; k < 4; ++k) {
+        std::string pts;
+        for (const PlanBatch &pb : plan.batches) {
+            const int idx = k == 0   ? pb.best_single
+                            : k == 1 ? pb.best_pipeline
+                            : k == 2 ? pb.best_tp
+                                     : pb.best_hybrid;
+            if (idx < 0) continue;
+            const double v = pb.entries[static_cast<size_t>(idx)].prediction.gen.tokens_per_s;
+            pts += fmt::format("{:.1f},{:.1f} ", x(pb.batch), y(v));
+            s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n", x(pb.batch), y(v),
+                             colors[k]);
+        }
+        if (pts.empty()) continue;
+        s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"/>\n", pts,
+                         colors[k]);
+        s += fmt::format(
+            "<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"4\" fill=\"{}\"/>"
+            "<text x=\"{}\" y=\"{}\">{}</text>\n",
+            W - R + 16, T + 20 * k + 6, colors[k], W - R + 36, T + 20 * k + 12, names[k]);
+    }
+    s += "</svg>\n";
+    return s;
+}
+
+}  // namespace td::cluster

@@ -1,0 +1,78 @@
+// `tandem plan`: measure (or read a description of) a cluster, predict every layout with the cost model,
+// recommend one. The measurements are the ones the cost model takes (cluster/cost-model.h):
+//
+//   links    the head to every worker, and every worker to every other (the worker measures its own link:
+//            ProbeClient::link_to): round trips of small and activation-sized messages, a stream
+//   nodes    a compute probe per worker of every matrix shape the candidate layouts would give it, at every
+//            row count they would run (micro-batches of each batch size, prompt chunks), measured alone; then
+//            the first k nodes of each host at once (k = 2 .. nodes on it), for the host's contention
+//
+// A described cluster (JSON, `plan --offline`) gives the same numbers by hand; docs/clusters/ has examples.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cluster/cost-model.h"
+#include "cluster/probe.h"
+#include "core/status.h"
+
+namespace td::cluster {
+
+struct PlanOptions {
+    std::vector<int32_t> batches = {1, 4, 16};
+    PredictOptions predict;
+    int probe_ms = 20;       // per measured matmul point
+    int rounds = 2;          // each node is measured this many times, one after another; the mean counts
+    int link_ms = 100;       // per measured message size
+    int32_t n_threads = 0;   // threads per worker (0: each worker's own)
+    bool contention = true;  // measure nodes that share a host together too
+};
+
+// Row counts a plan needs measured: micro-batches of every batch over 1..n_nodes stages, prompt chunks, 1.
+std::vector<int32_t> plan_rows(const PlanOptions &options, int n_nodes);
+
+// Measures `workers` for `model` (progress lines go to `progress`, may be empty). Errors: a worker that
+// cannot be reached or speaks another protocol, a probe that fails.
+Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, const ModelShape &model,
+                                    const PlanOptions &options,
+                                    const std::function<void(const std::string &)> &progress);
+
+// A described cluster:
+//   {"name": "...", "sources": ["..."],
+//    "nodes": [{"name": "a", "memory_gib": 120, "mem_bw_gbs": 215, "gflops": 1500, "matvec_efficiency": 0.7,
+//               "threads": 16, "host": "a"}, ...],
+//    "link": {"latency_us": 40, "bandwidth_gbps": 9.4},          // between any two nodes
+//    "links": [{"from": "a", "to": "b", "latency_us": 5, "bandwidth_gbps": 90}],   // optional, either way
+//    "head_link": {"latency_us": 10, "bandwidth_gbps": 20}}      // head <-> node; default: a loopback
+// Errors name the field ("nodes[1].mem_bw_gbs must be a positive number").
+Result<ClusterSpec> cluster_from_json(const std::string &text);
+
+struct PlanEntry {
+    Layout layout;
+    Prediction prediction;
+};
+struct PlanBatch {
+    int32_t batch = 1;
+    std::vector<PlanEntry> entries;  // every candidate, fastest generation first (those that fit)
+    int best_single = -1, best_pipeline = -1, best_tp = -1, best_hybrid = -1;  // indices into entries
+    int recommended = -1;
+};
+struct Plan {
+    ModelShape model;
+    ClusterSpec cluster;
+    PlanOptions options;
+    std::vector<PlanBatch> batches;
+    uint64_t largest_node_bytes = 0;  // the most memory any one node has (0: unknown)
+};
+Plan make_plan(const ModelShape &model, const ClusterSpec &cluster, const PlanOptions &options);
+
+// The report a person reads: the inputs (nodes, links), then per batch one line per kind of layout, the
+// recommendation with its flags and what dominates it, with the numbers.
+std::string plan_text(const Plan &plan);
+std::string plan_json(const Plan &plan);  // the same, as JSON
+// Predicted generation tokens/s against batch size, one line per kind of layout.
+std::string plan_svg(const Plan &plan);
+
+}  // namespace td::cluster

@@ -1,0 +1,522 @@
+#include "cluster/probe.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "cluster/node-info.h"
+#include "cluster/wire.h"
+#include "core/log.h"
+#include "kernels/kernels.h"
+#include "kernels/ops.h"
+#include "kernels/pack.h"
+#include "net/codec.h"
+#include "tensor/tensor.h"
+
+namespace td::cluster {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Sorted copy's quantiles: q in [0, 1], nearest rank.
+double quantile(std::vector<double> v, double q) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5));
+    return v[i];
+}
+
+net::LinkSample summarize(uint64_t bytes, uint32_t mode, const std::vector<double> &t) {
+    net::LinkSample s;
+    s.bytes = bytes;
+    s.mode = mode;
+    s.count = static_cast<uint32_t>(t.size());
+    s.p50 = quantile(t, 0.5);
+    s.p90 = quantile(t, 0.9);
+    s.p99 = quantile(t, 0.99);
+    s.max = t.empty() ? 0.0 : *std::max_element(t.begin(), t.end());
+    return s;
+}
+
+struct FreeDeleter {
+    void operator()(void *p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<uint8_t, FreeDeleter>;
+
+AlignedBuffer aligned_buffer(size_t bytes) {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + 4095) & ~size_t{4095};
+    return AlignedBuffer(static_cast<uint8_t *>(std::aligned_alloc(4096, rounded)));
+}
+
+constexpr int kProbeTimeoutMs = 10000;  // one echo or ack; a probe of a 64 MiB message over 100 Mb/s fits
+
+// Seconds per call of fn: one warm-up, then calls until budget_ms have passed (at least 3).
+template <typename Fn>
+double time_calls(int budget_ms, Fn &&fn) {
+    fn();
+    size_t calls = 0;
+    const auto t0 = Clock::now();
+    double s = 0.0;
+    do {
+        fn();
+        ++calls;
+        s = seconds_since(t0);
+    } while (calls < 3 || s * 1000.0 < budget_ms);
+    return s / static_cast<double>(calls);
+}
+
+// The non-matmul work of a layer, per call, as Context::layer_forward_rows calls it.
+void time_row_ops(const net::ProbeOps &o, uint32_t budget_ms, ThreadPool &pool,
+                  net::ProbeComputeReply &reply) {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    auto random = [&](size_t n) {
+        std::vector<float> v(n);
+        for (float &x : v) x = dist(rng);
+        return v;
+    };
+    const int budget = static_cast<int>(std::max<uint32_t>(1, budget_ms));
+    {
+        std::vector<float> x = random(o.n_embd), w(o.n_embd, 1.0f), y(o.n_embd);
+        reply.norm_s =
+            time_calls(budget, [&] { kernels::rmsnorm(x.data(), w.data(), y.data(), o.n_embd, 1e-5f); });
+    }
+    {
+        std::vector<float> g = random(o.n_ff), u = random(o.n_ff), out(o.n_ff);
+        reply.act_s = time_calls(budget, [&] { kernels::swiglu(g.data(), u.data(), out.data(), o.n_ff); });
+    }
+    {
+        const int32_t heads = static_cast<int32_t>(o.n_head + o.n_head_kv);
+        std::vector<float> q = random(static_cast<size_t>(heads) * o.head_dim);
+        kernels::RopeParams rp;
+        rp.n_rot = static_cast<int32_t>(o.head_dim);
+        int32_t pos = 0;
+        reply.rope_s = time_calls(budget, [&] {
+            kernels::rope(q.data(), heads, static_cast<int32_t>(o.head_dim), pos, rp);
+            pos = (pos + 1) & 1023;  // positions stay small: the rotation keeps the values bounded
+        });
+    }
+    {
+        const int32_t n_gqa = static_cast<int32_t>(o.n_head / o.n_head_kv);
+        const size_t kv_elems = static_cast<size_t>(o.n_pos) * o.head_dim;
+        std::vector<uint16_t> k(kv_elems), v(kv_elems);
+        const std::vector<float> kf = random(kv_elems), vf = random(kv_elems);
+        kernels::store_row(kf.data(), k.data(), true, static_cast<int64_t>(kv_elems));
+        kernels::store_row(vf.data(), v.data(), true, static_cast<int64_t>(kv_elems));
+        std::vector<float> q = random(static_cast<size_t>(n_gqa) * o.head_dim), out(q.size());
+        std::vector<float> scores(2 * static_cast<size_t>(n_gqa) * o.n_pos);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(o.head_dim));
+        reply.attn_s = time_calls(budget, [&] {
+            kernels::attention_group(q.data(), n_gqa, k.data(), v.data(), true, o.head_dim,
+                                     static_cast<int32_t>(o.head_dim), static_cast<int32_t>(o.n_pos), scale,
+                                     0.0f, scores.data(), out.data());
+        });
+    }
+    reply.dispatch_s = time_calls(budget, [&] { pool.run([](int, int) {}); });
+}
+
+}  // namespace
+
+LinkOptions default_link_options() {
+    LinkOptions o;
+    for (uint64_t b = 64; b <= (64u << 10); b *= 4) o.rtt_sizes.push_back(b);
+    for (uint64_t b = 1u << 20; b <= (64u << 20); b *= 4) o.stream_sizes.push_back(b);
+    return o;
+}
+
+Result<std::unique_ptr<ProbeClient>> ProbeClient::connect(const std::string &address, int timeout_ms) {
+    std::string host;
+    uint16_t port = 0;
+    TD_TRY(net::parse_host_port(address, &host, &port));
+    std::unique_ptr<ProbeClient> c(new ProbeClient());
+    c->address_ = address;
+    const auto t0 = Clock::now();
+    auto conn = net::tcp_connect(host, port, timeout_ms);
+    if (!conn.ok())
+        return Status(ErrorKind::disconnected,
+                      fmt::format("cannot reach worker {}: {}", address, conn.status().message()));
+    c->conn_ = std::move(conn).value();
+    net::Hello hello;
+    hello.role = net::ConnRole::probe;
+    hello.build_id = build_id();
+    hello.node_name = "probe";
+    TD_TRY(
+        send_control(*c->conn_, net::MsgType::hello, hello).with_context(fmt::format("worker {}", address)));
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(*c->conn_, net::MsgType::hello_reply, payload, kControlTimeoutMs,
+                       fmt::format("worker {}", address)));
+    TD_ASSIGN_OR_RETURN(c->hello_, net::decode_hello_reply(payload));
+    if (c->hello_.protocol_version != net::kProtocolVersion)
+        return invalid_input("worker {} speaks protocol {}, this build speaks {}", address,
+                             c->hello_.protocol_version, net::kProtocolVersion);
+    c->connect_seconds_ = seconds_since(t0);
+    return c;
+}
+
+Result<net::LinkSample> ProbeClient::round_trips(uint64_t bytes, int budget_ms) {
+    if (bytes > net::kMaxEchoPayload)
+        return invalid_input("netbench: {} bytes exceeds the echo limit", bytes);
+    std::vector<uint8_t> out(bytes), in;
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 131u + 7u);
+    std::vector<double> times;
+    const auto t0 = Clock::now();
+    for (int warm = 0; warm < 2; ++warm) {  // first messages pay for buffer growth on both ends
+        const uint64_t id = next_id_++;
+        TD_TRY(conn_->send_msg(net::MsgType::echo, id, out, kProbeTimeoutMs));
+        net::FrameHeader h;
+        TD_TRY(recv_frame(*conn_, h, in, kProbeTimeoutMs, address_));
+    }
+    while (times.size() < static_cast<size_t>(kMinRounds) ||
+           (seconds_since(t0) * 1000.0 < budget_ms && times.size() < 100000)) {
+        const uint64_t id = next_id_++;
+        const auto t1 = Clock::now();
+        TD_TRY(conn_->send_msg(net::MsgType::echo, id, out, kProbeTimeoutMs));
+        net::FrameHeader h;
+        TD_TRY(recv_frame(*conn_, h, in, kProbeTimeoutMs, address_));
+        times.push_back(seconds_since(t1));
+        if (h.type != static_cast<uint16_t>(net::MsgType::echo_reply) || h.request_id != id ||
+            in.size() != bytes || (bytes > 0 && in[bytes - 1] != out[bytes - 1]))
+            return invalid_input("worker {}: a wrong echo ({} of {} bytes, request {} for {})", address_,
+                                 in.size(), bytes, h.request_id, id);
+    }
+    net::LinkSample s = summarize(bytes, 0, times);
+    s.gbps = s.p50 > 0 ? 2.0 * static_cast<double>(bytes) / s.p50 / 1e9 : 0.0;
+    return s;
+}
+
+Result<net::LinkSample> ProbeClient::stream(uint64_t bytes, int budget_ms) {
+    if (bytes > net::kMaxEchoPayload)
+        return invalid_input("netbench: {} bytes exceeds the echo limit", bytes);
+    std::vector<uint8_t> out(bytes, 0x5a), in;
+    constexpr size_t kWindow = 2;  // messages in flight: the link never idles waiting for an ack
+    const size_t min_count = 4;
+    std::vector<double> gaps;
+    size_t sent = 0, acked = 0;
+    auto recv_ack = [&]() -> Status {
+        net::FrameHeader h;
+        TD_TRY(recv_frame(*conn_, h, in, kProbeTimeoutMs, address_));
+        uint64_t n = 0;
+        if (h.type != static_cast<uint16_t>(net::MsgType::echo_reply) || in.size() != 8)
+            return invalid_input("worker {}: a wrong stream acknowledgement", address_);
+        std::memcpy(&n, in.data(), 8);
+        if (n != bytes) return invalid_input("worker {}: acknowledged {} of {} bytes", address_, n, bytes);
+        ++acked;
+        return {};
+    };
+    const auto t0 = Clock::now();
+    auto last = t0;
+    while (sent < min_count || seconds_since(t0) * 1000.0 < budget_ms) {
+        TD_TRY(conn_->send(net::MsgType::echo, next_id_++, net::kEchoSink,
+                           std::span<const std::span<const uint8_t>>(
+                               std::vector<std::span<const uint8_t>>{std::span<const uint8_t>(out)}),
+                           kProbeTimeoutMs));
+        ++sent;
+        if (sent - acked >= kWindow) {
+            TD_TRY(recv_ack());
+            const auto now = Clock::now();
+            gaps.push_back(std::chrono::duration<double>(now - last).count());
+            last = now;
+        }
+    }
+    while (acked < sent) {
+        TD_TRY(recv_ack());
+        const auto now = Clock::now();
+        gaps.push_back(std::chrono::duration<double>(now - last).count());
+        last = now;
+    }
+    const double total = seconds_since(t0);
+    net::LinkSample s = summarize(bytes, 1, gaps);
+    s.count = static_cast<uint32_t>(sent);
+    s.gbps = total > 0 ? static_cast<double>(bytes) * static_cast<double>(sent) / total / 1e9 : 0.0;
+    return s;
+}
+
+Result<std::vector<net::LinkSample>> ProbeClient::measure_link(const LinkOptions &options) {
+    std::vector<net::LinkSample> out;
+    for (uint64_t b : options.rtt_sizes) {
+        TD_ASSIGN_OR_RETURN(net::LinkSample s, round_trips(b, options.budget_ms));
+        out.push_back(s);
+    }
+    for (uint64_t b : options.stream_sizes) {
+        TD_ASSIGN_OR_RETURN(net::LinkSample s, stream(b, options.budget_ms));
+        out.push_back(s);
+    }
+    return out;
+}
+
+Result<net::ProbeComputeReply> ProbeClient::compute(const net::ProbeCompute &request) {
+    const uint64_t id = next_id_++;
+    TD_TRY(send_control(*conn_, net::MsgType::probe_compute, request, id));
+    // Each point runs for about budget_ms (a big matrix at many rows for one call, which may take longer).
+    const int64_t points = static_cast<int64_t>(request.matrices.size() * request.rows.size());
+    const int timeout_ms = static_cast<int>(std::min<int64_t>(
+        INT32_MAX / 2, 60000 + points * (static_cast<int64_t>(request.budget_ms) * 3 + 2000)));
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(*conn_, net::MsgType::probe_compute_reply, payload, timeout_ms,
+                       fmt::format("worker {}", address_)));
+    TD_ASSIGN_OR_RETURN(net::ProbeComputeReply r, net::decode_probe_compute_reply(payload));
+    if (r.seconds.size() != static_cast<size_t>(points))
+        return invalid_input("worker {}: {} compute timings for {} points", address_, r.seconds.size(),
+                             points);
+    return r;
+}
+
+Result<std::vector<net::LinkSample>> ProbeClient::link_to(const std::string &target,
+                                                          const LinkOptions &options) {
+    net::ProbeLink m;
+    m.address = target;
+    m.budget_ms = static_cast<uint32_t>(std::clamp(options.budget_ms, 1, int(net::kMaxProbeBudgetMs)));
+    m.rtt_sizes = options.rtt_sizes;
+    m.stream_sizes = options.stream_sizes;
+    const uint64_t id = next_id_++;
+    TD_TRY(send_control(*conn_, net::MsgType::probe_link, m, id));
+    const int n = static_cast<int>(m.rtt_sizes.size() + m.stream_sizes.size());
+    const int timeout_ms = 15000 + n * (static_cast<int>(m.budget_ms) * 2 + 3 * kProbeTimeoutMs);
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(*conn_, net::MsgType::probe_link_reply, payload, timeout_ms,
+                       fmt::format("worker {} measuring its link to {}", address_, target)));
+    TD_ASSIGN_OR_RETURN(net::ProbeLinkReply r, net::decode_probe_link_reply(payload));
+    return r.samples;
+}
+
+double link_latency_seconds(const std::vector<net::LinkSample> &samples) {
+    const net::LinkSample *best = nullptr;
+    for (const net::LinkSample &s : samples)
+        if (s.mode == 0 && (best == nullptr || s.bytes < best->bytes)) best = &s;
+    return best == nullptr ? 0.0 : best->p50 / 2.0;
+}
+
+double link_bytes_per_second(const std::vector<net::LinkSample> &samples) {
+    const net::LinkSample *best = nullptr;
+    for (const net::LinkSample &s : samples)
+        if (s.mode == 1 && (best == nullptr || s.bytes > best->bytes)) best = &s;
+    if (best != nullptr) return best->gbps * 1e9;
+    for (const net::LinkSample &s : samples)  // no stream: the largest round trip (both ways)
+        if (s.mode == 0 && (best == nullptr || s.bytes > best->bytes)) best = &s;
+    return best == nullptr ? 0.0 : best->gbps * 1e9;
+}
+
+// ---- the worker's side -------------------------------------------------------------------------------
+
+double measure_read_bytes_per_second(ThreadPool &pool, size_t bytes, int passes) {
+    const int nth = pool.n_threads();
+    const size_t per = (bytes / static_cast<size_t>(nth)) & ~size_t{63};
+    if (per == 0) return 0.0;
+    AlignedBuffer buf = aligned_buffer(per * static_cast<size_t>(nth));
+    if (!buf) return 0.0;
+    std::memset(buf.get(), 1, per * static_cast<size_t>(nth));  // fault the pages in
+    std::vector<uint64_t> sink(static_cast<size_t>(nth));
+    double best = 0.0;
+    for (int pass = 0; pass < std::max(1, passes); ++pass) {
+        const auto t0 = Clock::now();
+        pool.run([&](int ith, int) {
+            const uint64_t *p =
+                reinterpret_cast<const uint64_t *>(buf.get() + per * static_cast<size_t>(ith));
+            uint64_t a = 0, b = 0, c = 0, d = 0;  // four chains, so the adds are not what limits
+            for (size_t i = 0; i + 4 <= per / 8; i += 4) {
+                a += p[i];
+                b += p[i + 1];
+                c += p[i + 2];
+                d += p[i + 3];
+            }
+            sink[static_cast<size_t>(ith)] += a + b + c + d;
+        });
+        const double s = seconds_since(t0);
+        if (s > 0) best = std::max(best, static_cast<double>(per) * nth / s);
+    }
+    volatile uint64_t keep = sink[0];  // the sums must not be optimised away
+    (void)keep;
+    return best;
+}
+
+size_t default_probe_working_set() {
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (l3 <= 0) {
+        std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");  // "32768K"
+        long v = 0;
+        char unit = 0;
+        if (in >> v >> unit) l3 = unit == 'M' ? v << 20 : v << 10;
+    }
+    const size_t ws = std::max<size_t>(size_t{64} << 20, 4 * static_cast<size_t>(std::max(0L, l3)));
+    return std::min<size_t>(ws, net::kMaxProbeWorkingSet);
+}
+
+Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &request, ThreadPool &pool) {
+    net::ProbeComputeReply reply;
+    reply.n_threads = static_cast<uint32_t>(pool.n_threads());
+    const size_t ws = request.working_set > 0 ? request.working_set : default_probe_working_set();
+    reply.read_gbps = measure_read_bytes_per_second(pool, ws) / 1e9;
+    uint32_t max_rows = 1;
+    for (uint32_t r : request.rows) max_rows = std::max(max_rows, r);
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<uint8_t> scratch;
+    for (const net::ProbeMatrix &m : request.matrices) {
+        if (!dtype_is_known(m.dtype)) return invalid_input("probe_compute: unknown type {}", m.dtype);
+        const DType type = static_cast<DType>(m.dtype);
+        const DTypeTraits &tr = dtype_traits(type);
+        const kernels::TypeKernels *k = kernels::type_kernels(type);
+        if (!tr.supported || k == nullptr || k->from_float == nullptr)
+            return invalid_input("probe_compute: no kernels for {}", tr.name);
+        if (m.n_in % tr.block_size != 0)
+            return invalid_input("probe_compute: {} rows of {} elements are not whole {} blocks", m.n_out,
+                                 m.n_in, tr.name);
+        const size_t row_bytes = dtype_row_bytes(type, m.n_in);
+        const uint64_t mat_bytes = static_cast<uint64_t>(row_bytes) * m.n_out;
+        if (mat_bytes > net::kMaxProbeMatrixBytes)
+            return invalid_input("probe_compute: a {} x {} {} matrix is {} bytes, limit {}", m.n_out, m.n_in,
+                                 tr.name, mat_bytes, net::kMaxProbeMatrixBytes);
+        // Copies that together exceed the working set, so every call reads its weights from memory.
+        const size_t copies =
+            std::clamp<size_t>((ws + mat_bytes - 1) / std::max<uint64_t>(mat_bytes, 1), 1, 256);
+        AlignedBuffer buf = aligned_buffer(copies * mat_bytes);
+        if (!buf)
+            return make_error(ErrorKind::overloaded, "probe_compute: cannot allocate {} bytes",
+                              copies * mat_bytes);
+        // A few distinct quantized rows repeated: the values do not matter for speed, only their validity.
+        const uint32_t n_seed = std::min<uint32_t>(m.n_out, 16);
+        std::vector<float> src(m.n_in);
+        for (uint32_t r = 0; r < n_seed; ++r) {
+            for (float &v : src) v = dist(rng);
+            k->from_float(src.data(), buf.get() + r * row_bytes, m.n_in);
+        }
+        for (uint32_t r = n_seed; r < m.n_out; ++r)
+            std::memcpy(buf.get() + r * row_bytes, buf.get() + (r % n_seed) * row_bytes, row_bytes);
+        const bool pack = kernels::packable(type, m.n_in, m.n_out) && kernels::pack_pays(type);
+        if (pack) {
+            AlignedBuffer packed = aligned_buffer(mat_bytes);
+            kernels::pack_rows(type, buf.get(), m.n_in, m.n_out, packed.get());
+            std::memcpy(buf.get(), packed.get(), mat_bytes);
+        }
+        for (size_t c = 1; c < copies; ++c) std::memcpy(buf.get() + c * mat_bytes, buf.get(), mat_bytes);
+        std::vector<TensorView> views(copies);
+        for (size_t c = 0; c < copies; ++c) {
+            TensorView &w = views[c];
+            w.name = "probe";
+            w.type = type;
+            w.n_dims = 2;
+            w.ne[0] = m.n_in;
+            w.ne[1] = m.n_out;
+            w.data = buf.get() + c * mat_bytes;  // timing only: with packing, data holds the packed bytes too
+            w.packed = pack ? w.data : nullptr;
+        }
+        std::vector<float> x(static_cast<size_t>(max_rows) * m.n_in),
+            y(static_cast<size_t>(max_rows) * m.n_out);
+        for (float &v : x) v = dist(rng);
+        for (uint32_t rows : request.rows) {
+            kernels::matmul(views[0], x.data(), y.data(), rows, pool, scratch);  // warm-up (scratch, code)
+            size_t calls = 0;
+            const auto t0 = Clock::now();
+            double s = 0.0;
+            do {
+                kernels::matmul(views[(calls + 1) % copies], x.data(), y.data(), rows, pool, scratch);
+                ++calls;
+                s = seconds_since(t0);
+            } while (s * 1000.0 < request.budget_ms);
+            reply.seconds.push_back(s / static_cast<double>(calls));
+        }
+    }
+    if (request.ops.n_embd > 0) time_row_ops(request.ops, request.budget_ms, pool, reply);
+    return reply;
+}
+
+Status accept_probe(net::Connection &conn, const std::string &name) {
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(conn, net::MsgType::hello, payload, kControlTimeoutMs, conn.peer()));
+    TD_ASSIGN_OR_RETURN(net::Hello hello, net::decode_hello(payload));
+    net::HelloReply r;
+    r.build_id = build_id();
+    r.node_name = name;
+    r.n_threads = 1;
+    TD_TRY(send_control(conn, net::MsgType::hello_reply, r));
+    if (hello.protocol_version != net::kProtocolVersion || hello.role != net::ConnRole::probe)
+        return invalid_input("{} speaks protocol {} (role {}), this build speaks {} (probe)", conn.peer(),
+                             hello.protocol_version, static_cast<uint32_t>(hello.role),
+                             net::kProtocolVersion);
+    return {};
+}
+
+void serve_probe(net::Connection &conn, int default_threads) {
+    const std::string peer = conn.peer();
+    net::FrameHeader h;
+    std::vector<uint8_t> payload, reply;
+    std::unique_ptr<ThreadPool> pool;
+    for (;;) {
+        Status s = conn.recv(h, payload, -1);
+        if (!s.ok()) {
+            if (s.kind() != ErrorKind::disconnected)
+                log_warn("probe connection from {}: {}", peer, s.message());
+            break;
+        }
+        const auto type = static_cast<net::MsgType>(h.type);
+        Status rs;
+        if (type == net::MsgType::echo) {
+            if (h.flags & net::kEchoSink) {
+                const uint64_t n = payload.size();
+                reply.resize(8);
+                std::memcpy(reply.data(), &n, 8);
+                rs = conn.send_msg(net::MsgType::echo_reply, h.request_id, reply, kProbeTimeoutMs);
+            } else {
+                rs = conn.send_msg(net::MsgType::echo_reply, h.request_id, payload, kProbeTimeoutMs);
+            }
+        } else if (type == net::MsgType::probe_compute) {
+            auto req = net::decode_probe_compute(payload);
+            if (req.ok()) {
+                const int nth = req->n_threads > 0 ? static_cast<int>(req->n_threads) : default_threads;
+                if (!pool || pool->n_threads() != nth) pool = std::make_unique<ThreadPool>(nth);
+                auto r = run_compute_probe(*req, *pool);
+                rs = r.ok() ? send_control(conn, net::MsgType::probe_compute_reply, *r, h.request_id)
+                            : r.status();
+            } else {
+                rs = req.status();
+            }
+        } else if (type == net::MsgType::probe_link) {
+            // TODO(security): any peer may make this worker connect to an address it names; the cluster
+            // secret (authenticated handshakes) will confine probes to the cluster's own members.
+            auto req = net::decode_probe_link(payload);
+            Result<std::vector<net::LinkSample>> r = req.status();
+            if (req.ok()) {
+                auto c = ProbeClient::connect(req->address);
+                LinkOptions o;
+                if (c.ok()) {
+                    o.rtt_sizes = req->rtt_sizes;
+                    o.stream_sizes = req->stream_sizes;
+                    o.budget_ms = static_cast<int>(req->budget_ms);
+                    r = (*c)->measure_link(o);
+                } else {
+                    r = c.status();
+                }
+            }
+            if (r.ok()) {
+                net::ProbeLinkReply m;
+                m.samples = std::move(r).value();
+                rs = send_control(conn, net::MsgType::probe_link_reply, m, h.request_id);
+            } else {
+                rs = r.status();
+            }
+        } else if (type == net::MsgType::error) {
+            break;
+        } else {
+            rs = invalid_input("unexpected {} message on a probe connection", net::msg_type_name(type));
+        }
+        if (!rs.ok()) {
+            log_warn("probe connection from {}: {}", peer, rs.message());
+            send_error(conn, rs);
+            if (rs.kind() == ErrorKind::disconnected) break;
+            if (type != net::MsgType::probe_compute && type != net::MsgType::probe_link) break;
+        }
+    }
+    conn.close();
+}
+
+}  // namespace td::cluster
