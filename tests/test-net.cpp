@@ -89,6 +89,10 @@ Status decode_any(MsgType type, std::span<const uint8_t> p) {
             return decode_probe_link(p).status();
         case MsgType::probe_link_reply:
             return decode_probe_link_reply(p).status();
+        case MsgType::auth_challenge:
+            return decode_auth_challenge(p).status();
+        case MsgType::auth_proof:
+            return decode_auth_proof(p).status();
     }
     return invalid_input("unknown type");
 }
@@ -100,6 +104,7 @@ Hello sample_hello() {
     m.role = ConnRole::data;
     m.build_id = "0.1.0-abc123";
     m.node_name = "10.0.0.2:9100";
+    for (size_t i = 0; i < m.nonce.size(); ++i) m.nonce[i] = static_cast<uint8_t>(i * 7 + 1);
     return m;
 }
 HelloReply sample_hello_reply() {
@@ -250,6 +255,13 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
     add(MsgType::probe_link, ProbeLink{"10.0.0.3:9000", 50, {64, 4096}, {1u << 20}});
     add(MsgType::probe_link_reply, ProbeLinkReply{{LinkSample{64, 0, 100, 4e-5, 5e-5, 9e-5, 2e-4, 0.003},
                                                    LinkSample{1u << 20, 1, 8, 1e-3, 1e-3, 2e-3, 2e-3, 1.1}}});
+    AuthChallenge ch;
+    ch.nonce.fill(0x11);
+    ch.proof.fill(0x22);
+    add(MsgType::auth_challenge, ch);
+    AuthProof pr;
+    pr.proof.fill(0x33);
+    add(MsgType::auth_proof, pr);
     return v;
 }
 
@@ -348,6 +360,7 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(hello->role, ConnRole::data);
     EXPECT_EQ(hello->build_id, "0.1.0-abc123");
     EXPECT_EQ(hello->node_name, "10.0.0.2:9100");
+    EXPECT_EQ(hello->nonce, sample_hello().nonce);
 
     b.clear();
     encode(sample_hello_reply(), b);

@@ -2,6 +2,7 @@
 // layouts ranked the way the numbers say, described clusters parsed with errors that name the field, and
 // doctor's checks against fake /proc and /sys trees (missing files included).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -405,6 +406,9 @@ TEST(HostCheck, AWellTunedHostIsOk) {
     o.root = root.path();
     o.read_gbps = 190;
     o.cpu_model = "AMD RYZEN AI MAX+ 395 w/ Radeon 8060S";
+    put(root, "cluster.secret", "0123456789abcdef0123456789abcdef\n");
+    ::chmod((root.path() + "/cluster.secret").c_str(), 0600);
+    o.secret_path = root.path() + "/cluster.secret";
     for (const HostCheck &c : run_host_checks(o))
         EXPECT_EQ(c.status, CheckStatus::ok) << c.name << ": " << c.detail;
 }
@@ -439,6 +443,9 @@ TEST(HostCheck, EachProblemWarnsWithTheCommandThatFixesIt) {
     o.interface = "enp1s0";
     o.read_gbps = 60;
     o.cpu_model = "AMD RYZEN AI MAX+ 395 w/ Radeon 8060S";
+    put(root, "cluster.secret", "0123456789abcdef0123456789abcdef\n");
+    ::chmod((root.path() + "/cluster.secret").c_str(), 0644);
+    o.secret_path = root.path() + "/cluster.secret";
     const auto checks = run_host_checks(o);
     for (const HostCheck &c : checks) {
         EXPECT_EQ(c.status, CheckStatus::warn) << c.name << ": " << c.detail;
@@ -451,6 +458,9 @@ TEST(HostCheck, EachProblemWarnsWithTheCommandThatFixesIt) {
               "sudo sysctl -w net.ipv4.tcp_wmem=\"4096 16384 16777216\"");
     EXPECT_NE(find(checks, "MTU").fix.find("mtu 9000"), std::string::npos);
     EXPECT_NE(find(checks, "memory bandwidth").detail.find("about 200 GB/s"), std::string::npos);
+    EXPECT_EQ(find(checks, "cluster secret").fix, "chmod 600 " + o.secret_path);
+    o.secret_path = root.path() + "/missing.secret";
+    EXPECT_NE(find(run_host_checks(o), "cluster secret").fix.find("start `tandem worker` once"), std::string::npos);
 }
 
 TEST(HostCheck, GarbageInTheFilesIsCannotTell) {

@@ -17,6 +17,7 @@ namespace td::cluster {
 namespace {
 
 using test::TempDir;
+using test::test_secret;
 using test::WorkerProcess;
 
 const std::string kModel = "models/stories260K.gguf";
@@ -33,7 +34,7 @@ TEST(Probe, RoundTripsAndStreams) {
     TempDir dir;
     WorkerProcess w(dir.file("cache"));
     ASSERT_TRUE(w.running()) << w.log();
-    auto c = ProbeClient::connect(w.address());
+    auto c = ProbeClient::connect(w.address(), test_secret());
     ASSERT_TRUE(c.ok()) << c.status().message();
     EXPECT_EQ((*c)->hello().n_threads, 1u);
     auto s = (*c)->measure_link(small_link());
@@ -56,7 +57,7 @@ TEST(Probe, RoundTripsAndStreams) {
 TEST(Probe, ComputeProbeTimesEveryPointAndRefusesBadShapes) {
     TempDir dir;
     WorkerProcess w(dir.file("cache"));
-    auto c = ProbeClient::connect(w.address());
+    auto c = ProbeClient::connect(w.address(), test_secret());
     ASSERT_TRUE(c.ok()) << c.status().message();
     net::ProbeCompute req;
     req.budget_ms = 2;
@@ -88,7 +89,7 @@ TEST(Probe, ComputeProbeTimesEveryPointAndRefusesBadShapes) {
 TEST(Probe, AWorkerMeasuresItsLinkToAnother) {
     TempDir dir;
     WorkerProcess a(dir.file("a")), b(dir.file("b"));
-    auto c = ProbeClient::connect(a.address());
+    auto c = ProbeClient::connect(a.address(), test_secret());
     ASSERT_TRUE(c.ok());
     auto s = (*c)->link_to(b.address(), small_link());
     ASSERT_TRUE(s.ok()) << s.status().message();
@@ -101,9 +102,9 @@ TEST(Probe, AWorkerMeasuresItsLinkToAnother) {
 TEST(Probe, AnotherProtocolVersionIsRefusedWithBoth) {
     TempDir dir;
     WorkerProcess w(dir.file("cache"), 0, "", {"TANDEM_PROTOCOL_VERSION_OVERRIDE=2"});
-    auto c = ProbeClient::connect(w.address());
+    auto c = ProbeClient::connect(w.address(), test_secret());
     ASSERT_FALSE(c.ok());
-    EXPECT_NE(c.status().message().find("speaks protocol 2, this build speaks 3"), std::string::npos)
+    EXPECT_NE(c.status().message().find("speaks protocol 2, this build speaks 4"), std::string::npos)
         << c.status().message();
 }
 
@@ -112,8 +113,8 @@ TEST(DelayRelay, AddsItsDelayToEveryRoundTrip) {
     WorkerProcess w(dir.file("cache"));
     auto relay = net::DelayRelay::start("127.0.0.1", 0, w.address(), 3000);
     ASSERT_TRUE(relay.ok()) << relay.status().message();
-    auto direct = ProbeClient::connect(w.address());
-    auto via = ProbeClient::connect((*relay)->address());
+    auto direct = ProbeClient::connect(w.address(), test_secret());
+    auto via = ProbeClient::connect((*relay)->address(), test_secret());
     ASSERT_TRUE(direct.ok() && via.ok());
     const LinkOptions o = small_link(60);
     auto sd = (*direct)->measure_link(o), sv = (*via)->measure_link(o);
@@ -185,7 +186,7 @@ TEST(PlanDelay, ADelayedLinkMovesThePredictionAndTheRecommendationLikeTheMeasure
     o.predict.n_gen = 32;
     // Predicted tokens/s of b alone (through the relay) and of a alone, and the recommended flags.
     auto plan_now = [&](double *pa, double *pb, std::string *rec) {
-        auto spec = measure_cluster({a.address(), via}, *shape, o, {});
+        auto spec = measure_cluster({a.address(), via}, *shape, o, test_secret(), {});
         ASSERT_TRUE(spec.ok()) << spec.status().message();
         const Plan p = make_plan(*shape, *spec, o);
         for (const PlanEntry &e : p.batches[0].entries) {

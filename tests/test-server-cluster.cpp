@@ -159,5 +159,29 @@ TEST_F(ServerCluster, ServeCommandNamesAnUnreachableWorker) {
     EXPECT_NE(r.err.find("127.0.0.1:" + std::to_string(dead_port)), std::string::npos) << r.err;
 }
 
+TEST_F(ServerCluster, ApiKeyFromAFile) {
+    test::TempDir dir;
+    const std::string key_file = dir.file("api.key");
+    std::ofstream(key_file) << "  from-a-file-0123 \nsecond line ignored\n";
+    test::ChildProcess serve;
+    serve.start({"serve", "-m", test::shared_path(k_model), "--port", "0", "--api-key-file", key_file},
+                "listening on http://127.0.0.1:");
+    ASSERT_TRUE(serve.running()) << serve.log();
+    httplib::Client c("127.0.0.1", std::stoi(serve.ready_text()));
+    wait_health(c, 200, std::chrono::seconds(30));
+    auto r = c.Get("/v1/models");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+    r = c.Get("/v1/models", {{"Authorization", "Bearer from-a-file-0123"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    // An empty file would switch the check off: refused.
+    std::ofstream(dir.file("empty.key")) << "\n";
+    auto bad = test::run_tandem({"serve", "-m", test::shared_path(k_model), "--port", "0", "--api-key-file",
+                                 dir.file("empty.key")});
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("empty"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace td::server

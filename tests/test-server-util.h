@@ -87,6 +87,7 @@ public:
         return [workers, tp](std::shared_ptr<const Model> model, const ContextParams &cp,
                              ThreadPool &) -> Result<std::unique_ptr<Engine>> {
             cluster::ClusterOptions co;
+            co.secret = test::test_secret();
             co.workers = workers;
             if (tp)
                 co.tp = 2;

@@ -84,6 +84,7 @@ GenRun local(std::shared_ptr<const Model> model, const SamplerParams &sp, int32_
 ClusterOptions tp_options(const std::vector<WorkerProcess *> &workers, int32_t tp, const std::string &layout = "") {
     static test::TempDir stage_dir;  // the head's slice files, fresh for this test binary
     ClusterOptions o;
+    o.secret = test::test_secret();
     o.stage_dir = stage_dir.path();
     for (const WorkerProcess *w : workers) o.workers += (o.workers.empty() ? "" : ",") + w->address();
     o.tp = tp;
@@ -384,6 +385,7 @@ TEST(TpCluster, LayoutErrorsNameTheProblem) {
     REQUIRE_MODEL();
     auto model = load_model();
     ClusterOptions o;
+    o.secret = test::test_secret();
     o.workers = "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3";
     o.tp = 2;
     auto e = ClusterEngine::create(model, o);

@@ -5,7 +5,19 @@
 #include <filesystem>
 #include <string>
 
+#include "net/auth.h"
+
 namespace td::test {
+
+// The cluster secret of the build tree's tests (TD_TEST_SECRET, also in every test's TANDEM_SECRET_FILE, so
+// the tandem processes a test starts hold the same).
+inline const net::ClusterSecret &test_secret() {
+    static const net::ClusterSecret secret = [] {
+        auto s = net::ClusterSecret::load(TD_TEST_SECRET);
+        return s.ok() ? *s : net::ClusterSecret::from_bytes("tandem-test-secret-not-found");
+    }();
+    return secret;
+}
 
 // ../shared (or $TANDEM_SHARED_DIR): models/, reference/, vocab/.
 inline std::string shared_dir() {

@@ -25,7 +25,7 @@ Status choose_layout(const Model &model, const ContextParams &params, int32_t n_
     po.probe_ms = 10;
     po.n_threads = n_threads;
     std::fprintf(stderr, "tandem: --layout auto: measuring %zu workers and their links\n", workers.size());
-    TD_ASSIGN_OR_RETURN(cluster::ClusterSpec spec, cluster::measure_cluster(workers, shape, po, {}));
+    TD_ASSIGN_OR_RETURN(cluster::ClusterSpec spec, cluster::measure_cluster(workers, shape, po, co.secret, {}));
     const cluster::Plan plan = cluster::make_plan(shape, spec, po);
     const cluster::PlanBatch &pb = plan.batches[0];
     if (pb.recommended < 0)
@@ -99,6 +99,7 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
         ->default_val(0)
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--stats", flags.stats, "Print per-node and per-link counters at the end (cluster)");
+    add_secret_flag(cmd, flags.secret_file);
     cmd->add_flag("--no-repack", flags.no_repack,
                   "Keep the weights in the GGUF's row layout instead of packing them for the fast kernels "
                   "(the packed copy is cached in "
@@ -119,6 +120,7 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     if (!flags.layers.empty() && !flags.split.empty())
         return invalid_input("give either --layers or --split, not both");
     cluster::ClusterOptions co;
+    TD_ASSIGN_OR_RETURN(co.secret, load_cluster_secret(flags.secret_file));
     co.workers = flags.workers;
     co.layers = flags.layers;
     co.split = flags.split;

@@ -26,6 +26,7 @@ struct ClusterFlags {
     int32_t chunk_rows = 0;   // rows per message of a long step (0: chosen from the stages and the step)
     bool stats = false;
     bool no_repack = false;  // keep q4_0 matrices in the GGUF's row layout (no packed copy)
+    std::string secret_file;  // --secret-file; "": net::default_secret_path()
 };
 
 void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags);

@@ -23,6 +23,7 @@ struct DoctorOptions {
     std::string root = "/";
     std::string workers;
     bool no_bandwidth = false;
+    std::string secret_file;
 };
 
 std::string cpu_model_name(const std::string &root) {
@@ -40,6 +41,7 @@ int doctor_main(const DoctorOptions &opt) {
     cluster::HostCheckOptions ho;
     ho.root = opt.root;
     ho.cpu_model = cpu_model_name(opt.root);
+    ho.secret_path = opt.secret_file.empty() ? net::default_secret_path() : opt.secret_file;
     if (!opt.workers.empty()) {
         auto list = cluster::parse_worker_list(opt.workers);
         if (!list.ok()) return fail(list.status());
@@ -87,6 +89,7 @@ void register_doctor(CLI::App &app, Runners &runners) {
     cmd->add_option("--root", opt->root, "Read proc/ and sys/ below this directory (for tests)")
         ->default_val("/");
     cmd->add_flag("--no-bandwidth", opt->no_bandwidth, "Skip the memory bandwidth measurement");
+    add_secret_flag(cmd, opt->secret_file);
     runners.push_back([cmd, opt] { return cmd->parsed() ? doctor_main(*opt) : -1; });
 }
 

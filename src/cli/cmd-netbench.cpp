@@ -24,6 +24,7 @@ struct NetbenchOptions {
     bool json = false;
     int budget_ms = 200;
     std::string wire = "f16";
+    std::string secret_file;
 };
 
 std::string size_label(uint64_t b) {
@@ -62,7 +63,9 @@ int netbench_main(const NetbenchOptions &opt) {
         for (const auto &[b, what] : model_sizes) lo.rtt_sizes.push_back(b);
         std::sort(lo.rtt_sizes.begin(), lo.rtt_sizes.end());
     }
-    auto client = cluster::ProbeClient::connect(opt.address);
+    auto secret = load_cluster_secret(opt.secret_file);
+    if (!secret.ok()) return fail(secret.status());
+    auto client = cluster::ProbeClient::connect(opt.address, *secret);
     if (!client.ok()) return fail(client.status());
     auto samples = (*client)->measure_link(lo);
     if (!samples.ok()) return fail(samples.status());
@@ -129,6 +132,7 @@ void register_netbench(CLI::App &app, Runners &runners) {
         ->check(CLI::Range(1, 2000));
     cmd->add_option("--wire", opt->wire, "Activation type for the model's sizes: f32, f16, q8_0")
         ->default_val("f16");
+    add_secret_flag(cmd, opt->secret_file);
     runners.push_back([cmd, opt] { return cmd->parsed() ? netbench_main(*opt) : -1; });
 }
 

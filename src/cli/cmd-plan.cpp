@@ -33,6 +33,7 @@ struct PlanCliOptions {
     int32_t n_gen = 128;
     int probe_ms = 20;
     bool no_contention = false;
+    std::string secret_file;
 };
 
 // Shapes of well-known models, for planning without a file.
@@ -137,7 +138,9 @@ int plan_main(const PlanCliOptions &opt) {
     } else if (!opt.workers.empty()) {
         auto list = cluster::parse_worker_list(opt.workers);
         if (!list.ok()) return fail(list.status());
-        spec = cluster::measure_cluster(*list, *shape, po, [&](const std::string &s) {
+        auto secret = load_cluster_secret(opt.secret_file);
+        if (!secret.ok()) return fail(secret.status());
+        spec = cluster::measure_cluster(*list, *shape, po, *secret, [&](const std::string &s) {
             if (!opt.json) std::fprintf(stderr, "tandem plan: %s\n", s.c_str());
         });
     }
@@ -185,6 +188,7 @@ void register_plan(CLI::App &app, Runners &runners) {
         ->default_val(20)
         ->check(CLI::Range(1, 2000));
     cmd->add_flag("--no-contention", opt->no_contention, "Do not measure nodes of one host together");
+    add_secret_flag(cmd, opt->secret_file);
     runners.push_back([cmd, opt] { return cmd->parsed() ? plan_main(*opt) : -1; });
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -21,6 +22,18 @@
 namespace td::cli {
 namespace {
 
+// The first line of `path`, trimmed; an empty key is refused (it would switch the check off).
+Result<std::string> read_api_key_file(const std::string &path) {
+    std::ifstream in(path);
+    if (!in) return make_error(ErrorKind::io, "{}: cannot read the API key file", path);
+    std::string line;
+    std::getline(in, line);
+    const size_t a = line.find_first_not_of(" \t\r");
+    const size_t b = line.find_last_not_of(" \t\r");
+    if (a == std::string::npos) return invalid_input("{}: the API key file's first line is empty", path);
+    return line.substr(a, b - a + 1);
+}
+
 struct ServeOptions {
     std::string model;
     std::string host = "127.0.0.1";
@@ -32,6 +45,7 @@ struct ServeOptions {
     int32_t max_queue = -1;
     int http_threads = 0;
     std::string api_key;
+    std::string api_key_file;
     std::string alias;
     std::string kv_type = "f16";
     std::string chat_template;
@@ -71,6 +85,12 @@ int serve_main(const ServeOptions &opt) {
     hp.host = opt.host;
     hp.port = opt.port;
     hp.api_key = opt.api_key;
+    if (!opt.api_key_file.empty()) {
+        if (!opt.api_key.empty()) return fail(invalid_input("give --api-key or --api-key-file, not both"));
+        auto key = read_api_key_file(opt.api_key_file);
+        if (!key.ok()) return fail(key.status());
+        hp.api_key = *key;
+    }
     hp.model_id = opt.alias.empty() ? std::filesystem::path(*path).stem().string() : opt.alias;
     hp.read_timeout_s = 30;
     hp.write_timeout_s = opt.timeout_s;
@@ -157,6 +177,8 @@ void register_serve(CLI::App &app, Runners &runners) {
         ->default_val(0);
     cmd->add_option("--timeout", opt->timeout_s, "Seconds a write to a client may block")->default_val(600);
     cmd->add_option("--api-key", opt->api_key, "Require 'Authorization: Bearer KEY' (except /health)");
+    cmd->add_option("--api-key-file", opt->api_key_file,
+                    "Read the API key from this file (its first line), so it is not on the command line");
     cmd->add_option("--alias", opt->alias, "Model id in the API (default: the file name without .gguf)");
     cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
     cmd->add_option("--chat-template", opt->chat_template, "Chat template name (default: the model's)");

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cluster/worker.h"
+#include "net/auth.h"
 #include "net/transport.h"
 
 namespace td::cli {
@@ -18,6 +19,7 @@ struct WorkerCliOptions {
     std::string model;
     std::string cache_dir;
     bool no_repack = false;
+    std::string secret_file;
 };
 
 int worker_main(const WorkerCliOptions &opt) {
@@ -29,6 +31,18 @@ int worker_main(const WorkerCliOptions &opt) {
     wo.cache_dir = opt.cache_dir.empty() ? tandem_cache_dir() + "/stages" : opt.cache_dir;
     // Packed weights beside the stage files when --cache-dir is given, else in the user cache.
     wo.pack_dir = opt.no_repack ? "" : opt.cache_dir.empty() ? pack_dir(false) : opt.cache_dir + "/packed";
+    const std::string secret_path = opt.secret_file.empty() ? net::default_secret_path() : opt.secret_file;
+    bool created = false;
+    auto secret = net::ClusterSecret::load_or_create(secret_path, &created);
+    if (!secret.ok()) return fail(secret.status());
+    wo.secret = std::move(secret).value();
+    if (created)
+        std::fprintf(stderr,
+                     "tandem worker: created the cluster secret %s; copy it (mode 600) to the head and every "
+                     "other worker, at the same path or with --secret-file\n",
+                     secret_path.c_str());
+    else
+        std::fprintf(stderr, "tandem worker: cluster secret %s\n", secret_path.c_str());
     auto worker = cluster::Worker::create(wo);
     if (!worker.ok()) return fail(worker.status());
     std::fprintf(stderr, "tandem worker listening on %s\n", (*worker)->address().c_str());
@@ -54,6 +68,7 @@ void register_worker(CLI::App &app, Runners &runners) {
         "--no-repack", opt->no_repack,
         "Keep the weights in the GGUF's row layout instead of packing them for the fast kernels (packed "
         "copies are cached in the cache dir)");
+    add_secret_flag(cmd, opt->secret_file);
     runners.push_back([cmd, opt] { return cmd->parsed() ? worker_main(*opt) : -1; });
 }
 

@@ -103,4 +103,14 @@ std::string pack_dir(bool no_repack) {
     return no_repack ? std::string() : (fs::path(tandem_cache_dir()) / "packed").string();
 }
 
+void add_secret_flag(CLI::App *cmd, std::string &path) {
+    cmd->add_option("--secret-file", path,
+                    "The cluster secret every node holds a copy of (default: $TANDEM_SECRET_FILE, else "
+                    "~/.config/tandem/cluster.secret; `tandem worker` creates it on first start)");
+}
+
+Result<net::ClusterSecret> load_cluster_secret(const std::string &path) {
+    return net::ClusterSecret::load(path.empty() ? net::default_secret_path() : path);
+}
+
 }  // namespace td::cli

@@ -2,9 +2,11 @@
 // Only src/cli/ prints and exits.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 
 #include "core/status.h"
+#include "net/auth.h"
 
 namespace td::cli {
 
@@ -24,5 +26,10 @@ std::string human_bytes(double bytes);
 std::string tandem_cache_dir();
 // Where packed weights are cached (model/weight-pack.h): <cache root>/packed, or "" with --no-repack.
 std::string pack_dir(bool no_repack);
+
+// --secret-file on a subcommand that talks to workers (the file every node of a cluster holds a copy of).
+void add_secret_flag(CLI::App *cmd, std::string &path);
+// The cluster secret from `path`, or from net::default_secret_path() when it is empty.
+Result<net::ClusterSecret> load_cluster_secret(const std::string &path);
 
 }  // namespace td::cli

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "cluster/cluster-engine.h"
+#include "cluster/handshake.h"
 #include "cluster/fingerprint.h"
 #include "cluster/node-info.h"
 #include "cluster/wire.h"
@@ -149,30 +150,16 @@ Result<std::vector<LayerRange>> ClusterEngine::place() const {
 
 Status ClusterEngine::handshake(size_t i) {
     const std::string &addr = addresses_[i];
-    std::string host;
-    uint16_t port = 0;
-    TD_TRY(net::parse_host_port(addr, &host, &port));
-    auto conn = net::tcp_connect(host, port, options_.connect_timeout_ms);
-    if (!conn.ok())
-        return Status(ErrorKind::disconnected,
-                      fmt::format("cannot reach worker {}: {}", addr, conn.status().message()));
-    control_[i] = std::move(conn).value();
     net::Hello hello;
     hello.role = net::ConnRole::control;
     hello.build_id = build_id();
     hello.node_name = "head";
-    TD_TRY(name_worker(send_control(*control_[i], net::MsgType::hello, hello), addr));
-    std::vector<uint8_t> payload;
-    TD_TRY(name_worker(recv_expect(*control_[i], net::MsgType::hello_reply, payload, kControlTimeoutMs, ""),
-                       addr));
-    TD_ASSIGN_OR_RETURN(net::HelloReply reply, net::decode_hello_reply(payload));
-    if (reply.protocol_version != net::kProtocolVersion)
-        return invalid_input("worker {} speaks protocol {}, head speaks {}", addr, reply.protocol_version,
-                             net::kProtocolVersion);
-    if (reply.build_id != build_id())
-        log_warn("worker {} runs build {}, the head runs {}", addr, reply.build_id, build_id());
+    TD_ASSIGN_OR_RETURN(Dialed d, dial_node(addr, hello, options_.secret, options_.connect_timeout_ms));
+    control_[i] = std::move(d.conn);
+    if (d.reply.build_id != build_id())
+        log_warn("worker {} runs build {}, the head runs {}", addr, d.reply.build_id, build_id());
     nodes_[i].address = addr;
-    nodes_[i].hello = reply;
+    nodes_[i].hello = d.reply;
     return {};
 }
 
@@ -288,19 +275,35 @@ Status ClusterEngine::load_stage(size_t i, const std::vector<std::string> &next,
 }
 
 Status ClusterEngine::accept_result_link() {
-    auto conn = result_listener_->accept(kStageReadyTimeoutMs);
-    if (!conn.ok()) return conn.status().with_context("waiting for the last stage's data connection");
-    std::vector<uint8_t> payload;
-    TD_TRY(recv_expect(**conn, net::MsgType::hello, payload, kControlTimeoutMs, (*conn)->peer()));
-    TD_ASSIGN_OR_RETURN(net::Hello hello, net::decode_hello(payload));
-    if (hello.role != net::ConnRole::data)
-        return invalid_input("{}: expected a data connection", (*conn)->peer());
-    net::HelloReply reply;
-    reply.build_id = build_id();
-    reply.node_name = "head";
-    TD_TRY(send_control(**conn, net::MsgType::hello_reply, reply));
-    result_in_ = std::move(conn).value();
-    return {};
+    // Anyone may connect to this port: keep accepting until the last stage proves itself, or time runs out.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kStageReadyTimeoutMs);
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                                std::chrono::steady_clock::now());
+        if (left.count() <= 0)
+            return make_error(ErrorKind::failed, "waiting for the last stage's data connection: no authenticated "
+                                                 "connection within {} ms",
+                              kStageReadyTimeoutMs);
+        auto conn = result_listener_->accept(static_cast<int>(left.count()));
+        if (!conn.ok()) return conn.status().with_context("waiting for the last stage's data connection");
+        auto hello = handshake_accept(**conn, options_.secret, "head");
+        if (hello.ok() && hello->role != net::ConnRole::data) {
+            send_error(**conn, invalid_input("the head's data port takes only data connections"));
+            hello = invalid_input("{}: role {} on the head's data port", (*conn)->peer(),
+                                  static_cast<uint32_t>(hello->role));
+        }
+        if (!hello.ok()) {
+            log_warn("data connection refused: {}", hello.status().message());
+            (*conn)->close();
+            continue;
+        }
+        net::HelloReply reply;
+        reply.build_id = build_id();
+        reply.node_name = "head";
+        TD_TRY(send_control(**conn, net::MsgType::hello_reply, reply));
+        result_in_ = std::move(conn).value();
+        return {};
+    }
 }
 
 Status ClusterEngine::connect() {
@@ -390,24 +393,13 @@ Status ClusterEngine::connect() {
         if (s.ok()) s = acc;
     }
     for (size_t r = 0; r < groups_[0].size() && s.ok(); ++r) {  // our links to the first stage's ranks
-        const std::string &addr = addresses_[groups_[0][r]];
-        std::string host;
-        uint16_t port = 0;
-        (void)net::parse_host_port(addr, &host, &port);
-        auto c = net::tcp_connect(host, port, options_.connect_timeout_ms);
-        if (c.ok()) {
-            net::Hello hello;
-            hello.role = net::ConnRole::data;
-            hello.build_id = build_id();
-            hello.node_name = "head";
-            std::vector<uint8_t> payload;
-            s = send_control(**c, net::MsgType::hello, hello);
-            if (s.ok()) s = recv_expect(**c, net::MsgType::hello_reply, payload, kControlTimeoutMs, "");
-            s = name_worker(s, addr);
-            data_outs_.push_back(std::move(c).value());
-        } else {
-            s = Status(ErrorKind::disconnected, fmt::format("cannot reach worker {}: {}", addr, c.status().message()));
-        }
+        net::Hello hello;
+        hello.role = net::ConnRole::data;
+        hello.build_id = build_id();
+        hello.node_name = "head";
+        auto d = dial_node(addresses_[groups_[0][r]], hello, options_.secret, options_.connect_timeout_ms);
+        s = d.status();
+        if (d.ok()) data_outs_.push_back(std::move(d->conn));
     }
     if (!s.ok()) {
         disconnect();

@@ -47,6 +47,7 @@
 #include "model/engine.h"
 #include "model/model.h"
 #include "model/tp-slice.h"
+#include "net/auth.h"
 #include "net/protocol.h"
 #include "net/transport.h"
 
@@ -73,6 +74,7 @@ struct ClusterOptions {
     int dead_after_ms = 2000;
     int step_timeout_ms = 120000;  // a step with no result for this long fails (stalled pipeline)
     bool print_placement = true;   // placement table on stderr after connecting
+    net::ClusterSecret secret;     // proved to every worker, and asked of every connection to the head
 };
 
 struct NodeStatus {

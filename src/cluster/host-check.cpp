@@ -15,6 +15,7 @@
 #include <map>
 #include <sstream>
 
+#include "net/auth.h"
 #include "net/transport.h"
 
 namespace td::cluster {
@@ -422,6 +423,27 @@ std::string interface_towards(const std::string &host) {
     return out;
 }
 
+HostCheck check_secret(const std::string &path) {
+    HostCheck c{"cluster secret", CheckStatus::unknown, "not checked", ""};
+    if (path.empty()) return c;
+    auto s = net::ClusterSecret::load(path);
+    if (s.ok()) {
+        c.status = CheckStatus::ok;
+        c.detail = fmt::format("{} (owner only)", path);
+        return c;
+    }
+    c.status = CheckStatus::warn;
+    c.detail = s.status().message();
+    if (s.status().kind() == ErrorKind::not_found)
+        c.fix = fmt::format("start `tandem worker` once (it creates {}), then copy that file to every node", path);
+    else if (c.detail.find("chmod") != std::string::npos)
+        c.fix = fmt::format("chmod 600 {}", path);
+    else
+        c.fix = fmt::format("put at least {} random characters in {} (or delete it and start `tandem worker`)",
+                            net::kMinSecretBytes, path);
+    return c;
+}
+
 std::vector<HostCheck> run_host_checks(const HostCheckOptions &o) {
     const fs::path root(o.root.empty() ? "/" : o.root);
     const uint64_t want = static_cast<uint64_t>(net::kTcpSocketBufferBytes);
@@ -459,6 +481,7 @@ std::vector<HostCheck> run_host_checks(const HostCheckOptions &o) {
         bw.detail = "not measured";
     }
     out.push_back(bw);
+    out.push_back(check_secret(o.secret_path));
     return out;
 }
 

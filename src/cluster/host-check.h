@@ -26,6 +26,8 @@ struct HostCheckOptions {
     // Memory bandwidth: measured plain read (GB/s, 0: not measured) and the CPU's model name it is judged by.
     double read_gbps = 0.0;
     std::string cpu_model;
+    // The cluster secret this host would use (--secret-file or its default); "": not checked.
+    std::string secret_path;
 };
 
 std::vector<HostCheck> run_host_checks(const HostCheckOptions &options);

@@ -12,6 +12,7 @@
 
 #include "cluster/cluster-engine.h"
 #include "core/check.h"
+#include "core/log.h"
 
 namespace td::cluster {
 namespace {
@@ -149,7 +150,7 @@ std::vector<int32_t> plan_rows(const PlanOptions &o, int n_nodes) {
 }
 
 Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, const ModelShape &model,
-                                    const PlanOptions &o,
+                                    const PlanOptions &o, const net::ClusterSecret &secret,
                                     const std::function<void(const std::string &)> &progress) {
     auto say = [&](const std::string &s) {
         if (progress) progress(s);
@@ -158,7 +159,7 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
     spec.name = "measured";
     std::vector<std::unique_ptr<ProbeClient>> clients;
     for (const std::string &w : workers) {
-        TD_ASSIGN_OR_RETURN(auto c, ProbeClient::connect(w));
+        TD_ASSIGN_OR_RETURN(auto c, ProbeClient::connect(w, secret));
         NodeSpec n;
         n.name = w;
         n.host = host_of(w);
@@ -205,8 +206,11 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
             while (!done) {
                 auto c = listener->accept(100);
                 if (!c.ok()) continue;
-                conns.emplace_back([conn = std::move(c).value()]() mutable {
-                    if (accept_probe(*conn, "head").ok()) serve_probe(*conn, 1);
+                conns.emplace_back([conn = std::move(c).value(), &secret]() mutable {
+                    if (Status a = accept_probe(*conn, "head", secret); a.ok())
+                        serve_probe(*conn, 1, secret);
+                    else
+                        log_warn("plan: probe connection refused: {}", a.message());
                 });
             }
             for (auto &t : conns) t.join();

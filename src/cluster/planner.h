@@ -33,10 +33,10 @@ struct PlanOptions {
 // Row counts a plan needs measured: micro-batches of every batch over 1..n_nodes stages, prompt chunks, 1.
 std::vector<int32_t> plan_rows(const PlanOptions &options, int n_nodes);
 
-// Measures `workers` for `model` (progress lines go to `progress`, may be empty). Errors: a worker that
-// cannot be reached or speaks another protocol, a probe that fails.
+// Measures `workers` for `model` (progress lines go to `progress`, may be empty), proving `secret` to each.
+// Errors: a worker that cannot be reached, refuses the secret or speaks another protocol, a probe that fails.
 Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, const ModelShape &model,
-                                    const PlanOptions &options,
+                                    const PlanOptions &options, const net::ClusterSecret &secret,
                                     const std::function<void(const std::string &)> &progress);
 
 // A described cluster:

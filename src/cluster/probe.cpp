@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "cluster/handshake.h"
 #include "cluster/node-info.h"
 #include "cluster/wire.h"
 #include "core/log.h"
@@ -134,31 +135,18 @@ LinkOptions default_link_options() {
     return o;
 }
 
-Result<std::unique_ptr<ProbeClient>> ProbeClient::connect(const std::string &address, int timeout_ms) {
-    std::string host;
-    uint16_t port = 0;
-    TD_TRY(net::parse_host_port(address, &host, &port));
+Result<std::unique_ptr<ProbeClient>> ProbeClient::connect(const std::string &address,
+                                                          const net::ClusterSecret &secret, int timeout_ms) {
     std::unique_ptr<ProbeClient> c(new ProbeClient());
     c->address_ = address;
     const auto t0 = Clock::now();
-    auto conn = net::tcp_connect(host, port, timeout_ms);
-    if (!conn.ok())
-        return Status(ErrorKind::disconnected,
-                      fmt::format("cannot reach worker {}: {}", address, conn.status().message()));
-    c->conn_ = std::move(conn).value();
     net::Hello hello;
     hello.role = net::ConnRole::probe;
     hello.build_id = build_id();
     hello.node_name = "probe";
-    TD_TRY(
-        send_control(*c->conn_, net::MsgType::hello, hello).with_context(fmt::format("worker {}", address)));
-    std::vector<uint8_t> payload;
-    TD_TRY(recv_expect(*c->conn_, net::MsgType::hello_reply, payload, kControlTimeoutMs,
-                       fmt::format("worker {}", address)));
-    TD_ASSIGN_OR_RETURN(c->hello_, net::decode_hello_reply(payload));
-    if (c->hello_.protocol_version != net::kProtocolVersion)
-        return invalid_input("worker {} speaks protocol {}, this build speaks {}", address,
-                             c->hello_.protocol_version, net::kProtocolVersion);
+    TD_ASSIGN_OR_RETURN(Dialed d, dial_node(address, hello, secret, timeout_ms));
+    c->conn_ = std::move(d.conn);
+    c->hello_ = std::move(d.reply);
     c->connect_seconds_ = seconds_since(t0);
     return c;
 }
@@ -430,23 +418,21 @@ Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &reques
     return reply;
 }
 
-Status accept_probe(net::Connection &conn, const std::string &name) {
-    std::vector<uint8_t> payload;
-    TD_TRY(recv_expect(conn, net::MsgType::hello, payload, kControlTimeoutMs, conn.peer()));
-    TD_ASSIGN_OR_RETURN(net::Hello hello, net::decode_hello(payload));
+Status accept_probe(net::Connection &conn, const std::string &name, const net::ClusterSecret &secret) {
+    TD_ASSIGN_OR_RETURN(net::Hello hello, handshake_accept(conn, secret, name));
+    if (hello.role != net::ConnRole::probe) {
+        send_error(conn, invalid_input("{} takes only probe connections", name));
+        return invalid_input("{}: role {} where a probe connection was expected", conn.peer(),
+                             static_cast<uint32_t>(hello.role));
+    }
     net::HelloReply r;
     r.build_id = build_id();
     r.node_name = name;
     r.n_threads = 1;
-    TD_TRY(send_control(conn, net::MsgType::hello_reply, r));
-    if (hello.protocol_version != net::kProtocolVersion || hello.role != net::ConnRole::probe)
-        return invalid_input("{} speaks protocol {} (role {}), this build speaks {} (probe)", conn.peer(),
-                             hello.protocol_version, static_cast<uint32_t>(hello.role),
-                             net::kProtocolVersion);
-    return {};
+    return send_control(conn, net::MsgType::hello_reply, r);
 }
 
-void serve_probe(net::Connection &conn, int default_threads) {
+void serve_probe(net::Connection &conn, int default_threads, const net::ClusterSecret &secret) {
     const std::string peer = conn.peer();
     net::FrameHeader h;
     std::vector<uint8_t> payload, reply;
@@ -481,12 +467,11 @@ void serve_probe(net::Connection &conn, int default_threads) {
                 rs = req.status();
             }
         } else if (type == net::MsgType::probe_link) {
-            // TODO(security): any peer may make this worker connect to an address it names; the cluster
-            // secret (authenticated handshakes) will confine probes to the cluster's own members.
+            // Only a peer that proved the secret gets here, and the node we dial must prove it too.
             auto req = net::decode_probe_link(payload);
             Result<std::vector<net::LinkSample>> r = req.status();
             if (req.ok()) {
-                auto c = ProbeClient::connect(req->address);
+                auto c = ProbeClient::connect(req->address, secret);
                 LinkOptions o;
                 if (c.ok()) {
                     o.rtt_sizes = req->rtt_sizes;

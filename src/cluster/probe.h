@@ -17,6 +17,7 @@
 
 #include "core/status.h"
 #include "core/thread-pool.h"
+#include "net/auth.h"
 #include "net/protocol.h"
 #include "net/transport.h"
 
@@ -36,7 +37,8 @@ class ProbeClient {
 public:
     // Connects with a probe Hello and checks the protocol version (errors as the head's handshake words them:
     // "worker 10.0.0.2:9000 speaks protocol 2, this build speaks 3"; unreachable is disconnected).
-    static Result<std::unique_ptr<ProbeClient>> connect(const std::string &address, int timeout_ms = 3000);
+    static Result<std::unique_ptr<ProbeClient>> connect(const std::string &address, const net::ClusterSecret &secret,
+                                                       int timeout_ms = 3000);
 
     const net::HelloReply &hello() const { return hello_; }
     const std::string &address() const { return address_; }
@@ -80,12 +82,14 @@ size_t default_probe_working_set();
 // multiple of the block size, a matrix larger than kMaxProbeMatrixBytes (invalid_input).
 Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &request, ThreadPool &pool);
 
-// The acceptor's side of a probe connection's handshake (hello, hello_reply naming `name`), for a listener
-// that is not a worker (plan's head end). Errors: no hello, another protocol version.
-Status accept_probe(net::Connection &conn, const std::string &name);
+// The acceptor's side of a probe connection's handshake (cluster/handshake.h, then a hello_reply naming
+// `name`), for a listener that is not a worker (plan's head end). Errors: a peer without the secret, another
+// role or protocol version.
+Status accept_probe(net::Connection &conn, const std::string &name, const net::ClusterSecret &secret);
 
 // Serves one probe connection (after its handshake) until the peer closes it: echo, probe_compute (on a pool
-// of the request's threads, default_threads when it says 0), probe_link.
-void serve_probe(net::Connection &conn, int default_threads);
+// of the request's threads, default_threads when it says 0), probe_link (which dials the named node with
+// `secret`, so it reaches only the cluster's own members).
+void serve_probe(net::Connection &conn, int default_threads, const net::ClusterSecret &secret);
 
 }  // namespace td::cluster

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "cluster/handshake.h"
 #include "cluster/node-info.h"
 #include "cluster/wire.h"
 #include "core/log.h"
@@ -17,33 +18,25 @@ uint64_t ns_since(Clock::time_point t0) {
         std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
-// Connects to a worker (a next hop or a peer rank) and exchanges Hellos.
+// Connects to a worker (a next hop or a peer rank): Hello, proofs of the secret, HelloReply.
 Result<std::unique_ptr<net::Connection>> dial(const std::string &address, net::ConnRole role,
-                                              const std::string &node_name, uint64_t group, uint32_t rank) {
-    std::string host;
-    uint16_t port = 0;
-    TD_TRY(net::parse_host_port(address, &host, &port));
-    TD_ASSIGN_OR_RETURN(auto conn, net::tcp_connect(host, port, kControlTimeoutMs));
+                                              const std::string &node_name, uint64_t group, uint32_t rank,
+                                              const net::ClusterSecret &secret) {
     net::Hello hello;
     hello.role = role;
     hello.build_id = build_id();
     hello.node_name = node_name;
     hello.group = group;
     hello.rank = rank;
-    TD_TRY(send_control(*conn, net::MsgType::hello, hello));
-    std::vector<uint8_t> payload;
-    TD_TRY(recv_expect(*conn, net::MsgType::hello_reply, payload, kControlTimeoutMs, address));
-    TD_ASSIGN_OR_RETURN(net::HelloReply reply, net::decode_hello_reply(payload));
-    if (reply.protocol_version != net::kProtocolVersion)
-        return invalid_input("{} speaks protocol {}, this worker speaks {}", address, reply.protocol_version,
-                             net::kProtocolVersion);
-    return conn;
+    TD_ASSIGN_OR_RETURN(Dialed d, dial_node(address, hello, secret, kControlTimeoutMs));
+    return std::move(d.conn);
 }
 
 }  // namespace
 
 Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model, const net::LoadStage &load,
-                                             ThreadPool &pool, const std::string &node_name) {
+                                             ThreadPool &pool, const std::string &node_name,
+                                             const net::ClusterSecret &secret) {
     std::unique_ptr<Stage> st(new Stage());
     st->model_ = model;
     st->load_ = load;
@@ -67,7 +60,7 @@ Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model,
         // the lower ranks dial us when they load.
         for (uint32_t r = load.tp_rank + 1; r < load.tp_size; ++r) {
             TD_ASSIGN_OR_RETURN(auto conn, dial(load.peers[r], net::ConnRole::peer, node_name, load.group,
-                                                load.tp_rank));
+                                                load.tp_rank, secret));
             TD_TRY(st->collective_->attach(static_cast<int>(r), std::move(conn)));
         }
     }
@@ -79,7 +72,7 @@ Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model,
 
     // Our output links: the next stage's ranks we feed, or the head's data port for the last stage.
     for (const std::string &next : load.next) {
-        TD_ASSIGN_OR_RETURN(auto conn, dial(next, net::ConnRole::data, node_name, 0, 0));
+        TD_ASSIGN_OR_RETURN(auto conn, dial(next, net::ConnRole::data, node_name, 0, 0, secret));
         st->senders_.push_back(std::make_unique<net::AsyncSender>(*conn));
         st->outs_.push_back(std::move(conn));
     }

@@ -29,6 +29,7 @@
 #include "model/engine.h"
 #include "model/sampler.h"
 #include "model/tp-sample.h"
+#include "net/auth.h"
 #include "net/protocol.h"
 #include "net/transport.h"
 
@@ -36,11 +37,12 @@ namespace td::cluster {
 
 class Stage {
 public:
-    // Creates the context for the range in `load` and connects to the next hop (data role). Errors: bad
-    // parameters, out of memory, next hop unreachable (naming it).
+    // Creates the context for the range in `load` and connects to the next hop (data role) and the higher
+    // ranks of its group (peer role), proving `secret` to each. Errors: bad parameters, out of memory, next
+    // hop unreachable or refusing us (naming it).
     static Result<std::unique_ptr<Stage>> create(std::shared_ptr<const Model> model,
                                                  const net::LoadStage &load, ThreadPool &pool,
-                                                 const std::string &node_name);
+                                                 const std::string &node_name, const net::ClusterSecret &secret);
     ~Stage();
 
     // Takes the previous hop's data connection (its Hello already answered) and starts the threads.

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "cluster/fingerprint.h"
+#include "cluster/handshake.h"
 #include "cluster/node-info.h"
 #include "cluster/probe.h"
 #include "cluster/stage.h"
@@ -17,12 +18,15 @@
 namespace td::cluster {
 namespace {
 
-constexpr int kHelloTimeoutMs = 5000;
 constexpr int kChunkTimeoutMs = 30000;
+// Connections still in their handshake at once; more are closed unread (a stranger opening many).
+constexpr int kMaxPendingHandshakes = 64;
 
 }  // namespace
 
 Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions &options) {
+    if (options.secret.empty())
+        return invalid_input("a worker needs a cluster secret (--secret-file) to authenticate its peers");
     std::unique_ptr<Worker> w(new Worker());
     w->opt_ = options;
     if (!options.model_path.empty()) {
@@ -83,6 +87,13 @@ void Worker::serve() {
             if (conn.status().kind() == ErrorKind::disconnected || stopping_) break;
             continue;  // timeout
         }
+        if (pending_handshakes_.load() >= kMaxPendingHandshakes) {
+            log_warn("connection from {} closed: {} connections are already authenticating", (*conn)->peer(),
+                     kMaxPendingHandshakes);
+            (*conn)->close();
+            continue;
+        }
+        ++pending_handshakes_;
         auto done = std::make_shared<std::atomic<bool>>(false);
         std::lock_guard lock(threads_mu_);
         if (stopping_) break;
@@ -112,23 +123,15 @@ net::HelloReply Worker::hello_reply() const {
 
 void Worker::handle_connection(std::unique_ptr<net::Connection> conn, uint64_t accept_seq) {
     const std::string peer = conn->peer();
-    std::vector<uint8_t> payload;
-    Status s = recv_expect(*conn, net::MsgType::hello, payload, kHelloTimeoutMs, peer);
-    auto hello = s.ok() ? net::decode_hello(payload) : Result<net::Hello>(s);
+    auto hello = handshake_accept(*conn, opt_.secret, listener_->address());
+    --pending_handshakes_;
     if (!hello.ok()) {
-        log_warn("connection from {} closed: {}", peer, hello.status().message());
-        send_error(*conn, hello.status());
+        log_warn("connection from {} refused: {}", peer, hello.status().message());
         conn->close();
         return;
     }
     if (Status rs = send_control(*conn, net::MsgType::hello_reply, hello_reply()); !rs.ok()) {
         log_warn("connection from {} closed: {}", peer, rs.message());
-        return;
-    }
-    if (hello->protocol_version != net::kProtocolVersion) {
-        log_warn("{} speaks protocol {}, this worker speaks {}; closing", peer, hello->protocol_version,
-                 net::kProtocolVersion);
-        conn->close();
         return;
     }
     if (hello->build_id != build_id())
@@ -143,7 +146,7 @@ void Worker::handle_connection(std::unique_ptr<net::Connection> conn, uint64_t a
             if (stopping_) return;
             probes_.push_back(conn.get());
         }
-        serve_probe(*conn, pool_->n_threads());
+        serve_probe(*conn, pool_->n_threads(), opt_.secret);
         std::lock_guard lock(probes_mu_);
         std::erase(probes_, conn.get());
         return;
@@ -280,7 +283,7 @@ Status Worker::load_stage(net::Connection &conn, const net::LoadStage &ls) {
                              model->hparams().n_layer, ls.n_layer);
     if (ls.n_threads > 0 && static_cast<int>(ls.n_threads) != pool_->n_threads())
         pool_ = std::make_unique<ThreadPool>(static_cast<int>(ls.n_threads));
-    TD_ASSIGN_OR_RETURN(std::unique_ptr<Stage> st, Stage::create(model, ls, *pool_, listener_->address()));
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<Stage> st, Stage::create(model, ls, *pool_, listener_->address(), opt_.secret));
     net::StageReady ready;
     ready.weight_bytes = stage_weight_bytes(model->file(), ls.layer_first, ls.layer_last, ls.n_layer);
     ready.kv_bytes = st->kv_bytes();

@@ -1,6 +1,8 @@
 // `tandem worker`: serves pipeline stages to a head.
 //
-// One listening port takes both kinds of connection; the first message (Hello) says which:
+// One listening port takes every kind of connection. Each opens with the handshake (cluster/handshake.h): a
+// peer that cannot prove it holds the cluster secret is refused and logged before anything else is read. Then
+// the Hello's role says which kind it is:
 //   control (from the head): HelloReply, then LoadStage -> LoadReply [-> WeightsChunk...] -> StageReady,
 //                            then Ping/Pong, StatsRequest/StatsReply, Shutdown. When it closes, the stage is
 //                            dropped and the worker keeps listening. A new control connection replaces the
@@ -23,6 +25,7 @@
 #include "core/status.h"
 #include "core/thread-pool.h"
 #include "gguf/gguf.h"
+#include "net/auth.h"
 #include "net/protocol.h"
 #include "net/transport.h"
 
@@ -41,6 +44,7 @@ struct WorkerOptions {
     std::string model_path;  // optional local copy of the model
     std::string cache_dir;   // where streamed stage files are kept (created when missing)
     std::string pack_dir;    // where packed weights are cached (ModelLoadOptions::pack_dir); "": none
+    net::ClusterSecret secret;  // every connection must prove it holds the same (create() refuses none)
 };
 
 class Worker {
@@ -95,6 +99,7 @@ private:
     std::mutex probes_mu_;                  // open probe connections (netbench, plan), closed by stop()
     std::vector<net::Connection *> probes_;  // owned by their handler threads
     uint64_t accept_seq_ = 0;  // serve() thread only
+    std::atomic<int> pending_handshakes_{0};
 };
 
 }  // namespace td::cluster

@@ -109,6 +109,17 @@ public:
         return {};
     }
 
+    // A fixed-size byte array.
+    template <size_t N>
+    Status bytes(std::array<uint8_t, N> &v, const char *name) {
+        if (left() < N)
+            return invalid_input("{}: {} needs {} bytes at offset {}, the payload has {}", what_, name, N, off_,
+                                 left());
+        std::memcpy(v.data(), p_.data() + off_, N);
+        off_ += N;
+        return {};
+    }
+
     Status finite(float &v, const char *name) {
         TD_TRY(field(v, name));
         if (!std::isfinite(v)) return invalid_input("{}: {} is not finite ({})", what_, name, v);
@@ -228,6 +239,7 @@ void encode(const Hello &m, std::vector<uint8_t> &out) {
     put_string(out, m.node_name);
     put<uint64_t>(out, m.group);
     put<uint32_t>(out, m.rank);
+    out.insert(out.end(), m.nonce.begin(), m.nonce.end());
 }
 
 Result<Hello> decode_hello(std::span<const uint8_t> payload) {
@@ -251,6 +263,7 @@ Result<Hello> decode_hello(std::span<const uint8_t> payload) {
     TD_TRY(r.string(m.node_name, "node_name"));
     TD_TRY(r.field(m.group, "group"));
     TD_TRY(r.field(m.rank, "rank"));
+    TD_TRY(r.bytes(m.nonce, "nonce"));
     TD_TRY(r.finish());
     if (m.role == ConnRole::peer && m.rank >= kMaxTpSize)
         return invalid_input("hello: peer rank {} is beyond the limit of {} ranks", m.rank, kMaxTpSize);
@@ -284,6 +297,32 @@ Result<HelloReply> decode_hello_reply(std::span<const uint8_t> payload) {
         return m;
     }
     TD_TRY(hello_reply_fields(r, m));
+    TD_TRY(r.finish());
+    return m;
+}
+
+void encode(const AuthChallenge &m, std::vector<uint8_t> &out) {
+    out.insert(out.end(), m.nonce.begin(), m.nonce.end());
+    out.insert(out.end(), m.proof.begin(), m.proof.end());
+}
+
+Result<AuthChallenge> decode_auth_challenge(std::span<const uint8_t> payload) {
+    Reader r("auth_challenge", payload);
+    AuthChallenge m;
+    TD_TRY(r.bytes(m.nonce, "nonce"));
+    TD_TRY(r.bytes(m.proof, "proof"));
+    TD_TRY(r.finish());
+    return m;
+}
+
+void encode(const AuthProof &m, std::vector<uint8_t> &out) {
+    out.insert(out.end(), m.proof.begin(), m.proof.end());
+}
+
+Result<AuthProof> decode_auth_proof(std::span<const uint8_t> payload) {
+    Reader r("auth_proof", payload);
+    AuthProof m;
+    TD_TRY(r.bytes(m.proof, "proof"));
     TD_TRY(r.finish());
     return m;
 }

@@ -53,6 +53,10 @@ const char *msg_type_name(MsgType type) {
             return "probe_link";
         case MsgType::probe_link_reply:
             return "probe_link_reply";
+        case MsgType::auth_challenge:
+            return "auth_challenge";
+        case MsgType::auth_proof:
+            return "auth_proof";
     }
     return "unknown";
 }
@@ -77,6 +81,10 @@ size_t max_payload(MsgType type) {
         case MsgType::probe_link:
         case MsgType::probe_link_reply:
             return kMaxControlPayload;
+        case MsgType::auth_challenge:
+            return 64;
+        case MsgType::auth_proof:
+            return 32;
         case MsgType::echo:
         case MsgType::echo_reply:
             return kMaxEchoPayload;
@@ -92,7 +100,7 @@ size_t max_payload(MsgType type) {
 }
 
 bool msg_type_known(uint16_t type) {
-    return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::probe_link_reply);
+    return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::auth_proof);
 }
 
 const char *reduce_type_name(ReduceType type) {

@@ -23,6 +23,7 @@
 // all-reduces (tp_partial) and sampling merge (tp_gather), and rank 0 of the last group returns the results.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -31,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 3;
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -79,6 +80,9 @@ enum class MsgType : uint16_t {
     probe_compute_reply = 22,
     probe_link = 23,  // probe: the worker measures its own link to another worker
     probe_link_reply = 24,
+    // version 4: authentication (between hello and hello_reply on every connection)
+    auth_challenge = 25,  // server -> client: the server's nonce and its proof over the client's Hello
+    auth_proof = 26,      // client -> server: the client's proof over the same transcript
 };
 
 const char *msg_type_name(MsgType type);  // "forward", ...; "unknown" for others
@@ -121,13 +125,29 @@ size_t wire_row_bytes(WireType type, size_t n_embd);
 
 // ---- messages (payload layouts) -------------------------------------------------------------------
 
-struct Hello {  // u32 protocol_version, u32 role, string build_id, string node_name, u64 group, u32 rank
+// Every connection opens: client Hello (with its nonce) -> server AuthChallenge -> client AuthProof -> server
+// HelloReply. The proofs are HMAC-SHA256 under the cluster secret over the Hello's payload bytes and the
+// server's nonce (net/auth.h); nothing about the node, its model or its stage is sent before both proofs hold.
+// A server speaking another version answers the Hello with a HelloReply that carries only its version and
+// build id, so both ends can name the mismatch.
+struct Hello {  // u32 protocol_version, u32 role, string build_id, string node_name, u64 group, u32 rank,
+                // u8[32] nonce
     uint32_t protocol_version = kProtocolVersion;
     ConnRole role = ConnRole::control;
     std::string build_id;   // TD_VERSION + git id
     std::string node_name;  // sender's host:port or "head"
     uint64_t group = 0;     // peer role: LoadStage.group of the sender's stage; else 0
     uint32_t rank = 0;      // peer role: the sender's rank in that group
+    std::array<uint8_t, 32> nonce{};  // fresh random bytes for this connection
+};
+
+struct AuthChallenge {  // u8[32] nonce, u8[32] proof
+    std::array<uint8_t, 32> nonce{};  // the server's fresh random bytes
+    std::array<uint8_t, 32> proof{};  // HMAC(secret, "server" label || Hello payload || nonce)
+};
+
+struct AuthProof {  // u8[32] proof
+    std::array<uint8_t, 32> proof{};  // HMAC(secret, "client" label || Hello payload || the server's nonce)
 };
 
 struct HelloReply {  // u32 protocol_version, string build_id, string node_name, then NodeInfo fields

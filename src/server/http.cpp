@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "net/auth.h"
 #include "text/detokenizer.h"
 #include "server/openai.h"
 
@@ -358,7 +359,11 @@ void HttpServer::Impl::setup() {
     svr.set_pre_routing_handler([this](const httplib::Request &req, httplib::Response &res) {
         if (params.api_key.empty() || req.path == "/health")
             return httplib::Server::HandlerResponse::Unhandled;
-        if (req.get_header_value("Authorization") == "Bearer " + params.api_key)
+        // Compared in constant time, so the response time says nothing about how much of a guess was right.
+        const std::string got = req.get_header_value("Authorization");
+        const std::string want = "Bearer " + params.api_key;
+        if (net::equal_constant_time(std::span(reinterpret_cast<const uint8_t *>(got.data()), got.size()),
+                                     std::span(reinterpret_cast<const uint8_t *>(want.data()), want.size())))
             return httplib::Server::HandlerResponse::Unhandled;
         reply_error(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
         // Only known paths become metric labels (a client must not grow the label set at will).
