@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
 #include <cstring>
 #include <fstream>
@@ -7,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -352,7 +354,9 @@ TEST_F(GgufTest, TensorsRoundTripAtAlignment32And64) {
         }
         const std::string p = path("t.gguf");
         ASSERT_TRUE(w.write(p).ok());
-        EXPECT_FALSE(std::filesystem::exists(p + ".tmp"));
+        // Only the file itself is left (no temporary beside it).
+        for (const auto &e : std::filesystem::directory_iterator(std::filesystem::path(p).parent_path()))
+            EXPECT_EQ(e.path().string().find(p + "."), std::string::npos) << e.path();
         auto r = File::open(p);
         ASSERT_TRUE(r.ok()) << r.status().message();
         const File &f = *r;
@@ -465,11 +469,39 @@ TEST_F(GgufTest, WriterReplacesKeysInPlaceAndRefusesWhatLlamaCppWould) {
         Writer w;
         Status s = w.write(path("no-such-dir/m.gguf"));
         EXPECT_EQ(s.kind(), ErrorKind::io);
-        EXPECT_NE(s.message().find("no-such-dir/m.gguf.tmp"), std::string::npos) << s.message();
+        EXPECT_NE(s.message().find("no-such-dir/m.gguf."), std::string::npos) << s.message();
+        EXPECT_NE(s.message().find(".tmp"), std::string::npos) << s.message();
     }
 }
 
 // ---- real files -----------------------------------------------------------------------------------
+
+// Two heads (or a head and a test) writing the same stage file at once: every write succeeds and the file is
+// always whole. With one shared temporary name the writers truncated each other's file and a rename failed.
+TEST_F(GgufTest, WritersOfOnePathAtOnceLeaveAWholeFile) {
+    const std::string p = path("same.gguf");
+    const std::vector<uint8_t> want = small_valid_file(p);
+    std::atomic<int> failures{0};
+    std::vector<std::thread> writers;
+    for (int t = 0; t < 4; ++t)
+        writers.emplace_back([&] {
+            for (int i = 0; i < 50; ++i) {
+                Writer w;
+                w.set_string("general.architecture", "llama");
+                w.set_u32("llama.block_count", 2);
+                w.set_string_array("tokenizer.ggml.tokens", {"<s>", "a", "bc"});
+                w.set_f32_array("tokenizer.ggml.scores", {0.0f, -1.5f, 2.25f});
+                std::vector<uint8_t> q = pattern(dtype_row_bytes(DType::q8_0, 32) * 2, 1);
+                w.add_tensor("q", DType::q8_0, {32, 2}, q.data(), q.size());
+                std::vector<uint8_t> x = pattern(32, 2);
+                w.add_tensor("x", DType::f32, {8}, x.data(), x.size());
+                if (!w.write(p).ok()) ++failures;
+                if (read_bytes(p) != want) ++failures;
+            }
+        });
+    for (auto &t : writers) t.join();
+    EXPECT_EQ(failures.load(), 0);
+}
 
 TEST_F(GgufTest, ReadsStories260K) {
     auto r = File::open(test::shared_path("models/stories260K.gguf"));

@@ -132,7 +132,7 @@ public:
         hp.port = 0;
         hp.model_id = "stories";
         hp.api_key = o.api_key;
-        hp.n_threads = 24;
+        hp.limits.n_threads = 24;
         http_ = std::make_unique<HttpServer>(hp);
         auto port = http_->bind();
         EXPECT_TRUE(port.ok()) << port.status().message();

@@ -3,6 +3,11 @@
 // the model split over 2 real `tandem worker` processes (ClusterEngine, --wire f32 so the text equals the
 // local one, 2 micro-batches in flight). Stalls and step failures are injected by wrapping the real engine
 // (ServeParams::wrap_engine), never by replacing it; worker failures by killing the worker.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "test-server-util.h"
 
 namespace td::server {
@@ -487,6 +492,55 @@ TEST_P(ServerTest, ApiKeyIsRequiredExceptForHealth) {
              {{"Authorization", "Bearer sekrit"}});
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << r->body;
+}
+
+// 256 connections that each sent half a request header and 256 that sent nothing hold no thread: an
+// ordinary completion is answered at once, and the server counts them all as open.
+TEST(ServerLimits, SlowAndIdleConnectionsDoNotStarveAnOrdinaryRequest) {
+    TestServer s;
+    std::vector<int> fds;
+    for (int i = 0; i < 512; ++i) {
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(s.port()));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0) << i;
+        if (i % 2 == 0) {
+            const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty";
+            ASSERT_EQ(::send(fd, half.data(), half.size(), MSG_NOSIGNAL), static_cast<ssize_t>(half.size()));
+        }
+        fds.push_back(fd);
+    }
+    auto c = s.client();
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string text = completion_text(c, {{"prompt", "Once upon a time"}, {"max_tokens", 8}});
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_FALSE(text.empty());
+    EXPECT_LT(took, 2.0);
+    auto r = c.Get("/health");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    for (int fd : fds) ::close(fd);
+}
+
+// A non-streaming request whose client hangs up is cancelled: its slot is free for the next request at once.
+TEST(ServerLimits, AClientThatHangsUpOnAPlainRequestFreesItsSlot) {
+    ServerOptions o;
+    o.n_parallel = 1;
+    o.step_delay = std::chrono::milliseconds(20);
+    TestServer s(o);
+    {
+        httplib::Client quitter("127.0.0.1", s.port());
+        quitter.set_read_timeout(0, 300000);  // gives up after 0.3 s, mid-generation
+        auto r = post(quitter, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 200}});
+        EXPECT_FALSE(r);
+    }
+    auto c = s.client();
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 4}}).empty());
+    // 200 tokens at 20 ms would hold the only slot for 4 s.
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
 }
 
 TEST_P(ServerTest, FailedStepEndsTheStreamWithAnErrorAndServingGoesOn) {

@@ -92,10 +92,11 @@ int serve_main(const ServeOptions &opt) {
         hp.api_key = *key;
     }
     hp.model_id = opt.alias.empty() ? std::filesystem::path(*path).stem().string() : opt.alias;
-    hp.read_timeout_s = 30;
-    hp.write_timeout_s = opt.timeout_s;
-    // One HTTP thread per running or waiting request, plus some for /health, /metrics and refusals.
-    hp.n_threads = opt.http_threads > 0 ? opt.http_threads : opt.n_parallel + max_queue + 8;
+    hp.limits.write_timeout_ms = opt.timeout_s * 1000;
+    // One handler thread per running or waiting request, plus some for /health and /metrics; slow and idle
+    // connections wait in the event loop without one.
+    hp.limits.n_threads = opt.http_threads > 0 ? opt.http_threads : opt.n_parallel + max_queue + 8;
+    hp.limits.max_pending = std::max(64, 2 * (opt.n_parallel + max_queue));
 
     // SIGINT/SIGTERM go to one thread that stops the server; every other thread blocks them.
     sigset_t sigs;

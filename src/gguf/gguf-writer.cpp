@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
@@ -324,7 +325,10 @@ Status Writer::write(const std::string &path) const {
     }
     head.buf.resize(align_up(head.buf.size(), alignment_), 0);
 
-    const std::string tmp = path + ".tmp";
+    // A name of this writer's own: two processes (or threads) writing the same path must not share a
+    // temporary file; the last rename wins with a whole file either way.
+    static std::atomic<uint64_t> n_written{0};
+    const std::string tmp = fmt::format("{}.{}.{}.tmp", path, ::getpid(), n_written.fetch_add(1));
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return make_error(ErrorKind::io, "{}: cannot create: {}", tmp, std::strerror(errno));
     const std::vector<uint8_t> zeros(alignment_, 0);

@@ -185,7 +185,7 @@ public:
     void add_tensor_from(std::string name, DType type, std::vector<int64_t> ne, size_t n_bytes,
                          TensorSource source);
 
-    // Writes the whole file (to path + ".tmp", then renamed). io errors name the path; invalid_input for
+    // Writes the whole file (to path + ".<pid>.<n>.tmp", then renamed). io errors name the path; invalid_input for
     // a duplicate tensor name, a tensor name longer than kMaxLlamaTensorName, a general.alignment that
     // disagrees with the constructor, or arrays nested deeper than kMaxArrayDepth.
     Status write(const std::string &path) const;

@@ -1,7 +1,6 @@
 #include "server/http.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "core/log.h"
+#include "server/http-core.h"
 #include "net/auth.h"
 #include "text/detokenizer.h"
 #include "server/openai.h"
@@ -23,16 +23,17 @@ namespace {
 
 constexpr auto stream_poll = std::chrono::milliseconds(200);  // how often a quiet stream checks its client
 
-void reply_json(httplib::Response &res, int status, const json &body) {
+void reply_json(HttpResponse &res, int status, const json &body) {
     res.status = status;
-    res.set_content(json_dump(body), "application/json");
+    res.content_type = "application/json";
+    res.body = json_dump(body);
 }
 
-void reply_error(httplib::Response &res, int status, std::string_view message) {
+void reply_error(HttpResponse &res, int status, std::string_view message) {
     reply_json(res, status, error_json(status, message));
 }
 
-void reply_status(httplib::Response &res, const Status &status) {
+void reply_status(HttpResponse &res, const Status &status) {
     const int code = http_status_for(status);
     if (code == 503) res.set_header("Retry-After", "1");
     reply_error(res, code, status.message());
@@ -42,15 +43,16 @@ void reply_status(httplib::Response &res, const Status &status) {
 
 struct HttpServer::Impl {
     HttpParams params;
-    httplib::Server svr;
+    std::unique_ptr<HttpCore> core;
     std::atomic<bool> stopping{false};
-    std::atomic<bool> listen_entered{false};
-    std::atomic<bool> listen_returned{false};
 
     std::mutex mu;  // guards backend, has_backend, request_counts
     ServerBackend backend;
     bool has_backend = false;
     std::map<std::pair<std::string, int>, int64_t> request_counts;  // (path, status) -> count
+
+    using Handler = std::function<void(const HttpRequest &, HttpResponse &)>;
+    std::map<std::string, std::pair<std::string, Handler>> routes;  // path -> (method, handler)
 
     explicit Impl(HttpParams p) : params(std::move(p)) {}
 
@@ -66,22 +68,14 @@ struct HttpServer::Impl {
         request_counts[{path, status}]++;
     }
 
-    // Wraps a handler so every answer is counted for /metrics.
-    httplib::Server::Handler route(const std::string &path,
-                                   std::function<void(const httplib::Request &, httplib::Response &)> fn) {
-        return [this, path, fn = std::move(fn)](const httplib::Request &req, httplib::Response &res) {
-            fn(req, res);
-            count(path, res.status);
-        };
-    }
-
     void setup();
-    void handle_health(httplib::Response &res);
-    void handle_models(httplib::Response &res);
-    void handle_metrics(httplib::Response &res);
-    void handle_tokenize(const httplib::Request &req, httplib::Response &res);
-    void handle_detokenize(const httplib::Request &req, httplib::Response &res);
-    void handle_generate(const httplib::Request &req, httplib::Response &res, ApiKind kind);
+    void handle(const HttpRequest &req, HttpResponse &res);
+    void handle_health(HttpResponse &res);
+    void handle_models(HttpResponse &res);
+    void handle_metrics(HttpResponse &res);
+    void handle_tokenize(const HttpRequest &req, HttpResponse &res);
+    void handle_detokenize(const HttpRequest &req, HttpResponse &res);
+    void handle_generate(const HttpRequest &req, HttpResponse &res, ApiKind kind);
 };
 
 // ---- streaming ----------------------------------------------------------------------------------------
@@ -89,7 +83,7 @@ struct HttpServer::Impl {
 namespace {
 
 // One SSE response: owns the request's stream and cancels it if the response ends early for any reason
-// (write failure, timeout, shutdown): the destructor runs when cpp-httplib drops the content provider.
+// (write failure, timeout, shutdown): the destructor runs when the response is dropped.
 struct SseState {
     std::shared_ptr<RequestStream> stream;
     ResponseMeta meta;
@@ -104,12 +98,12 @@ struct SseState {
     }
 };
 
-bool sink_write(httplib::DataSink &sink, const std::string &s) {
-    return sink.write(s.data(), s.size());
+bool sink_write(HttpStream &sink, const std::string &s) {
+    return sink.write(s);
 }
 
 // Writes the whole stream; returns false (and cancels the request) when the client is gone.
-bool pump_stream(SseState &st, httplib::DataSink &sink) {
+bool pump_stream(SseState &st, HttpStream &sink) {
     const auto give_up = [&] {
         st.stream->cancel();
         return false;
@@ -124,14 +118,13 @@ bool pump_stream(SseState &st, httplib::DataSink &sink) {
     for (;;) {
         if (st.stopping->load()) return give_up();
         if (!st.stream->next(ev, stream_poll)) {
-            if (!sink.is_writable()) return give_up();
+            if (!sink.writable()) return give_up();
             continue;
         }
         if (ev.kind == StreamEvent::Kind::error) {
             st.finished = true;
             sink_write(sink, sse_event(error_json(500, ev.error.message())));
             sink_write(sink, sse_done());
-            sink.done();
             return true;
         }
         if (!ev.text.empty() || !ev.logprobs.empty()) {
@@ -145,9 +138,7 @@ bool pump_stream(SseState &st, httplib::DataSink &sink) {
             std::string tail = sse_event(chunk_json(st.meta, "", false, finish, -1, {}));
             if (st.include_usage) tail += sse_event(usage_chunk_json(st.meta, {ev.n_prompt, ev.n_generated}));
             tail += sse_done();
-            const bool ok = sink_write(sink, tail);
-            sink.done();
-            return ok;
+            return sink_write(sink, tail);
         }
     }
 }
@@ -156,7 +147,7 @@ bool pump_stream(SseState &st, httplib::DataSink &sink) {
 
 // ---- generation -----------------------------------------------------------------------------------
 
-void HttpServer::Impl::handle_generate(const httplib::Request &req, httplib::Response &res, ApiKind kind) {
+void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res, ApiKind kind) {
     ServerBackend be;
     if (!get_backend(be)) {
         res.set_header("Retry-After", "5");
@@ -195,17 +186,25 @@ void HttpServer::Impl::handle_generate(const httplib::Request &req, httplib::Res
     ResponseMeta meta = make_response_meta(kind, params.model_id);
 
     if (!r.stream) {
-        // TODO: a client that disconnects during a non-streaming request is not noticed (cpp-httplib 0.11
-        // cannot tell); the request runs to its end (bounded by max_tokens and the context).
+        // A client that goes away before the answer is ready cancels its request, which frees its slot.
         std::string text;
         std::vector<TokenLogprob> logprobs;
         StreamEvent ev;
+        auto next_check = std::chrono::steady_clock::now();
         for (;;) {
             if (stopping.load()) {
                 stream->cancel();
                 return reply_error(res, 503, "the server is shutting down");
             }
-            if (!stream->next(ev, stream_poll)) continue;
+            const bool got = stream->next(ev, stream_poll);
+            if (const auto now = std::chrono::steady_clock::now(); now >= next_check) {
+                next_check = now + stream_poll / 4;
+                if (req.client_gone && req.client_gone()) {
+                    stream->cancel();
+                    return reply_error(res, 499, "the client closed the connection");
+                }
+            }
+            if (!got) continue;
             text += ev.text;
             for (TokenLogprob &lp : ev.logprobs) logprobs.push_back(std::move(lp));
             if (ev.kind == StreamEvent::Kind::error) return reply_error(res, 500, ev.error.message());
@@ -224,16 +223,13 @@ void HttpServer::Impl::handle_generate(const httplib::Request &req, httplib::Res
     st->stopping = &stopping;
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream", [st](size_t, httplib::DataSink &sink) { return pump_stream(*st, sink); },
-        [st](bool success) {
-            if (!success) st->stream->cancel();
-        });
+    res.content_type = "text/event-stream";
+    res.stream = [st](HttpStream &sink) { pump_stream(*st, sink); };
 }
 
 // ---- the other endpoints ----------------------------------------------------------------------------
 
-void HttpServer::Impl::handle_health(httplib::Response &res) {
+void HttpServer::Impl::handle_health(HttpResponse &res) {
     ServerBackend be;
     if (!get_backend(be)) return reply_json(res, 503, {{"status", "loading"}});
     // A failed engine (a worker down) answers 503 with the cause until it works again.
@@ -244,7 +240,7 @@ void HttpServer::Impl::handle_health(httplib::Response &res) {
     reply_json(res, 200, {{"status", "ok"}});
 }
 
-void HttpServer::Impl::handle_models(httplib::Response &res) {
+void HttpServer::Impl::handle_models(HttpResponse &res) {
     ServerBackend be;
     json model = {{"id", params.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}};
     if (get_backend(be)) {
@@ -256,7 +252,7 @@ void HttpServer::Impl::handle_models(httplib::Response &res) {
     reply_json(res, 200, {{"object", "list"}, {"data", json::array({std::move(model)})}});
 }
 
-void HttpServer::Impl::handle_metrics(httplib::Response &res) {
+void HttpServer::Impl::handle_metrics(HttpResponse &res) {
     std::string out;
     out += "# HELP tandem_requests_total HTTP requests answered, by path and status.\n";
     out += "# TYPE tandem_requests_total counter\n";
@@ -303,10 +299,11 @@ void HttpServer::Impl::handle_metrics(httplib::Response &res) {
         if (be.engine_metrics) out += be.engine_metrics();
     }
     res.status = 200;
-    res.set_content(out, "text/plain; version=0.0.4");
+    res.content_type = "text/plain; version=0.0.4";
+    res.body = std::move(out);
 }
 
-void HttpServer::Impl::handle_tokenize(const httplib::Request &req, httplib::Response &res) {
+void HttpServer::Impl::handle_tokenize(const HttpRequest &req, HttpResponse &res) {
     ServerBackend be;
     if (!get_backend(be)) return reply_error(res, 503, "the model is still loading");
     json j = json::parse(req.body, nullptr, false);
@@ -325,7 +322,7 @@ void HttpServer::Impl::handle_tokenize(const httplib::Request &req, httplib::Res
     reply_json(res, 200, {{"tokens", ids}});
 }
 
-void HttpServer::Impl::handle_detokenize(const httplib::Request &req, httplib::Response &res) {
+void HttpServer::Impl::handle_detokenize(const HttpRequest &req, HttpResponse &res) {
     ServerBackend be;
     if (!get_backend(be)) return reply_error(res, 503, "the model is still loading");
     json j = json::parse(req.body, nullptr, false);
@@ -348,57 +345,48 @@ void HttpServer::Impl::handle_detokenize(const httplib::Request &req, httplib::R
     reply_json(res, 200, {{"content", detokenize(*be.tokenizer, ids)}});
 }
 
-void HttpServer::Impl::setup() {
-    svr.set_payload_max_length(params.max_body_bytes);
-    svr.set_read_timeout(params.read_timeout_s, 0);
-    svr.set_write_timeout(params.write_timeout_s, 0);
-    svr.set_keep_alive_timeout(5);
-    const size_t n_threads = static_cast<size_t>(std::max(params.n_threads, 4));
-    svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
-
-    svr.set_pre_routing_handler([this](const httplib::Request &req, httplib::Response &res) {
-        if (params.api_key.empty() || req.path == "/health")
-            return httplib::Server::HandlerResponse::Unhandled;
+void HttpServer::Impl::handle(const HttpRequest &req, HttpResponse &res) {
+    auto route = routes.find(req.path);
+    // Only known paths become metric labels (a client must not grow the label set at will).
+    const std::string label = route == routes.end() ? "other" : req.path;
+    if (!params.api_key.empty() && req.path != "/health") {
         // Compared in constant time, so the response time says nothing about how much of a guess was right.
-        const std::string got = req.get_header_value("Authorization");
+        const std::string got = req.header("authorization");
         const std::string want = "Bearer " + params.api_key;
-        if (net::equal_constant_time(std::span(reinterpret_cast<const uint8_t *>(got.data()), got.size()),
-                                     std::span(reinterpret_cast<const uint8_t *>(want.data()), want.size())))
-            return httplib::Server::HandlerResponse::Unhandled;
-        reply_error(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
-        // Only known paths become metric labels (a client must not grow the label set at will).
-        static const char *known[] = {
-            "/v1/chat/completions", "/v1/completions", "/v1/models", "/metrics", "/tokenize", "/detokenize"};
-        const bool is_known =
-            std::any_of(std::begin(known), std::end(known), [&](const char *k) { return req.path == k; });
-        count(is_known ? req.path : "other", 401);
-        return httplib::Server::HandlerResponse::Handled;
-    });
-    svr.set_error_handler([](const httplib::Request &req, httplib::Response &res) {
-        // Only fills bodies cpp-httplib left empty (unknown paths, 413, ...).
-        if (!res.body.empty()) return;
-        std::string msg = res.status == 404   ? fmt::format("no endpoint {} {}", req.method, req.path)
-                          : res.status == 413 ? std::string("the request body is too large")
-                                              : fmt::format("HTTP error {}", res.status);
-        res.set_content(json_dump(error_json(res.status, msg)), "application/json");
-    });
-    svr.set_exception_handler([](const httplib::Request &, httplib::Response &res, std::exception_ptr) {
-        reply_error(res, 500, "internal error");
-    });
+        if (!net::equal_constant_time(std::span(reinterpret_cast<const uint8_t *>(got.data()), got.size()),
+                                      std::span(reinterpret_cast<const uint8_t *>(want.data()), want.size()))) {
+            reply_error(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
+            return count(label, 401);
+        }
+    }
+    if (route == routes.end()) {
+        reply_error(res, 404, fmt::format("no endpoint {} {}", req.method, req.path));
+    } else if (route->second.first != req.method) {
+        reply_error(res, 405, fmt::format("{} takes {}, not {}", req.path, route->second.first, req.method));
+        res.set_header("Allow", route->second.first);
+    } else {
+        route->second.second(req, res);
+    }
+    count(label, res.status);
+}
 
-    svr.Get("/health", route("/health", [this](const auto &, auto &res) { handle_health(res); }));
-    svr.Get("/v1/models", route("/v1/models", [this](const auto &, auto &res) { handle_models(res); }));
-    svr.Get("/metrics", route("/metrics", [this](const auto &, auto &res) { handle_metrics(res); }));
-    svr.Post("/tokenize",
-             route("/tokenize", [this](const auto &req, auto &res) { handle_tokenize(req, res); }));
-    svr.Post("/detokenize",
-             route("/detokenize", [this](const auto &req, auto &res) { handle_detokenize(req, res); }));
-    svr.Post("/v1/chat/completions", route("/v1/chat/completions", [this](const auto &req, auto &res) {
-                 handle_generate(req, res, ApiKind::chat);
-             }));
-    svr.Post("/v1/completions", route("/v1/completions", [this](const auto &req, auto &res) {
-                 handle_generate(req, res, ApiKind::completion);
-             }));
+void HttpServer::Impl::setup() {
+    routes["/health"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_health(res); }};
+    routes["/v1/models"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_models(res); }};
+    routes["/metrics"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_metrics(res); }};
+    routes["/tokenize"] = {"POST", [this](const HttpRequest &req, HttpResponse &res) { handle_tokenize(req, res); }};
+    routes["/detokenize"] = {"POST",
+                             [this](const HttpRequest &req, HttpResponse &res) { handle_detokenize(req, res); }};
+    routes["/v1/chat/completions"] = {
+        "POST", [this](const HttpRequest &req, HttpResponse &res) { handle_generate(req, res, ApiKind::chat); }};
+    routes["/v1/completions"] = {"POST", [this](const HttpRequest &req, HttpResponse &res) {
+                                     handle_generate(req, res, ApiKind::completion);
+                                 }};
+    core = std::make_unique<HttpCore>(
+        params.limits, [this](const HttpRequest &req, HttpResponse &res) { handle(req, res); },
+        [](int status, const std::string &message) {
+            return std::make_pair(std::string("application/json"), json_dump(error_json(status, message)));
+        });
 }
 
 // ---- HttpServer ---------------------------------------------------------------------------------------
@@ -413,39 +401,21 @@ HttpServer::~HttpServer() {
 }
 
 Result<int> HttpServer::bind() {
-    const HttpParams &p = impl_->params;
-    int port = p.port;
-    if (port == 0) {
-        port = impl_->svr.bind_to_any_port(p.host);
-        if (port < 0) return make_error(ErrorKind::io, "cannot listen on {} (no free port?)", p.host);
-    } else if (!impl_->svr.bind_to_port(p.host, port)) {
-        return make_error(ErrorKind::io, "cannot listen on {}:{} (in use, or no permission)", p.host, port);
-    }
-    port_ = port;
-    return port;
+    TD_ASSIGN_OR_RETURN(port_, impl_->core->bind(impl_->params.host, impl_->params.port));
+    return port_;
 }
 
 Status HttpServer::listen() {
-    impl_->listen_entered.store(true);
-    if (impl_->stopping.load()) {
-        impl_->listen_returned.store(true);
-        return {};
-    }
-    const bool ok = impl_->svr.listen_after_bind();
-    impl_->listen_returned.store(true);
-    if (!ok && !impl_->stopping.load())
-        return make_error(ErrorKind::io, "the HTTP server stopped unexpectedly");
-    return {};
+    return impl_->core->run();
 }
 
 void HttpServer::stop() {
     impl_->stopping.store(true);
-    // cpp-httplib's stop() does nothing before its accept loop runs: wait for a listen() that has begun to
-    // get there (or to return) so that it cannot start serving after we return.
-    if (impl_->listen_entered.load())
-        while (!impl_->svr.is_running() && !impl_->listen_returned.load())
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    impl_->svr.stop();
+    impl_->core->stop();
+}
+
+int HttpServer::open_connections() const {
+    return impl_->core->open_connections();
 }
 
 void HttpServer::set_backend(ServerBackend backend) {

@@ -1,4 +1,4 @@
-// The HTTP front of `tandem serve` (cpp-httplib): OpenAI-compatible endpoints over a Scheduler.
+// The HTTP front of `tandem serve` (over server/http-core.h): OpenAI-compatible endpoints over a Scheduler.
 //
 //   POST /v1/chat/completions   chat (messages -> the model's chat template), stream or not
 //   POST /v1/completions        text completion, stream or not
@@ -15,9 +15,10 @@
 // starts are OpenAI-style JSON with the HTTP status: 400 bad request, 401 bad API key, 404 unknown model or
 // path, 503 loading or busy (busy carries Retry-After).
 //
-// Limits: request bodies up to max_body_bytes (413 beyond), headers up to cpp-httplib's 8 KiB per line,
-// read/write timeouts per socket operation. Each open request holds one HTTP worker thread while it runs,
-// so n_threads should cover --parallel + --queue plus a few for /health and /metrics.
+// Limits: HttpLimits (http-core.h): header size and count, body size, connections, time to send the header
+// and the body. Slow and idle connections wait in the event loop and hold no thread; each request being
+// answered holds one handler thread while it runs, so limits.n_threads should cover --parallel + --queue
+// plus a few for /health and /metrics. A path takes one method (405 otherwise, with Allow).
 #pragma once
 
 #include <cstddef>
@@ -27,6 +28,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "server/http-core.h"
 #include "text/chat-template.h"
 #include "text/tokenizer.h"
 #include "server/scheduler.h"
@@ -38,10 +40,7 @@ struct HttpParams {
     int port = 8080;                  // 0: an ephemeral port (bind() returns it)
     std::string api_key;              // non-empty: every path but /health needs "Authorization: Bearer <key>"
     std::string model_id = "tandem";  // the id /v1/models lists and requests may name
-    size_t max_body_bytes = 8u << 20;
-    int read_timeout_s = 30;
-    int write_timeout_s = 30;
-    int n_threads = 16;  // HTTP worker threads
+    HttpLimits limits;                // sizes, counts, timeouts, handler threads
 };
 
 // What requests are served with, once the model is loaded. Everything must outlive the HttpServer (or
@@ -74,6 +73,8 @@ public:
     void set_backend(ServerBackend backend);
 
     int port() const { return port_; }
+    // Client connections open now (reading, idle or being answered).
+    int open_connections() const;
 
 private:
     struct Impl;

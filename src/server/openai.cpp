@@ -399,6 +399,12 @@ json error_json(int http_status, std::string_view message) {
     const char *type = "server_error";
     switch (http_status) {
         case 400:
+        case 405:
+        case 408:
+        case 411:
+        case 413:
+        case 431:
+        case 505:
             type = "invalid_request_error";
             break;
         case 401:
