@@ -14,6 +14,8 @@
 #include "kernels/ref/quants-ref.h"
 
 #if TD_KERNELS_X86
+#include <cpuid.h>
+
 #include "kernels/x86/kernels-x86.h"
 #include "kernels/x86/kquants-x86.h"
 #endif
@@ -167,8 +169,10 @@ Isa isa_detected() {
     // __builtin_cpu_supports also checks that the OS saves the wide registers (xgetbv).
     static const Isa detected = [] {
         __builtin_cpu_init();
-        const bool avx2 =
-            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        // F16C from cpuid itself: clang's __builtin_cpu_supports does not know the name.
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+        const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
         const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                             __builtin_cpu_supports("avx512vl");
         if (avx2 && avx512) return Isa::avx512;

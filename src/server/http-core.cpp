@@ -142,6 +142,81 @@ std::string HttpRequest::header(std::string_view name) const {
     return "";
 }
 
+int http_parse_head(std::string_view text, const HttpLimits &lim, HttpHead &out, std::string &why) {
+    const size_t end = text.size();
+    const size_t eol = text.find("\r\n");
+    std::string_view line = text.substr(0, eol);
+    const size_t sp1 = line.find(' '), sp2 = line.rfind(' ');
+    if (sp1 == std::string_view::npos || sp2 == sp1) {
+        why = "malformed request line";
+        return 400;
+    }
+    out = HttpHead{};
+    HttpRequest &r = out.request;
+    r.method = std::string(line.substr(0, sp1));
+    for (char ch : r.method)
+        if (!is_token_char(ch)) {
+            why = "malformed method";
+            return 400;
+        }
+    const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+    const std::string_view version = line.substr(sp2 + 1);
+    if (version == "HTTP/1.1") out.http11 = true;
+    else if (version == "HTTP/1.0") out.http11 = false;
+    else {
+        why = fmt::format("unsupported version '{}'", version.substr(0, 16));
+        return version.rfind("HTTP/", 0) == 0 ? 505 : 400;
+    }
+    if (target.empty() || target.front() != '/') {
+        why = "the target must be a path";
+        return 400;
+    }
+    const size_t q = target.find('?');
+    r.path = std::string(target.substr(0, q));
+    if (q != std::string_view::npos) r.query = std::string(target.substr(q + 1));
+    size_t at = eol + 2;
+    while (at < end) {
+        const size_t e = text.find("\r\n", at);
+        std::string_view h = text.substr(at, (e == std::string_view::npos ? end : e) - at);
+        at = e == std::string_view::npos ? end : e + 2;
+        if (h.empty()) break;
+        if (r.headers.size() >= lim.max_headers) {
+            why = fmt::format("more than {} header lines", lim.max_headers);
+            return 431;
+        }
+        const size_t colon = h.find(':');
+        if (colon == 0 || colon == std::string_view::npos || h.front() == ' ' || h.front() == '\t') {
+            why = "malformed header line";
+            return 400;
+        }
+        for (char ch : h.substr(0, colon))
+            if (!is_token_char(ch)) {
+                why = "malformed header name";
+                return 400;
+            }
+        r.headers.emplace_back(lower(h.substr(0, colon)), std::string(trim(h.substr(colon + 1))));
+    }
+    if (!r.header("transfer-encoding").empty()) {
+        why = "send the body with Content-Length (chunked request bodies are not accepted)";
+        return 411;
+    }
+    out.content_length = 0;
+    const std::string cl = r.header("content-length");
+    if (!cl.empty()) {
+        if (cl.size() > 12 || cl.find_first_not_of("0123456789") != std::string::npos) {
+            why = "malformed Content-Length";
+            return 400;
+        }
+        out.content_length = std::stoull(cl);
+        if (out.content_length > lim.max_body_bytes) {
+            why = fmt::format("the request body is too large ({} bytes, limit {})", out.content_length,
+                              lim.max_body_bytes);
+            return 413;
+        }
+    }
+    return 0;
+}
+
 struct HttpCore::Impl {
     HttpLimits lim;
     HttpHandler handler;
@@ -226,82 +301,6 @@ struct HttpCore::Impl {
         c.deadline = Clock::now() + std::chrono::milliseconds(lim.header_timeout_ms);
     }
 
-    // Parses the request line and headers in c.in[0, end). Returns the status to refuse with, or 0.
-    int parse_header(Conn &c, size_t end, std::string &why) {
-        std::string_view text(c.in.data(), end);
-        const size_t eol = text.find("\r\n");
-        std::string_view line = text.substr(0, eol);
-        const size_t sp1 = line.find(' '), sp2 = line.rfind(' ');
-        if (sp1 == std::string_view::npos || sp2 == sp1) {
-            why = "malformed request line";
-            return 400;
-        }
-        HttpRequest &r = c.req;
-        r = HttpRequest{};
-        r.method = std::string(line.substr(0, sp1));
-        for (char ch : r.method)
-            if (!is_token_char(ch)) {
-                why = "malformed method";
-                return 400;
-            }
-        const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-        const std::string_view version = line.substr(sp2 + 1);
-        if (version == "HTTP/1.1") c.http11 = true;
-        else if (version == "HTTP/1.0") c.http11 = false;
-        else {
-            why = fmt::format("unsupported version '{}'", version.substr(0, 16));
-            return version.rfind("HTTP/", 0) == 0 ? 505 : 400;
-        }
-        if (target.empty() || target.front() != '/') {
-            why = "the target must be a path";
-            return 400;
-        }
-        const size_t q = target.find('?');
-        r.path = std::string(target.substr(0, q));
-        if (q != std::string_view::npos) r.query = std::string(target.substr(q + 1));
-        size_t at = eol + 2;
-        while (at < end) {
-            const size_t e = text.find("\r\n", at);
-            std::string_view h = text.substr(at, (e == std::string_view::npos ? end : e) - at);
-            at = e == std::string_view::npos ? end : e + 2;
-            if (h.empty()) break;
-            if (r.headers.size() >= lim.max_headers) {
-                why = fmt::format("more than {} header lines", lim.max_headers);
-                return 431;
-            }
-            const size_t colon = h.find(':');
-            if (colon == 0 || colon == std::string_view::npos || h.front() == ' ' || h.front() == '\t') {
-                why = "malformed header line";
-                return 400;
-            }
-            for (char ch : h.substr(0, colon))
-                if (!is_token_char(ch)) {
-                    why = "malformed header name";
-                    return 400;
-                }
-            r.headers.emplace_back(lower(h.substr(0, colon)), std::string(trim(h.substr(colon + 1))));
-        }
-        if (!r.header("transfer-encoding").empty()) {
-            why = "send the body with Content-Length (chunked request bodies are not accepted)";
-            return 411;
-        }
-        c.content_length = 0;
-        const std::string cl = r.header("content-length");
-        if (!cl.empty()) {
-            if (cl.size() > 12 || cl.find_first_not_of("0123456789") != std::string::npos) {
-                why = "malformed Content-Length";
-                return 400;
-            }
-            c.content_length = std::stoull(cl);
-            if (c.content_length > lim.max_body_bytes) {
-                why = fmt::format("the request body is too large ({} bytes, limit {})", c.content_length,
-                                  lim.max_body_bytes);
-                return 413;
-            }
-        }
-        return 0;
-    }
-
     // Moves a connection forward with the bytes it has; may hand it to a handler or close it.
     void advance(std::unique_ptr<Conn> &c) {
         if (c->phase == Conn::Phase::idle) {
@@ -321,8 +320,12 @@ struct HttpCore::Impl {
             if (end > lim.max_header_bytes)
                 return refuse(take(c), 431, fmt::format("the request header is over {} bytes", lim.max_header_bytes));
             std::string why;
-            if (const int status = parse_header(*c, end, why); status != 0)
+            HttpHead head;
+            if (const int status = http_parse_head(std::string_view(c->in.data(), end), lim, head, why); status != 0)
                 return refuse(take(c), status, why);
+            c->req = std::move(head.request);
+            c->http11 = head.http11;
+            c->content_length = head.content_length;
             c->in.erase(0, end);
             c->scanned = 0;
             c->phase = Conn::Phase::body;

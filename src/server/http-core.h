@@ -79,6 +79,16 @@ using HttpErrorBody = std::function<std::pair<std::string, std::string>(int stat
 // "Not Found" for 404, ...
 const char *http_reason(int status);
 
+// One request's head: request line and header lines (`head` ends with the blank line, at most
+// limits.max_header_bytes). Returns 0, or the status to refuse it with (400 malformed, 411 chunked body, 413 body
+// over limits.max_body_bytes, 431 too many header lines, 505 another HTTP version) and `why`.
+struct HttpHead {
+    HttpRequest request;  // method, path, query, headers (no body yet)
+    bool http11 = true;   // HTTP/1.1 (else 1.0)
+    size_t content_length = 0;
+};
+int http_parse_head(std::string_view head, const HttpLimits &limits, HttpHead &out, std::string &why);
+
 class HttpCore {
 public:
     HttpCore(HttpLimits limits, HttpHandler handler, HttpErrorBody error_body = {});

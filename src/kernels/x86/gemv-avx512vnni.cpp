@@ -251,10 +251,13 @@ void gemv_q4_q5_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ
             const __m256i sumi = reduce_rows_8x16(acc);
             __m512i ma = _mm512_castsi128_si512(msum[0]);
             __m512i mb = _mm512_castsi128_si512(msum[4]);
-            for (int i = 1; i < 4; ++i) {
-                ma = _mm512_inserti32x4(ma, msum[i], i);
-                mb = _mm512_inserti32x4(mb, msum[4 + i], i);
-            }
+            // The lane index must be an immediate (clang insists even where the loop would unroll).
+            ma = _mm512_inserti32x4(ma, msum[1], 1);
+            ma = _mm512_inserti32x4(ma, msum[2], 2);
+            ma = _mm512_inserti32x4(ma, msum[3], 3);
+            mb = _mm512_inserti32x4(mb, msum[5], 1);
+            mb = _mm512_inserti32x4(mb, msum[6], 2);
+            mb = _mm512_inserti32x4(mb, msum[7], 3);
             const __m256i summ = reduce_rows_4x4(ma, mb);
             const uint8_t *base = rows[0] + at;
             const __m256 yd = _mm256_set1_ps(yb.d);
@@ -405,10 +408,12 @@ void gemv_q2_q3_k_one(int64_t n, const uint8_t *w, size_t w_stride, const BlockQ
             __m256i sumi = reduce_rows_8x16(acc);
             __m512i ba = _mm512_castsi128_si512(bsum_dot[0]);
             __m512i bb = _mm512_castsi128_si512(bsum_dot[4]);
-            for (int i = 1; i < 4; ++i) {
-                ba = _mm512_inserti32x4(ba, bsum_dot[i], i);
-                bb = _mm512_inserti32x4(bb, bsum_dot[4 + i], i);
-            }
+            ba = _mm512_inserti32x4(ba, bsum_dot[1], 1);  // immediates, as above
+            ba = _mm512_inserti32x4(ba, bsum_dot[2], 2);
+            ba = _mm512_inserti32x4(ba, bsum_dot[3], 3);
+            bb = _mm512_inserti32x4(bb, bsum_dot[5], 1);
+            bb = _mm512_inserti32x4(bb, bsum_dot[6], 2);
+            bb = _mm512_inserti32x4(bb, bsum_dot[7], 3);
             const __m256i bdot = reduce_rows_4x4(ba, bb);
             const __m256 yd = _mm256_set1_ps(yb.d);
             if constexpr (kQ3) {
