@@ -114,7 +114,7 @@ protected:
 
 // A small valid file with metadata of several kinds and two tensors; the last tensor's data fills its
 // aligned slot exactly, so the file has no trailing padding and every proper prefix is truncated.
-std::vector<uint8_t> small_valid_file(const std::string &path) {
+Status write_small_valid_file(const std::string &path) {
     Writer w;
     w.set_string("general.architecture", "llama");
     w.set_u32("llama.block_count", 2);
@@ -124,7 +124,11 @@ std::vector<uint8_t> small_valid_file(const std::string &path) {
     w.add_tensor("q", DType::q8_0, {32, 2}, q.data(), q.size());
     std::vector<uint8_t> x = pattern(32, 2);
     w.add_tensor("x", DType::f32, {8}, x.data(), x.size());
-    EXPECT_TRUE(w.write(path).ok());
+    return w.write(path);
+}
+
+std::vector<uint8_t> small_valid_file(const std::string &path) {
+    EXPECT_TRUE(write_small_valid_file(path).ok());
     return read_bytes(path);
 }
 
@@ -486,16 +490,7 @@ TEST_F(GgufTest, WritersOfOnePathAtOnceLeaveAWholeFile) {
     for (int t = 0; t < 4; ++t)
         writers.emplace_back([&] {
             for (int i = 0; i < 50; ++i) {
-                Writer w;
-                w.set_string("general.architecture", "llama");
-                w.set_u32("llama.block_count", 2);
-                w.set_string_array("tokenizer.ggml.tokens", {"<s>", "a", "bc"});
-                w.set_f32_array("tokenizer.ggml.scores", {0.0f, -1.5f, 2.25f});
-                std::vector<uint8_t> q = pattern(dtype_row_bytes(DType::q8_0, 32) * 2, 1);
-                w.add_tensor("q", DType::q8_0, {32, 2}, q.data(), q.size());
-                std::vector<uint8_t> x = pattern(32, 2);
-                w.add_tensor("x", DType::f32, {8}, x.data(), x.size());
-                if (!w.write(p).ok()) ++failures;
+                if (!write_small_valid_file(p).ok()) ++failures;
                 if (read_bytes(p) != want) ++failures;
             }
         });

@@ -88,16 +88,20 @@ void send_all(int fd, const std::string &s) {
     EXPECT_EQ(::send(fd, s.data(), s.size(), MSG_NOSIGNAL), static_cast<ssize_t>(s.size()));
 }
 
-// Reads until the server closes, `want` bytes of text appear, or timeout.
-std::string read_until(int fd, double timeout_s, const std::string &want = "") {
+// Reads until the server closes (*closed set), `want` appears in what came, or timeout.
+std::string read_until(int fd, double timeout_s, const std::string &want = "", bool *closed = nullptr) {
     std::string out;
+    if (closed != nullptr) *closed = false;
     const auto t0 = Clock::now();
     while (seconds_since(t0) < timeout_s) {
         pollfd p{fd, POLLIN, 0};
         if (::poll(&p, 1, 20) <= 0) continue;
         char buf[4096];
         const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) break;
+        if (n <= 0) {
+            if (closed != nullptr) *closed = true;
+            break;
+        }
         out.append(buf, static_cast<size_t>(n));
         if (!want.empty() && out.find(want) != std::string::npos) break;
     }
@@ -105,15 +109,9 @@ std::string read_until(int fd, double timeout_s, const std::string &want = "") {
 }
 
 bool closed_by_server(int fd, double timeout_s) {
-    const auto t0 = Clock::now();
-    while (seconds_since(t0) < timeout_s) {
-        pollfd p{fd, POLLIN, 0};
-        if (::poll(&p, 1, 20) <= 0) continue;
-        char buf[4096];
-        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) return true;
-    }
-    return false;
+    bool closed = false;
+    (void)read_until(fd, timeout_s, "", &closed);
+    return closed;
 }
 
 std::string status_line(const std::string &response) {

@@ -32,22 +32,12 @@ Status choose_layout(const Model &model, const ContextParams &params, int32_t n_
         return invalid_input("--layout auto: no layout of {} fits these workers", shape.name);
     const cluster::PlanEntry &e = pb.entries[static_cast<size_t>(pb.recommended)];
     const cluster::Layout &l = e.layout;
-    std::string names, sizes, ranges, split;
-    bool uneven = false;
-    for (size_t s = 0; s < l.groups.size(); ++s) {
-        for (size_t r = 0; r < l.groups[s].size(); ++r) {
-            names += (names.empty() ? "" : ",") + spec.nodes[static_cast<size_t>(l.groups[s][r])].name;
-            split += fmt::format("{}{:.3f}", split.empty() ? "" : ",", l.shares[s][r]);
-            uneven |= l.shares[s][r] != l.shares[s][0];
-        }
-        sizes += fmt::format("{}{}", s ? "," : "", l.groups[s].size());
-        ranges += fmt::format("{}{}-{}", s ? "," : "", l.layers[s].first, l.layers[s].second - 1);
-    }
-    co.workers = names;
-    co.layout = sizes;
+    const cluster::LayoutArgs args = l.args(spec);
+    co.workers = args.workers;
+    co.layout = args.sizes;
     co.tp = 1;
-    if (l.groups.size() > 1) co.layers = ranges;
-    if (uneven) co.split = split;
+    if (l.groups.size() > 1) co.layers = args.layers;
+    if (!args.split.empty()) co.split = args.split;
     std::string others;
     for (auto [what, idx] : {std::pair{"one machine", pb.best_single},
                              {"pipeline", pb.best_pipeline},

@@ -26,21 +26,10 @@ struct DoctorOptions {
     std::string secret_file;
 };
 
-std::string cpu_model_name(const std::string &root) {
-    std::ifstream in(root + "/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.compare(0, 10, "model name") == 0) {
-            const size_t colon = line.find(':');
-            return colon != std::string::npos && colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-        }
-    return "";
-}
-
 int doctor_main(const DoctorOptions &opt) {
     cluster::HostCheckOptions ho;
     ho.root = opt.root;
-    ho.cpu_model = cpu_model_name(opt.root);
+    ho.cpu_model = cluster::cpu_model_name(opt.root);
     ho.secret_path = opt.secret_file.empty() ? net::default_secret_path() : opt.secret_file;
     if (!opt.workers.empty()) {
         auto list = cluster::parse_worker_list(opt.workers);

@@ -94,19 +94,10 @@ Result<cluster::ModelShape> shape_from_spec(const std::string &spec_in, const st
 
 int plan_main(const PlanCliOptions &opt) {
     cluster::PlanOptions po;
-    po.batches.clear();
-    {
-        std::stringstream ss(opt.batches);
-        std::string item;
-        while (std::getline(ss, item, ',')) {
-            int32_t b = 0;
-            auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), b);
-            if (ec != std::errc() || end != item.data() + item.size() || b < 1 || b > 4096)
-                return fail(invalid_input("--batch takes whole numbers 1..4096, got '{}'", item));
-            po.batches.push_back(b);
-        }
-        std::sort(po.batches.begin(), po.batches.end());
-    }
+    auto batches = parse_int_list("--batch", opt.batches, 1, 4096);
+    if (!batches.ok()) return fail(batches.status());
+    po.batches = std::move(batches).value();
+    std::sort(po.batches.begin(), po.batches.end());
     po.n_threads = opt.n_threads;
     po.probe_ms = opt.probe_ms;
     po.contention = !opt.no_contention;

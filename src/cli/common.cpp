@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -101,6 +102,26 @@ std::string tandem_cache_dir() {
 
 std::string pack_dir(bool no_repack) {
     return no_repack ? std::string() : (fs::path(tandem_cache_dir()) / "packed").string();
+}
+
+Result<std::vector<int32_t>> parse_int_list(const std::string &flag, const std::string &text, int32_t min,
+                                            int32_t max) {
+    std::vector<int32_t> out;
+    size_t start = 0;
+    for (;;) {
+        const size_t comma = text.find(',', start);
+        const std::string item =
+            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        int32_t v = 0;
+        auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < min || v > max)
+            return invalid_input("{} takes a comma-separated list of whole numbers from {} to {}, got '{}'",
+                                 flag, min, max, text);
+        out.push_back(v);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
 }
 
 void add_secret_flag(CLI::App *cmd, std::string &path) {

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "net/auth.h"
@@ -26,6 +27,10 @@ std::string human_bytes(double bytes);
 std::string tandem_cache_dir();
 // Where packed weights are cached (model/weight-pack.h): <cache root>/packed, or "" with --no-repack.
 std::string pack_dir(bool no_repack);
+
+// "512,1024" -> {512, 1024}; every item a whole number in [min, max]; errors name `flag`.
+Result<std::vector<int32_t>> parse_int_list(const std::string &flag, const std::string &text, int32_t min,
+                                            int32_t max);
 
 // --secret-file on a subcommand that talks to workers (the file every node of a cluster holds a copy of).
 void add_secret_flag(CLI::App *cmd, std::string &path);

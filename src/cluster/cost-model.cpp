@@ -260,29 +260,30 @@ std::string Layout::label() const {
     return fmt::format("layout {}: {}", sizes, ranges);
 }
 
-std::string Layout::flags(const ClusterSpec &cluster) const {
-    std::string workers, sizes, ranges;
-    bool any_tp = false;
+LayoutArgs Layout::args(const ClusterSpec &cluster) const {
+    LayoutArgs a;
     for (size_t s = 0; s < groups.size(); ++s) {
-        for (int i : groups[s])
-            workers += (workers.empty() ? "" : ",") + cluster.nodes[static_cast<size_t>(i)].name;
-        sizes += fmt::format("{}{}", s ? "," : "", groups[s].size());
-        ranges += fmt::format("{}{}-{}", s ? "," : "", layers[s].first, layers[s].second - 1);
-        any_tp |= groups[s].size() > 1;
+        for (int i : groups[s]) a.workers += (a.workers.empty() ? "" : ",") + cluster.nodes[static_cast<size_t>(i)].name;
+        a.sizes += fmt::format("{}{}", s ? "," : "", groups[s].size());
+        a.layers += fmt::format("{}{}-{}", s ? "," : "", layers[s].first, layers[s].second - 1);
+        a.tensor_parallel |= groups[s].size() > 1;
     }
-    std::string f = "--workers " + workers;
-    if (any_tp) f += groups.size() == 1 ? fmt::format(" --tp {}", groups[0].size()) : " --layout " + sizes;
-    if (groups.size() > 1) f += " --layers " + ranges;
     // Uneven tensor-parallel shares: say them, so the run cuts the slices the plan measured.
     bool uneven = false;
     for (const auto &g : shares)
         for (double v : g) uneven |= std::abs(v - g.front()) > 1e-9;
-    if (uneven) {
-        std::string split;
+    if (uneven)
         for (const auto &g : shares)
-            for (double v : g) split += fmt::format("{}{:.2f}", split.empty() ? "" : ",", v / g.front());
-        f += " --split " + split;
-    }
+            for (double v : g) a.split += fmt::format("{}{:.2f}", a.split.empty() ? "" : ",", v / g.front());
+    return a;
+}
+
+std::string Layout::flags(const ClusterSpec &cluster) const {
+    const LayoutArgs a = args(cluster);
+    std::string f = "--workers " + a.workers;
+    if (a.tensor_parallel) f += groups.size() == 1 ? fmt::format(" --tp {}", groups[0].size()) : " --layout " + a.sizes;
+    if (groups.size() > 1) f += " --layers " + a.layers;
+    if (!a.split.empty()) f += " --split " + a.split;
     return f;
 }
 

@@ -127,6 +127,15 @@ struct ClusterSpec {
     static constexpr double kSharedCore = 1.5;
 };
 
+// The values of the flags that run a layout (what --layout auto sets and `plan` prints).
+struct LayoutArgs {
+    std::string workers;  // --workers, in stage and rank order
+    std::string sizes;    // --layout: nodes per stage, "2,1"
+    std::string layers;   // --layers: "0-9,10-15"
+    std::string split;    // --split: relative shares per node, "" when every group splits evenly
+    bool tensor_parallel = false;  // some stage has more than one node
+};
+
 struct Layout {
     std::vector<std::vector<int>> groups;      // [stage] node indices, in rank order
     std::vector<LayerRange> layers;            // [stage]
@@ -136,6 +145,7 @@ struct Layout {
     std::string label() const;                 // "tp 2", "pipeline 0-7 | 8-15", "2x2: 0-7 | 8-15"
     // The flags that run it: "--workers a,b --tp 2" / "--layout 2,1 --layers 0-9,10-15" ...
     std::string flags(const ClusterSpec &cluster) const;
+    LayoutArgs args(const ClusterSpec &cluster) const;
     int n_nodes() const;
 };
 

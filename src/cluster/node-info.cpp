@@ -27,16 +27,20 @@ MemInfo read_meminfo() {
     return m;
 }
 
-std::string cpu_description() {
-    std::ifstream in("/proc/cpuinfo");
-    std::string line, name = "unknown cpu";
-    while (std::getline(in, line)) {
+std::string cpu_model_name(const std::string &root) {
+    std::ifstream in(root + "/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
         if (line.compare(0, 10, "model name") == 0) {
             const size_t colon = line.find(':');
-            if (colon != std::string::npos && colon + 2 <= line.size()) name = line.substr(colon + 2);
-            break;
+            return colon != std::string::npos && colon + 2 <= line.size() ? line.substr(colon + 2) : "";
         }
-    }
+    return "";
+}
+
+std::string cpu_description() {
+    std::string name = cpu_model_name();
+    if (name.empty()) name = "unknown cpu";
     return fmt::format("{} ({})", name, kernels::isa_name(kernels::isa_active()));
 }
 

@@ -17,6 +17,8 @@ MemInfo read_meminfo();
 
 // "model name" from /proc/cpuinfo plus the kernel ISA in use, e.g. "AMD EPYC 7B13 (avx2)".
 std::string cpu_description();
+// The first "model name" of <root>/proc/cpuinfo ("" when there is none).
+std::string cpu_model_name(const std::string &root = "/");
 
 // GFLOP/s of a q4_0 matmul (the common weight type) on `pool`, measured for about `budget_ms`.
 float measure_gflops(ThreadPool &pool, int budget_ms = 60);
