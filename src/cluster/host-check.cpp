@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -66,6 +67,16 @@ std::vector<fs::path> cpu_dirs(const fs::path &root) {
     return out;
 }
 
+// The common tail of a check: OK, or WARN with why it matters appended to the finding and the fix.
+HostCheck &verdict(HostCheck &c, bool ok, std::string_view why, std::string fix) {
+    c.status = ok ? CheckStatus::ok : CheckStatus::warn;
+    if (!ok) {
+        c.detail += fmt::format(": {}", why);
+        c.fix = std::move(fix);
+    }
+    return c;
+}
+
 HostCheck check_governor(const fs::path &root) {
     HostCheck c{"cpu governor", CheckStatus::unknown, "", ""};
     std::map<std::string, int> seen;
@@ -80,13 +91,9 @@ HostCheck check_governor(const fs::path &root) {
     std::string list;
     for (const auto &[g, n] : seen) list += fmt::format("{}{} on {} cpus", list.empty() ? "" : ", ", g, n);
     c.detail = list;
-    const bool all_perf = seen.size() == 1 && seen.count("performance");
-    c.status = all_perf ? CheckStatus::ok : CheckStatus::warn;
-    if (!all_perf) {
-        c.detail += ": cores that clock down between tokens answer all-reduces late";
-        c.fix = "sudo cpupower frequency-set -g performance";
-    }
-    return c;
+    return verdict(c, seen.size() == 1 && seen.count("performance"),
+                   "cores that clock down between tokens answer all-reduces late",
+                   "sudo cpupower frequency-set -g performance");
 }
 
 HostCheck check_cstates(const fs::path &root) {
@@ -165,11 +172,9 @@ HostCheck check_slow_start(const fs::path &root) {
         c.detail = "net.ipv4.tcp_slow_start_after_idle is not readable";
         return c;
     }
-    c.status = v == 0 ? CheckStatus::ok : CheckStatus::warn;
-    c.detail = fmt::format("net.ipv4.tcp_slow_start_after_idle = {}{}", v,
-                           v == 0 ? "" : ": a link idle between requests restarts from a small window");
-    if (v != 0) c.fix = "sudo sysctl -w net.ipv4.tcp_slow_start_after_idle=0";
-    return c;
+    c.detail = fmt::format("net.ipv4.tcp_slow_start_after_idle = {}", v);
+    return verdict(c, v == 0, "a link idle between requests restarts from a small window",
+                   "sudo sysctl -w net.ipv4.tcp_slow_start_after_idle=0");
 }
 
 // proc/net/route: "Iface Destination Gateway ..." with hex fields; the default route has destination 0.
@@ -234,17 +239,11 @@ HostCheck check_irq(const fs::path &root) {
     c.detail = fmt::format("isolated cores: {}; default interrupt affinity: {}; irqbalance {}",
                            isolated.empty() ? "none" : isolated, has_def ? def : "?",
                            irqbalance ? "runs" : "does not run");
-    if (!isolated.empty() && irqbalance) {
-        c.status = CheckStatus::warn;
-        c.detail += ": irqbalance may move network interrupts onto the isolated compute cores";
-        c.fix = fmt::format(
-            "sudo sh -c 'echo IRQBALANCE_BANNED_CPULIST={} >> /etc/default/irqbalance' && sudo systemctl "
-            "restart irqbalance",
-            isolated);
-    } else {
-        c.status = CheckStatus::ok;
-    }
-    return c;
+    return verdict(c, isolated.empty() || !irqbalance,
+                   "irqbalance may move network interrupts onto the isolated compute cores",
+                   fmt::format("sudo sh -c 'echo IRQBALANCE_BANNED_CPULIST={} >> /etc/default/irqbalance' && "
+                               "sudo systemctl restart irqbalance",
+                               isolated));
 }
 
 HostCheck check_thp(const fs::path &root) {
@@ -258,14 +257,9 @@ HostCheck check_thp(const fs::path &root) {
     const std::string mode =
         a != std::string::npos && b != std::string::npos && b > a ? s.substr(a + 1, b - a - 1) : s;
     c.detail = "mode " + mode;
-    if (mode == "always" || mode == "madvise") {
-        c.status = CheckStatus::ok;
-    } else {
-        c.status = CheckStatus::warn;
-        c.detail += ": weights and buffers stay on 4 KiB pages (more TLB misses while streaming weights)";
-        c.fix = "echo madvise | sudo tee /sys/kernel/mm/transparent_hugepage/enabled";
-    }
-    return c;
+    return verdict(c, mode == "always" || mode == "madvise",
+                   "weights and buffers stay on 4 KiB pages (more TLB misses while streaming weights)",
+                   "echo madvise | sudo tee /sys/kernel/mm/transparent_hugepage/enabled");
 }
 
 HostCheck check_memlock(const fs::path &root) {
@@ -287,12 +281,8 @@ HostCheck check_memlock(const fs::path &root) {
             } catch (...) {
                 return c;
             }
-            c.status = v >= (uint64_t{1} << 30) ? CheckStatus::ok : CheckStatus::warn;
-            if (c.status == CheckStatus::warn) {
-                c.detail += ": RDMA registers activation buffers and needs them locked";
-                c.fix =
-                    "ulimit -l unlimited   # for good: '* - memlock unlimited' in /etc/security/limits.conf";
-            }
+            verdict(c, v >= (uint64_t{1} << 30), "RDMA registers activation buffers and needs them locked",
+                    "ulimit -l unlimited   # for good: '* - memlock unlimited' in /etc/security/limits.conf");
         }
         return c;
     }
@@ -320,14 +310,9 @@ HostCheck check_swap(const fs::path &root) {
     c.detail = fmt::format("{:.1f} GiB of swap, {:.1f} GiB used{}", total / 1048576.0,
                            (total - std::min(total, free)) / 1048576.0,
                            has_sw ? fmt::format(", vm.swappiness = {}", swappiness) : "");
-    if (total == 0 || (has_sw && swappiness <= 10 && total == free)) {
-        c.status = CheckStatus::ok;
-    } else {
-        c.status = CheckStatus::warn;
-        c.detail += ": weights paged out to swap stall a token for milliseconds";
-        c.fix = "sudo sysctl -w vm.swappiness=1   # or: sudo swapoff -a";
-    }
-    return c;
+    return verdict(c, total == 0 || (has_sw && swappiness <= 10 && total == free),
+                   "weights paged out to swap stall a token for milliseconds",
+                   "sudo sysctl -w vm.swappiness=1   # or: sudo swapoff -a");
 }
 
 HostCheck check_numa(const fs::path &root) {
@@ -344,14 +329,8 @@ HostCheck check_numa(const fs::path &root) {
         return c;
     }
     c.detail = fmt::format("{} NUMA node{}", nodes, nodes == 1 ? "" : "s");
-    if (nodes == 1) {
-        c.status = CheckStatus::ok;
-    } else {
-        c.status = CheckStatus::warn;
-        c.detail += ": one process across nodes reads half its weights over the socket link";
-        c.fix = "numactl --cpunodebind=0 --membind=0 tandem worker ...   # one worker per NUMA node";
-    }
-    return c;
+    return verdict(c, nodes == 1, "one process across nodes reads half its weights over the socket link",
+                   "numactl --cpunodebind=0 --membind=0 tandem worker ...   # one worker per NUMA node");
 }
 
 }  // namespace
@@ -466,13 +445,10 @@ std::vector<HostCheck> run_host_checks(const HostCheckOptions &o) {
         const double want_bw = expected_read_gbps(o.cpu_model);
         bw.detail = fmt::format("plain read {:.1f} GB/s on all cores", o.read_gbps);
         if (want_bw > 0) {
-            bw.status = o.read_gbps >= 0.6 * want_bw ? CheckStatus::ok : CheckStatus::warn;
             bw.detail += fmt::format("; a healthy {} reads about {:.0f} GB/s", o.cpu_model, want_bw);
-            if (bw.status == CheckStatus::warn) {
-                bw.detail += ": memory in fewer channels, a low memory clock, or another process reading";
-                bw.fix =
-                    "check the DIMMs/BIOS memory profile (sudo dmidecode -t memory) and what else runs (top)";
-            }
+            verdict(bw, o.read_gbps >= 0.6 * want_bw,
+                    "memory in fewer channels, a low memory clock, or another process reading",
+                    "check the DIMMs/BIOS memory profile (sudo dmidecode -t memory) and what else runs (top)");
         } else {
             bw.detail += fmt::format(" (no reference figure for '{}')",
                                      o.cpu_model.empty() ? "this cpu" : o.cpu_model);

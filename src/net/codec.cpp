@@ -63,6 +63,19 @@ public:
         for (const std::string &s : v) put_string(out_, s);
         return {};
     }
+    template <size_t N>
+    Status bytes(const std::array<uint8_t, N> &v, const char *) {
+        out_.insert(out_.end(), v.begin(), v.end());
+        return {};
+    }
+    Status timing(const double &v, const char *) { return field(v, nullptr); }
+    // u32 count, then each element's fields.
+    template <typename V, typename F>
+    Status list(const V &v, size_t, const char *, F &&each) {
+        put<uint32_t>(out_, static_cast<uint32_t>(v.size()));
+        for (const auto &x : v) (void)each(x);
+        return {};
+    }
 
 private:
     std::vector<uint8_t> &out_;
@@ -123,6 +136,24 @@ public:
     Status finite(float &v, const char *name) {
         TD_TRY(field(v, name));
         if (!std::isfinite(v)) return invalid_input("{}: {} is not finite ({})", what_, name, v);
+        return {};
+    }
+
+    // A measured time or rate: finite and not negative.
+    Status timing(double &v, const char *name) {
+        TD_TRY(field(v, name));
+        if (!std::isfinite(v) || v < 0) return invalid_input("{}: {} of {} is not a finite, non-negative value", what_, name, v);
+        return {};
+    }
+
+    // u32 count (<= max), then each element's fields.
+    template <typename V, typename F>
+    Status list(V &v, size_t max, const char *name, F &&each) {
+        uint32_t n = 0;
+        TD_TRY(field(n, name));
+        if (n > max) return invalid_input("{}: {} has {} entries, limit {}", what_, name, n, max);
+        v.resize(n);
+        for (auto &x : v) TD_TRY(each(x));
         return {};
     }
 
@@ -232,14 +263,21 @@ Result<FrameHeader> decode_header(const uint8_t in[kHeaderBytes]) {
 
 // ---- control messages ------------------------------------------------------------------------------------
 
+// The fields after the ones a peer of another version may still send (version, role, build, name).
+template <typename Io, typename M>
+Status hello_tail_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.group, "group"));
+    TD_TRY(io.field(m.rank, "rank"));
+    return io.bytes(m.nonce, "nonce");
+}
+
 void encode(const Hello &m, std::vector<uint8_t> &out) {
-    put<uint32_t>(out, m.protocol_version);
-    put<uint32_t>(out, static_cast<uint32_t>(m.role));
-    put_string(out, m.build_id);
-    put_string(out, m.node_name);
-    put<uint64_t>(out, m.group);
-    put<uint32_t>(out, m.rank);
-    out.insert(out.end(), m.nonce.begin(), m.nonce.end());
+    Writer w(out);
+    (void)w.field(m.protocol_version, "protocol_version");
+    (void)w.field(static_cast<uint32_t>(m.role), "role");
+    (void)w.string(m.build_id, "build_id");
+    (void)w.string(m.node_name, "node_name");
+    (void)hello_tail_fields(w, m);
 }
 
 Result<Hello> decode_hello(std::span<const uint8_t> payload) {
@@ -261,9 +299,7 @@ Result<Hello> decode_hello(std::span<const uint8_t> payload) {
     m.role = static_cast<ConnRole>(role);
     TD_TRY(r.string(m.build_id, "build_id"));
     TD_TRY(r.string(m.node_name, "node_name"));
-    TD_TRY(r.field(m.group, "group"));
-    TD_TRY(r.field(m.rank, "rank"));
-    TD_TRY(r.bytes(m.nonce, "nonce"));
+    TD_TRY(hello_tail_fields(r, m));
     TD_TRY(r.finish());
     if (m.role == ConnRole::peer && m.rank >= kMaxTpSize)
         return invalid_input("hello: peer rank {} is beyond the limit of {} ranks", m.rank, kMaxTpSize);
@@ -301,22 +337,28 @@ Result<HelloReply> decode_hello_reply(std::span<const uint8_t> payload) {
     return m;
 }
 
+template <typename Io, typename M>
+Status auth_challenge_fields(Io &io, M &m) {
+    TD_TRY(io.bytes(m.nonce, "nonce"));
+    return io.bytes(m.proof, "proof");
+}
+
 void encode(const AuthChallenge &m, std::vector<uint8_t> &out) {
-    out.insert(out.end(), m.nonce.begin(), m.nonce.end());
-    out.insert(out.end(), m.proof.begin(), m.proof.end());
+    Writer w(out);
+    (void)auth_challenge_fields(w, m);
 }
 
 Result<AuthChallenge> decode_auth_challenge(std::span<const uint8_t> payload) {
     Reader r("auth_challenge", payload);
     AuthChallenge m;
-    TD_TRY(r.bytes(m.nonce, "nonce"));
-    TD_TRY(r.bytes(m.proof, "proof"));
+    TD_TRY(auth_challenge_fields(r, m));
     TD_TRY(r.finish());
     return m;
 }
 
 void encode(const AuthProof &m, std::vector<uint8_t> &out) {
-    out.insert(out.end(), m.proof.begin(), m.proof.end());
+    Writer w(out);
+    (void)w.bytes(m.proof, "proof");
 }
 
 Result<AuthProof> decode_auth_proof(std::span<const uint8_t> payload) {
@@ -742,11 +784,22 @@ size_t forward_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireType wire, bo
 namespace {
 
 template <typename Io, typename M>
-Status probe_compute_fields(Io &io, M &m, uint32_t &n_matrices, uint32_t &n_rows) {
+Status probe_compute_fields(Io &io, M &m) {
     TD_TRY(io.field(m.n_threads, "n_threads"));
     TD_TRY(io.field(m.budget_ms, "budget_ms"));
     TD_TRY(io.field(m.working_set, "working_set"));
-    return io.field(n_matrices, "matrices");
+    TD_TRY(io.list(m.matrices, kMaxProbeMatrices, "matrices", [&](auto &x) {
+        TD_TRY(io.field(x.dtype, "dtype"));
+        TD_TRY(io.field(x.n_in, "n_in"));
+        return io.field(x.n_out, "n_out");
+    }));
+    TD_TRY(io.list(m.rows, kMaxProbeRows, "rows", [&](auto &v) { return io.field(v, "rows"); }));
+    TD_TRY(io.field(m.ops.n_embd, "n_embd"));
+    TD_TRY(io.field(m.ops.n_ff, "n_ff"));
+    TD_TRY(io.field(m.ops.n_head, "n_head"));
+    TD_TRY(io.field(m.ops.n_head_kv, "n_head_kv"));
+    TD_TRY(io.field(m.ops.head_dim, "head_dim"));
+    return io.field(m.ops.n_pos, "n_pos");
 }
 
 Status check_probe_compute(const ProbeCompute &m) {
@@ -775,154 +828,107 @@ Status check_probe_compute(const ProbeCompute &m) {
     return {};
 }
 
+template <typename Io, typename M>
+Status probe_compute_reply_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.n_threads, "n_threads"));
+    TD_TRY(io.timing(m.read_gbps, "read_gbps"));
+    TD_TRY(io.list(m.seconds, kMaxProbeMatrices * kMaxProbeRows, "seconds",
+                   [&](auto &v) { return io.timing(v, "seconds"); }));
+    TD_TRY(io.timing(m.norm_s, "norm_s"));
+    TD_TRY(io.timing(m.act_s, "act_s"));
+    TD_TRY(io.timing(m.rope_s, "rope_s"));
+    TD_TRY(io.timing(m.attn_s, "attn_s"));
+    return io.timing(m.dispatch_s, "dispatch_s");
+}
+
+template <typename Io, typename M>
+Status probe_link_fields(Io &io, M &m) {
+    TD_TRY(io.string(m.address, "address"));
+    TD_TRY(io.field(m.budget_ms, "budget_ms"));
+    TD_TRY(io.list(m.rtt_sizes, kMaxProbeSizes, "rtt_sizes", [&](auto &v) { return io.field(v, "rtt_sizes"); }));
+    return io.list(m.stream_sizes, kMaxProbeSizes, "stream_sizes",
+                   [&](auto &v) { return io.field(v, "stream_sizes"); });
+}
+
+template <typename Io, typename M>
+Status probe_link_reply_fields(Io &io, M &m) {
+    return io.list(m.samples, 2 * kMaxProbeSizes, "samples", [&](auto &x) {
+        TD_TRY(io.field(x.bytes, "bytes"));
+        TD_TRY(io.field(x.mode, "mode"));
+        TD_TRY(io.field(x.count, "count"));
+        TD_TRY(io.timing(x.p50, "p50"));
+        TD_TRY(io.timing(x.p90, "p90"));
+        TD_TRY(io.timing(x.p99, "p99"));
+        TD_TRY(io.timing(x.max, "max"));
+        return io.timing(x.gbps, "gbps");
+    });
+}
+
+Status check_probe_link(const ProbeLink &m) {
+    if (m.budget_ms > kMaxProbeBudgetMs)
+        return invalid_input("probe_link: budget of {} ms per size, limit {}", m.budget_ms, kMaxProbeBudgetMs);
+    for (const std::vector<uint64_t> *sizes : {&m.rtt_sizes, &m.stream_sizes})
+        for (uint64_t x : *sizes)
+            if (x > kMaxEchoPayload)
+                return invalid_input("probe_link: a message of {} bytes, limit {}", x, kMaxEchoPayload);
+    return {};
+}
+
 }  // namespace
 
 void encode(const ProbeCompute &m, std::vector<uint8_t> &out) {
-    put<uint32_t>(out, m.n_threads);
-    put<uint32_t>(out, m.budget_ms);
-    put<uint64_t>(out, m.working_set);
-    put<uint32_t>(out, static_cast<uint32_t>(m.matrices.size()));
-    for (const ProbeMatrix &x : m.matrices) {
-        put<uint32_t>(out, x.dtype);
-        put<uint32_t>(out, x.n_in);
-        put<uint32_t>(out, x.n_out);
-    }
-    put<uint32_t>(out, static_cast<uint32_t>(m.rows.size()));
-    for (uint32_t r : m.rows) put<uint32_t>(out, r);
-    for (uint32_t v : {m.ops.n_embd, m.ops.n_ff, m.ops.n_head, m.ops.n_head_kv, m.ops.head_dim, m.ops.n_pos})
-        put<uint32_t>(out, v);
+    Writer w(out);
+    (void)probe_compute_fields(w, m);
 }
 
 Result<ProbeCompute> decode_probe_compute(std::span<const uint8_t> payload) {
     Reader r("probe_compute", payload);
     ProbeCompute m;
-    uint32_t n = 0;
-    TD_TRY(r.field(m.n_threads, "n_threads"));
-    TD_TRY(r.field(m.budget_ms, "budget_ms"));
-    TD_TRY(r.field(m.working_set, "working_set"));
-    TD_TRY(r.field(n, "matrices"));
-    if (n > kMaxProbeMatrices)
-        return invalid_input("probe_compute: {} matrices, limit {}", n, kMaxProbeMatrices);
-    m.matrices.resize(n);
-    for (ProbeMatrix &x : m.matrices) {
-        TD_TRY(r.field(x.dtype, "dtype"));
-        TD_TRY(r.field(x.n_in, "n_in"));
-        TD_TRY(r.field(x.n_out, "n_out"));
-    }
-    TD_TRY(r.field(n, "rows"));
-    if (n > kMaxProbeRows) return invalid_input("probe_compute: {} row counts, limit {}", n, kMaxProbeRows);
-    m.rows.resize(n);
-    for (uint32_t &v : m.rows) TD_TRY(r.field(v, "rows"));
-    for (uint32_t *v :
-         {&m.ops.n_embd, &m.ops.n_ff, &m.ops.n_head, &m.ops.n_head_kv, &m.ops.head_dim, &m.ops.n_pos})
-        TD_TRY(r.field(*v, "ops"));
+    TD_TRY(probe_compute_fields(r, m));
     TD_TRY(r.finish());
     TD_TRY(check_probe_compute(m));
     return m;
 }
 
 void encode(const ProbeComputeReply &m, std::vector<uint8_t> &out) {
-    put<uint32_t>(out, m.n_threads);
-    put<double>(out, m.read_gbps);
-    put<uint32_t>(out, static_cast<uint32_t>(m.seconds.size()));
-    for (double v : m.seconds) put<double>(out, v);
-    for (double v : {m.norm_s, m.act_s, m.rope_s, m.attn_s, m.dispatch_s}) put<double>(out, v);
+    Writer w(out);
+    (void)probe_compute_reply_fields(w, m);
 }
 
 Result<ProbeComputeReply> decode_probe_compute_reply(std::span<const uint8_t> payload) {
     Reader r("probe_compute_reply", payload);
     ProbeComputeReply m;
-    uint32_t n = 0;
-    TD_TRY(r.field(m.n_threads, "n_threads"));
-    TD_TRY(r.field(m.read_gbps, "read_gbps"));
-    TD_TRY(r.field(n, "seconds"));
-    if (n > kMaxProbeMatrices * kMaxProbeRows)
-        return invalid_input("probe_compute_reply: {} timings, limit {}", n,
-                             kMaxProbeMatrices * kMaxProbeRows);
-    m.seconds.resize(n);
-    for (double &v : m.seconds) {
-        TD_TRY(r.field(v, "seconds"));
-        if (!std::isfinite(v) || v < 0) return invalid_input("probe_compute_reply: a timing of {} s", v);
-    }
-    for (double *v : {&m.norm_s, &m.act_s, &m.rope_s, &m.attn_s, &m.dispatch_s}) {
-        TD_TRY(r.field(*v, "ops"));
-        if (!std::isfinite(*v) || *v < 0) return invalid_input("probe_compute_reply: a timing of {} s", *v);
-    }
+    TD_TRY(probe_compute_reply_fields(r, m));
     TD_TRY(r.finish());
-    if (!std::isfinite(m.read_gbps) || m.read_gbps < 0)
-        return invalid_input("probe_compute_reply: read bandwidth {}", m.read_gbps);
     return m;
 }
 
-namespace {
-
-Status read_sizes(Reader &r, std::vector<uint64_t> &v, const char *name) {
-    uint32_t n = 0;
-    TD_TRY(r.field(n, name));
-    if (n > kMaxProbeSizes) return invalid_input("probe_link: {} {}, limit {}", n, name, kMaxProbeSizes);
-    v.resize(n);
-    for (uint64_t &x : v) {
-        TD_TRY(r.field(x, name));
-        if (x > kMaxEchoPayload)
-            return invalid_input("probe_link: a message of {} bytes, limit {}", x, kMaxEchoPayload);
-    }
-    return {};
-}
-
-}  // namespace
-
 void encode(const ProbeLink &m, std::vector<uint8_t> &out) {
-    put_string(out, m.address);
-    put<uint32_t>(out, m.budget_ms);
-    put<uint32_t>(out, static_cast<uint32_t>(m.rtt_sizes.size()));
-    for (uint64_t v : m.rtt_sizes) put<uint64_t>(out, v);
-    put<uint32_t>(out, static_cast<uint32_t>(m.stream_sizes.size()));
-    for (uint64_t v : m.stream_sizes) put<uint64_t>(out, v);
+    Writer w(out);
+    (void)probe_link_fields(w, m);
 }
 
 Result<ProbeLink> decode_probe_link(std::span<const uint8_t> payload) {
     Reader r("probe_link", payload);
     ProbeLink m;
-    TD_TRY(r.string(m.address, "address"));
-    TD_TRY(r.field(m.budget_ms, "budget_ms"));
-    TD_TRY(read_sizes(r, m.rtt_sizes, "rtt_sizes"));
-    TD_TRY(read_sizes(r, m.stream_sizes, "stream_sizes"));
+    TD_TRY(probe_link_fields(r, m));
     TD_TRY(r.finish());
-    if (m.budget_ms > kMaxProbeBudgetMs)
-        return invalid_input("probe_link: budget of {} ms per size, limit {}", m.budget_ms,
-                             kMaxProbeBudgetMs);
+    TD_TRY(check_probe_link(m));
     return m;
 }
 
 void encode(const ProbeLinkReply &m, std::vector<uint8_t> &out) {
-    put<uint32_t>(out, static_cast<uint32_t>(m.samples.size()));
-    for (const LinkSample &x : m.samples) {
-        put<uint64_t>(out, x.bytes);
-        put<uint32_t>(out, x.mode);
-        put<uint32_t>(out, x.count);
-        for (double v : {x.p50, x.p90, x.p99, x.max, x.gbps}) put<double>(out, v);
-    }
+    Writer w(out);
+    (void)probe_link_reply_fields(w, m);
 }
 
 Result<ProbeLinkReply> decode_probe_link_reply(std::span<const uint8_t> payload) {
     Reader r("probe_link_reply", payload);
     ProbeLinkReply m;
-    uint32_t n = 0;
-    TD_TRY(r.field(n, "samples"));
-    if (n > 2 * kMaxProbeSizes)
-        return invalid_input("probe_link_reply: {} samples, limit {}", n, 2 * kMaxProbeSizes);
-    m.samples.resize(n);
-    for (LinkSample &x : m.samples) {
-        TD_TRY(r.field(x.bytes, "bytes"));
-        TD_TRY(r.field(x.mode, "mode"));
-        TD_TRY(r.field(x.count, "count"));
-        for (double *v : {&x.p50, &x.p90, &x.p99, &x.max, &x.gbps}) {
-            TD_TRY(r.field(*v, "timing"));
-            if (!std::isfinite(*v) || *v < 0) return invalid_input("probe_link_reply: a timing of {}", *v);
-        }
-        if (x.mode > 1) return invalid_input("probe_link_reply: unknown mode {}", x.mode);
-    }
+    TD_TRY(probe_link_reply_fields(r, m));
     TD_TRY(r.finish());
+    for (const LinkSample &x : m.samples)
+        if (x.mode > 1) return invalid_input("probe_link_reply: unknown mode {}", x.mode);
     return m;
 }
 
