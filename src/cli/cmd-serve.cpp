@@ -46,6 +46,7 @@ struct ServeOptions {
     int http_threads = 0;
     std::string api_key;
     std::string api_key_file;
+    std::string ssl_cert, ssl_key;
     std::string alias;
     std::string kv_type = "f16";
     std::string chat_template;
@@ -91,6 +92,8 @@ int serve_main(const ServeOptions &opt) {
         if (!key.ok()) return fail(key.status());
         hp.api_key = *key;
     }
+    hp.ssl_cert = opt.ssl_cert;
+    hp.ssl_key = opt.ssl_key;
     hp.model_id = opt.alias.empty() ? std::filesystem::path(*path).stem().string() : opt.alias;
     hp.limits.write_timeout_ms = opt.timeout_s * 1000;
     // One handler thread per running or waiting request, plus some for /health and /metrics; slow and idle
@@ -108,7 +111,8 @@ int serve_main(const ServeOptions &opt) {
     server::HttpServer http(hp);
     auto port = http.bind();
     if (!port.ok()) return fail(port.status());
-    std::fprintf(stderr, "tandem serve listening on http://%s:%d\n", opt.host.c_str(), *port);
+    std::fprintf(stderr, "tandem serve listening on %s://%s:%d\n", opt.ssl_cert.empty() ? "http" : "https",
+                 opt.host.c_str(), *port);
     std::fflush(stderr);
 
     Status served;
@@ -180,6 +184,9 @@ void register_serve(CLI::App &app, Runners &runners) {
     cmd->add_option("--api-key", opt->api_key, "Require 'Authorization: Bearer KEY' (except /health)");
     cmd->add_option("--api-key-file", opt->api_key_file,
                     "Read the API key from this file (its first line), so it is not on the command line");
+    cmd->add_option("--ssl-cert,--ssl-cert-file", opt->ssl_cert,
+                    "Serve HTTPS with this PEM certificate chain (with --ssl-key)");
+    cmd->add_option("--ssl-key,--ssl-key-file", opt->ssl_key, "The PEM private key of --ssl-cert");
     cmd->add_option("--alias", opt->alias, "Model id in the API (default: the file name without .gguf)");
     cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
     cmd->add_option("--chat-template", opt->chat_template, "Chat template name (default: the model's)");

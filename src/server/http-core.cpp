@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "server/http-tls.h"
 
 namespace td::server {
 namespace {
@@ -51,26 +52,6 @@ bool is_token_char(char c) {
            std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
 }
 
-// Writes all of `data`, waiting up to timeout_ms for each bit of progress. False: the peer is gone or stuck.
-bool write_all(int fd, std::string_view data, int timeout_ms) {
-    while (!data.empty()) {
-        const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-        if (n > 0) {
-            data.remove_prefix(static_cast<size_t>(n));
-            continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            pollfd p{fd, POLLOUT, 0};
-            const int r = ::poll(&p, 1, timeout_ms);
-            if (r <= 0 || (p.revents & (POLLERR | POLLHUP | POLLNVAL))) return false;
-            continue;
-        }
-        return false;
-    }
-    return true;
-}
-
 // The client closed its side or the connection broke (pipelined bytes alone do not count).
 bool peer_gone(int fd) {
     pollfd p{fd, POLLRDHUP, 0};
@@ -80,7 +61,7 @@ bool peer_gone(int fd) {
 
 class ChunkedStream : public HttpStream {
 public:
-    ChunkedStream(int fd, int timeout_ms) : fd_(fd), timeout_ms_(timeout_ms) {}
+    ChunkedStream(Channel &ch, int timeout_ms) : ch_(ch), timeout_ms_(timeout_ms) {}
     bool write(std::string_view bytes) override {
         if (failed_) return false;
         if (bytes.empty()) return true;
@@ -89,14 +70,14 @@ public:
         frame_.assign(head, static_cast<size_t>(n));
         frame_.append(bytes);
         frame_ += "\r\n";
-        failed_ = !write_all(fd_, frame_, timeout_ms_);
+        failed_ = !ch_.write_all(frame_, timeout_ms_);
         return !failed_;
     }
-    bool writable() override { return !failed_ && !peer_gone(fd_); }
+    bool writable() override { return !failed_ && !peer_gone(ch_.fd()); }
     bool failed() const { return failed_; }
 
 private:
-    int fd_;
+    Channel &ch_;
     int timeout_ms_;
     bool failed_ = false;
     std::string frame_;
@@ -104,8 +85,10 @@ private:
 
 struct Conn {
     int fd = -1;
-    std::string in;  // bytes read and not yet consumed
-    enum class Phase { idle, header, body } phase = Phase::header;
+    std::unique_ptr<Channel> ch;  // owns fd
+    std::string in;               // bytes read and not yet consumed
+    // tls: the TLS handshake, within the header's time.
+    enum class Phase { tls, idle, header, body } phase = Phase::header;
     Clock::time_point deadline;
     size_t scanned = 0;  // header bytes already searched for the blank line
     HttpRequest req;
@@ -221,6 +204,7 @@ struct HttpCore::Impl {
     HttpLimits lim;
     HttpHandler handler;
     HttpErrorBody error_body;
+    std::shared_ptr<TlsContext> tls;  // null: plain HTTP
     int listen_fd = -1, ep = -1, wake = -1;
     std::atomic<bool> stopping{false};
     std::atomic<bool> running{false};
@@ -249,7 +233,7 @@ struct HttpCore::Impl {
     }
 
     void close_conn(std::unique_ptr<Conn> c) {
-        ::close(c->fd);
+        c->ch->close();
         --n_open;
     }
 
@@ -260,16 +244,15 @@ struct HttpCore::Impl {
         const std::string out = fmt::format(
             "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n{}\r\n{}", status,
             http_reason(status), type, body.size(), status == 503 ? "Retry-After: 1\r\n" : "", body);
-        (void)!::send(c->fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        ::shutdown(c->fd, SHUT_WR);
+        c->ch->write_now(out);
         close_conn(std::move(c));
     }
 
-    void watch(Conn &c) {
+    void watch(Conn &c, int op = EPOLL_CTL_ADD, bool out = false) {
         epoll_event ev{};
-        ev.events = EPOLLIN | EPOLLRDHUP;
+        ev.events = EPOLLIN | EPOLLRDHUP | (out ? EPOLLOUT : 0u);
         ev.data.fd = c.fd;
-        ::epoll_ctl(ep, EPOLL_CTL_ADD, c.fd, &ev);
+        ::epoll_ctl(ep, op, c.fd, &ev);
     }
 
     void accept_all() {
@@ -282,6 +265,7 @@ struct HttpCore::Impl {
             }
             auto c = std::make_unique<Conn>();
             c->fd = fd;
+            c->ch = std::make_unique<Channel>(fd, tls.get());
             ++n_open;
             if (n_open.load() > lim.max_connections) {
                 refuse(std::move(c), 503, fmt::format("too many connections (limit {})", lim.max_connections));
@@ -289,8 +273,8 @@ struct HttpCore::Impl {
             }
             const int one = 1;
             ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            c->phase = Conn::Phase::idle;  // the header clock starts now, like a fresh request's
-            start_header(*c);
+            start_header(*c);  // the header clock starts now (a TLS handshake is part of it)
+            if (tls) c->phase = Conn::Phase::tls;
             watch(*c);
             conns.emplace(fd, std::move(c));
         }
@@ -331,8 +315,7 @@ struct HttpCore::Impl {
             c->phase = Conn::Phase::body;
             c->deadline = Clock::now() + std::chrono::milliseconds(lim.body_timeout_ms);
             if (c->content_length > c->in.size() && lower(c->req.header("expect")) == "100-continue") {
-                static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-                (void)!::send(c->fd, cont, sizeof cont - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+                c->ch->write_now("HTTP/1.1 100 Continue\r\n\r\n");
             }
         }
         if (c->phase == Conn::Phase::body && c->in.size() >= c->content_length) {
@@ -364,19 +347,34 @@ struct HttpCore::Impl {
         auto it = conns.find(fd);
         if (it == conns.end()) return;
         std::unique_ptr<Conn> &c = it->second;
+        if (c->phase == Conn::Phase::tls) {
+            switch (c->ch->handshake()) {
+                case Channel::Io::ok:
+                    c->phase = Conn::Phase::header;  // keeps the deadline the connection started with
+                    watch(*c, EPOLL_CTL_MOD);
+                    break;
+                case Channel::Io::again_read: return watch(*c, EPOLL_CTL_MOD);
+                case Channel::Io::again_write: return watch(*c, EPOLL_CTL_MOD, true);
+                default: {
+                    // Not TLS (plain HTTP to an HTTPS port), or a handshake the server refuses.
+                    auto dead = take(c);
+                    return close_conn(std::move(dead));
+                }
+            }
+        }
         char buf[16384];
         for (;;) {
             // Read no more than the phase can use: a header's limit, or the rest of the body (then a little).
             const size_t cap = c->phase == Conn::Phase::body ? c->content_length + lim.max_header_bytes
                                                              : lim.max_header_bytes + 1;
             if (c->in.size() >= cap) break;
-            const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, cap - c->in.size()), 0);
-            if (n > 0) {
-                c->in.append(buf, static_cast<size_t>(n));
+            size_t n = 0;
+            const Channel::Io r = c->ch->read(buf, std::min(sizeof buf, cap - c->in.size()), &n);
+            if (r == Channel::Io::ok) {
+                c->in.append(buf, n);
                 continue;
             }
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+            if (r == Channel::Io::again_read || r == Channel::Io::again_write) break;
             // Closed or reset: whatever it had not finished is dropped.
             auto dead = take(c);
             return close_conn(std::move(dead));
@@ -392,7 +390,8 @@ struct HttpCore::Impl {
         for (int fd : late) {
             auto it = conns.find(fd);
             auto c = take(it->second);
-            if (c->phase == Conn::Phase::idle && c->in.empty()) close_conn(std::move(c));
+            if ((c->phase == Conn::Phase::idle && c->in.empty()) || c->phase == Conn::Phase::tls)
+                close_conn(std::move(c));
             else
                 refuse(std::move(c), 408,
                        c->phase == Conn::Phase::body
@@ -414,9 +413,10 @@ struct HttpCore::Impl {
             c->deadline = Clock::now() + std::chrono::milliseconds(lim.idle_timeout_ms);
             watch(*c);
             const int fd = c->fd;
-            auto &slot = conns[fd];
-            slot = std::move(c);
-            advance(slot);  // a pipelined request may already be here
+            conns[fd] = std::move(c);
+            // A pipelined request may already be here, in our buffer or (TLS) decrypted inside the session
+            // where epoll cannot see it: read what there is, then move on.
+            on_readable(fd);
         }
     }
 
@@ -445,15 +445,15 @@ struct HttpCore::Impl {
         bool ok = true;
         if (res.stream) {
             head += "Transfer-Encoding: chunked\r\n\r\n";
-            ok = write_all(fd, head, lim.write_timeout_ms);
+            ok = c->ch->write_all(head, lim.write_timeout_ms);
             if (ok) {
-                ChunkedStream s(fd, lim.write_timeout_ms);
+                ChunkedStream s(*c->ch, lim.write_timeout_ms);
                 res.stream(s);
-                ok = !s.failed() && write_all(fd, "0\r\n\r\n", lim.write_timeout_ms);
+                ok = !s.failed() && c->ch->write_all("0\r\n\r\n", lim.write_timeout_ms);
             }
         } else {
             head += fmt::format("Content-Length: {}\r\n\r\n", res.body.size());
-            ok = write_all(fd, head, lim.write_timeout_ms) && write_all(fd, res.body, lim.write_timeout_ms);
+            ok = c->ch->write_all(head, lim.write_timeout_ms) && c->ch->write_all(res.body, lim.write_timeout_ms);
         }
         {
             std::lock_guard lock(mu);
@@ -464,7 +464,6 @@ struct HttpCore::Impl {
             }
         }
         if (c) {
-            ::shutdown(fd, SHUT_WR);
             close_conn(std::move(c));
         } else {
             poke();
@@ -495,6 +494,10 @@ HttpCore::HttpCore(HttpLimits limits, HttpHandler handler, HttpErrorBody error_b
     impl_->lim = limits;
     impl_->handler = std::move(handler);
     impl_->error_body = std::move(error_body);
+}
+
+void HttpCore::set_tls(std::shared_ptr<TlsContext> tls) {
+    impl_->tls = std::move(tls);
 }
 
 HttpCore::~HttpCore() {
@@ -566,7 +569,7 @@ Status HttpCore::run() {
     ::close(m.listen_fd);
     m.listen_fd = -1;
     for (auto &[fd, c] : m.conns) {
-        ::close(fd);
+        c->ch->close();
         --m.n_open;
     }
     m.conns.clear();

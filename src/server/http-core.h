@@ -12,6 +12,10 @@
 // response) (408), a body not complete within body_timeout_ms (408), more than max_connections open (503),
 // more than max_pending complete requests waiting for a handler thread (503). An idle kept-alive connection
 // closes after idle_timeout_ms. Every write must progress within write_timeout_ms.
+//
+// HTTPS (set_tls): the TLS handshake runs in the loop too, inside the header's time, so a client that opens a
+// TLS connection and stalls costs no more than one that sends half a header. Plain HTTP to an HTTPS port is
+// closed without an answer.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +30,8 @@
 #include "core/status.h"
 
 namespace td::server {
+
+class TlsContext;
 
 struct HttpLimits {
     size_t max_header_bytes = 16u << 10;
@@ -96,6 +102,8 @@ public:
     HttpCore(const HttpCore &) = delete;
     HttpCore &operator=(const HttpCore &) = delete;
 
+    // Serves HTTPS with this certificate and key instead of plain HTTP. Before run().
+    void set_tls(std::shared_ptr<TlsContext> tls);
     // Binds host:port (0: a free port) and returns the port. Error (io) names the address.
     Result<int> bind(const std::string &host, int port);
     // Runs the event loop on the calling thread until stop(). bind() first.

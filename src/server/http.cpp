@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "server/http-core.h"
+#include "server/http-tls.h"
 #include "net/auth.h"
 #include "text/detokenizer.h"
 #include "server/openai.h"
@@ -401,7 +402,15 @@ HttpServer::~HttpServer() {
 }
 
 Result<int> HttpServer::bind() {
-    TD_ASSIGN_OR_RETURN(port_, impl_->core->bind(impl_->params.host, impl_->params.port));
+    const HttpParams &p = impl_->params;
+    if (p.ssl_cert.empty() != p.ssl_key.empty())
+        return invalid_input("HTTPS needs both --ssl-cert and --ssl-key (got only {})",
+                             p.ssl_cert.empty() ? "--ssl-key" : "--ssl-cert");
+    if (!p.ssl_cert.empty()) {
+        TD_ASSIGN_OR_RETURN(auto tls, TlsContext::load(p.ssl_cert, p.ssl_key));
+        impl_->core->set_tls(std::move(tls));
+    }
+    TD_ASSIGN_OR_RETURN(port_, impl_->core->bind(p.host, p.port));
     return port_;
 }
 

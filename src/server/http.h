@@ -41,6 +41,8 @@ struct HttpParams {
     std::string api_key;              // non-empty: every path but /health needs "Authorization: Bearer <key>"
     std::string model_id = "tandem";  // the id /v1/models lists and requests may name
     HttpLimits limits;                // sizes, counts, timeouts, handler threads
+    // Both set: HTTPS with this PEM certificate chain and private key (bind() loads and checks them).
+    std::string ssl_cert, ssl_key;
 };
 
 // What requests are served with, once the model is loaded. Everything must outlive the HttpServer (or
