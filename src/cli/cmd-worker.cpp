@@ -19,6 +19,8 @@ struct WorkerCliOptions {
     std::string model;
     std::string cache_dir;
     bool no_repack = false;
+    std::string cache_max = "0";
+    std::string cache_min_free = "1G";
     std::string secret_file;
 };
 
@@ -30,6 +32,12 @@ int worker_main(const WorkerCliOptions &opt) {
     wo.model_path = opt.model;
     wo.cache_dir = opt.cache_dir.empty() ? tandem_cache_dir() + "/stages" : opt.cache_dir;
     // Packed weights beside the stage files when --cache-dir is given, else in the user cache.
+    auto max_bytes = parse_size("--cache-max", opt.cache_max);
+    if (!max_bytes.ok()) return fail(max_bytes.status());
+    auto min_free = parse_size("--cache-min-free", opt.cache_min_free);
+    if (!min_free.ok()) return fail(min_free.status());
+    wo.cache.max_bytes = *max_bytes;
+    wo.cache.min_free_bytes = *min_free;
     wo.pack_dir = opt.no_repack ? "" : opt.cache_dir.empty() ? pack_dir(false) : opt.cache_dir + "/packed";
     const std::string secret_path = opt.secret_file.empty() ? net::default_secret_path() : opt.secret_file;
     bool created = false;
@@ -64,6 +72,12 @@ void register_worker(CLI::App &app, Runners &runners) {
                     "Local copy of the model (used when its weights match the head's)");
     cmd->add_option("--cache-dir", opt->cache_dir,
                     "Where streamed stage files are kept (default: ~/.cache/tandem/stages)");
+    cmd->add_option("--cache-max", opt->cache_max,
+                    "Size the cache dir may hold (e.g. 200G); least recently used stages are evicted (0: no cap)")
+        ->default_val("0");
+    cmd->add_option("--cache-min-free", opt->cache_min_free,
+                    "Disk a new stage file must leave free (e.g. 1G); older stages are evicted to keep it")
+        ->default_val("1G");
     cmd->add_flag(
         "--no-repack", opt->no_repack,
         "Keep the weights in the GGUF's row layout instead of packing them for the fast kernels (packed "

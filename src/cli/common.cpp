@@ -1,3 +1,4 @@
+#include "core/size.h"
 #include "cli/common.h"
 
 #include <fmt/format.h>
@@ -102,6 +103,12 @@ std::string tandem_cache_dir() {
 
 std::string pack_dir(bool no_repack) {
     return no_repack ? std::string() : (fs::path(tandem_cache_dir()) / "packed").string();
+}
+
+Result<uint64_t> parse_size(const std::string &flag, const std::string &text) {
+    auto r = parse_byte_size(text);
+    if (!r.ok()) return r.status().with_context(flag);
+    return r;
 }
 
 Result<std::vector<int32_t>> parse_int_list(const std::string &flag, const std::string &text, int32_t min,

@@ -32,6 +32,9 @@ std::string pack_dir(bool no_repack);
 Result<std::vector<int32_t>> parse_int_list(const std::string &flag, const std::string &text, int32_t min,
                                             int32_t max);
 
+// "20G", "512M", "64K", "1T" (binary units), "1.5G", or plain bytes -> bytes; errors name `flag`.
+Result<uint64_t> parse_size(const std::string &flag, const std::string &text);
+
 // --secret-file on a subcommand that talks to workers (the file every node of a cluster holds a copy of).
 void add_secret_flag(CLI::App *cmd, std::string &path);
 // The cluster secret from `path`, or from net::default_secret_path() when it is empty.

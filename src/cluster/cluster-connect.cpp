@@ -192,6 +192,9 @@ Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
     Status s;
     const bool progress = options_.print_placement;
     while (sent < total && s.ok()) {
+        // The worker speaks during the stream only to refuse it (no room for the file): stop, and let the
+        // wait for stage_ready read its error.
+        if (control_[i]->readable()) break;
         const size_t n = std::fread(chunk.data(), 1, std::min<uint64_t>(kChunkBytes, total - sent), in);
         if (n == 0) {
             s = make_error(ErrorKind::io, "{}: short read at byte {}", path, sent);

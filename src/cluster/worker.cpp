@@ -1,5 +1,7 @@
 #include "cluster/worker.h"
 
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +41,7 @@ Result<std::unique_ptr<Worker>> Worker::create(const WorkerOptions &options) {
         if (ec)
             return make_error(ErrorKind::io, "{}: cannot create the cache dir: {}", options.cache_dir,
                               ec.message());
+        w->cache_ = std::make_unique<StageCache>(options.cache_dir, options.cache);
     }
     w->pool_ = std::make_unique<ThreadPool>(options.n_threads);
     w->gflops_ = measure_gflops(*w->pool_);
@@ -240,6 +243,9 @@ void Worker::serve_control(std::unique_ptr<net::Connection> conn, uint64_t accep
             rs = send_control(*conn, net::MsgType::stats_reply, r, h.request_id);
         } else if (type == net::MsgType::shutdown) {
             drop_stage();
+        } else if (type == net::MsgType::weights_chunk) {
+            // The rest of a stage file whose load failed at its first chunk (no room): the head stops
+            // streaming once it reads our error.
         } else if (type == net::MsgType::error) {
             auto e = net::decode_error(payload);
             log_warn("head {} reported: {}", peer, e.ok() ? e->message : "(malformed error)");
@@ -331,6 +337,7 @@ Result<std::shared_ptr<Model>> Worker::obtain_weights(net::Connection &conn, con
         }
     }
     if (cached) {
+        StageCache::touch(path);
         reply.source = "cache " + path;
     } else {
         reply.need_weights = 1;
@@ -339,7 +346,9 @@ Result<std::shared_ptr<Model>> Worker::obtain_weights(net::Connection &conn, con
     *source = reply.source;
     TD_TRY(send_control(conn, net::MsgType::load_reply, reply));
     if (!cached) TD_TRY(receive_stage_file(conn, ls, path));
-    return Model::load(path, range);
+    TD_ASSIGN_OR_RETURN(auto model, Model::load(path, range));
+    if (!model->pack().path.empty()) StageCache::touch(model->pack().path);
+    return model;
 }
 
 Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const net::LoadStage &ls,
@@ -361,6 +370,7 @@ Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const
     net::LoadReply reply;
     if (std::filesystem::exists(path)) {
         if (matches(path)) {
+            StageCache::touch(path);
             reply.source = "cache " + path;
         } else {
             log_warn("{}: cached slice file is damaged; making it again", path);
@@ -401,6 +411,7 @@ Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const
     TD_TRY(send_control(conn, net::MsgType::load_reply, reply));
     if (reply.need_weights) TD_TRY(receive_stage_file(conn, ls, path));
     TD_ASSIGN_OR_RETURN(auto model, Model::load(path, range));
+    if (!model->pack().path.empty()) StageCache::touch(model->pack().path);
     if (model->slice() != slice)
         return invalid_input("{}: holds slice {}, the head asked for {}", path, tp_slice_str(model->slice()),
                              tp_slice_str(slice));
@@ -409,8 +420,7 @@ Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const
 
 Status Worker::receive_stage_file(net::Connection &conn, const net::LoadStage &ls, const std::string &path) {
     const std::string part = path + ".part";
-    std::FILE *out = std::fopen(part.c_str(), "wb");
-    if (out == nullptr) return make_error(ErrorKind::io, "{}: cannot create", part);
+    std::FILE *out = nullptr;
     std::vector<uint8_t> payload;
     uint64_t received = 0, total = 0;
     Status s;
@@ -423,7 +433,22 @@ Status Worker::receive_stage_file(net::Connection &conn, const net::LoadStage &l
             break;
         }
         const std::span<const uint8_t> bytes = c->bytes;
-        if (received == 0) total = c->header.total;
+        if (received == 0) {
+            total = c->header.total;
+            // The size is known now: make room (the file, and its packed copy where that is kept in the
+            // cache) before the first byte is written, or refuse the stage.
+            if (cache_ != nullptr) {
+                const bool packs_here = !opt_.pack_dir.empty() &&
+                                        opt_.pack_dir.rfind(opt_.cache_dir, 0) == 0;
+                s = cache_->make_room(packs_here ? 2 * total : total, {});
+                if (!s.ok()) break;
+            }
+            out = std::fopen(part.c_str(), "wb");
+            if (out == nullptr) {
+                s = make_error(ErrorKind::io, "{}: cannot create ({})", part, std::strerror(errno));
+                break;
+            }
+        }
         if (c->header.total != total || c->header.offset != received) {
             s = invalid_input("weights_chunk: got offset {} of {}, expected offset {} of {}",
                               c->header.offset, c->header.total, received, total);
@@ -435,7 +460,7 @@ Status Worker::receive_stage_file(net::Connection &conn, const net::LoadStage &l
         }
         received += bytes.size();
     } while (received < total);
-    if (std::fclose(out) != 0 && s.ok()) s = make_error(ErrorKind::io, "{}: write failed", part);
+    if (out != nullptr && std::fclose(out) != 0 && s.ok()) s = make_error(ErrorKind::io, "{}: write failed", part);
     if (s.ok()) {
         auto f = gguf::File::open(part);
         if (!f.ok()) {

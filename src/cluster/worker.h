@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/stage-cache.h"
 #include "core/status.h"
 #include "core/thread-pool.h"
 #include "gguf/gguf.h"
@@ -43,6 +44,7 @@ struct WorkerOptions {
     int32_t n_threads = 0;   // 0: all cores
     std::string model_path;  // optional local copy of the model
     std::string cache_dir;   // where streamed stage files are kept (created when missing)
+    StageCacheOptions cache; // its size cap and the disk space it leaves free (stage-cache.h)
     std::string pack_dir;    // where packed weights are cached (ModelLoadOptions::pack_dir); "": none
     net::ClusterSecret secret;  // every connection must prove it holds the same (create() refuses none)
 };
@@ -82,6 +84,7 @@ private:
     float gflops_ = 0.0f;
     std::string cpu_;
     std::unique_ptr<gguf::File> local_model_;  // --model, opened once
+    std::unique_ptr<StageCache> cache_;        // cache_dir, when given
 
     std::atomic<bool> stopping_{false};
     std::mutex threads_mu_;

@@ -166,6 +166,10 @@ public:
         if (!closed_.exchange(true)) (void)::shutdown(fd_, SHUT_RDWR);
     }
     bool is_open() const override { return !closed_ && !peer_gone_; }
+    bool readable() const override {
+        pollfd p{fd_, POLLIN, 0};
+        return ::poll(&p, 1, 0) > 0;
+    }
     std::string peer() const override { return peer_; }
     std::string local() const override { return local_; }
 

@@ -37,6 +37,8 @@ public:
     // Closes both directions; a recv()/send() blocked in another thread returns disconnected.
     virtual void close() = 0;
     virtual bool is_open() const = 0;
+    // True when bytes (or the peer's close) wait to be read, without reading them or waiting.
+    virtual bool readable() const = 0;
     virtual std::string peer() const = 0;   // "127.0.0.1:9000"
     virtual std::string local() const = 0;  // our side's address as the peer sees it
     const ConnStats &stats() const { return stats_; }

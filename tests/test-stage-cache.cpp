@@ -1,0 +1,229 @@
+// The worker's bounded cache dir: eviction in least-recently-used order, the size cap and the free-disk floor
+// each tested at the limit and one past (free space injected), files in use kept; then real workers with
+// --cache-max: a stage one byte over the cap is refused with nothing written, one that fits evicts the older
+// stage, and --cache-min-free over the disk is refused naming the free space.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cluster/cluster-engine.h"
+#include "cluster/fingerprint.h"
+#include "cluster/stage-cache.h"
+#include "core/size.h"
+#include "model/model.h"
+#include "test-child-process.h"
+#include "test-util.h"
+
+namespace td::cluster {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kModel = "models/stories260K.gguf";
+
+// A file of `bytes` bytes whose last use was `age_s` seconds ago.
+void make_file(const std::string &path, size_t bytes, int age_s) {
+    fs::create_directories(fs::path(path).parent_path());
+    std::ofstream(path, std::ios::binary) << std::string(bytes, 'x');
+    fs::last_write_time(path, fs::file_time_type::clock::now() - std::chrono::seconds(age_s));
+}
+
+StageCacheOptions with_free(uint64_t max_bytes, uint64_t min_free, uint64_t *free_bytes) {
+    StageCacheOptions o;
+    o.max_bytes = max_bytes;
+    o.min_free_bytes = min_free;
+    o.free_space = [free_bytes](const std::string &) -> Result<uint64_t> { return *free_bytes; };
+    return o;
+}
+
+std::vector<std::string> names(const StageCache &c) {
+    std::vector<std::string> out;
+    for (const CacheFile &f : c.files()) out.push_back(fs::path(f.path).filename().string());
+    return out;
+}
+
+TEST(StageCache, ListsCacheFilesOldestFirst) {
+    test::TempDir dir;
+    make_file(dir.file("a.gguf"), 100, 30);
+    make_file(dir.file("packed/b.tdpack"), 50, 10);
+    make_file(dir.file("c.gguf"), 10, 20);
+    make_file(dir.file("c.gguf.part"), 5, 40);
+    make_file(dir.file("notes.txt"), 1000, 50);  // not the cache's
+    uint64_t free_bytes = 1 << 20;
+    StageCache c(dir.path(), with_free(0, 0, &free_bytes));
+    EXPECT_EQ(names(c), (std::vector<std::string>{"c.gguf.part", "a.gguf", "c.gguf", "b.tdpack"}));
+    EXPECT_EQ(c.used_bytes(), 165u);
+}
+
+TEST(StageCache, TheCapEvictsLeastRecentlyUsedAndIsExactAtItsLimit) {
+    test::TempDir dir;
+    make_file(dir.file("old.gguf"), 100, 30);
+    make_file(dir.file("mid.gguf"), 100, 20);
+    make_file(dir.file("new.gguf"), 100, 10);
+    uint64_t free_bytes = 1 << 30;
+    StageCache c(dir.path(), with_free(400, 0, &free_bytes));
+    EXPECT_TRUE(c.make_room(100, {}).ok());  // 300 + 100 = the cap: nothing to evict
+    EXPECT_EQ(names(c).size(), 3u);
+    EXPECT_TRUE(c.make_room(101, {}).ok());  // one past: the oldest goes
+    EXPECT_EQ(names(c), (std::vector<std::string>{"mid.gguf", "new.gguf"}));
+    StageCache::touch(dir.file("mid.gguf"));  // used now: new.gguf is the least recent
+    EXPECT_TRUE(c.make_room(250, {}).ok());
+    EXPECT_EQ(names(c), (std::vector<std::string>{"mid.gguf"}));
+}
+
+TEST(StageCache, FilesInUseAreKeptAndAStageOverTheCapIsRefusedWithNothingEvicted) {
+    test::TempDir dir;
+    make_file(dir.file("a.gguf"), 100, 30);
+    make_file(dir.file("b.gguf"), 100, 20);
+    uint64_t free_bytes = 1 << 30;
+    StageCache c(dir.path(), with_free(300, 0, &free_bytes));
+    auto over = c.make_room(301, {});
+    ASSERT_FALSE(over.ok());
+    EXPECT_EQ(over.kind(), ErrorKind::overloaded);
+    EXPECT_NE(over.message().find("--cache-max"), std::string::npos) << over.message();
+    EXPECT_EQ(names(c).size(), 2u);
+    // a.gguf in use: only b.gguf may go, and 100 in use + 201 is one past the cap.
+    auto beside = c.make_room(201, {dir.file("a.gguf")});
+    ASSERT_FALSE(beside.ok());
+    EXPECT_NE(beside.message().find("in use"), std::string::npos) << beside.message();
+    EXPECT_EQ(names(c).size(), 2u);
+    EXPECT_TRUE(c.make_room(200, {dir.file("a.gguf")}).ok());
+    EXPECT_EQ(names(c), (std::vector<std::string>{"a.gguf"}));
+}
+
+TEST(StageCache, TheFreeDiskFloorIsExactAndEvictsToKeepIt) {
+    test::TempDir dir;
+    make_file(dir.file("a.gguf"), 100, 30);
+    make_file(dir.file("b.gguf"), 100, 20);
+    uint64_t free_bytes = 1000;
+    StageCache c(dir.path(), with_free(0, 500, &free_bytes));
+    EXPECT_TRUE(c.make_room(500, {}).ok());  // 1000 free - 500 = the floor
+    EXPECT_EQ(names(c).size(), 2u);
+    // One past with nothing to give back beyond 200: refused, nothing evicted.
+    auto refused = c.make_room(701, {});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.message().find("kept free"), std::string::npos) << refused.message();
+    EXPECT_EQ(names(c).size(), 2u);
+    // 501 needs one byte more than the disk has over the floor: the oldest file goes (the fake disk does not
+    // see it freed, but the cache counts it).
+    EXPECT_TRUE(c.make_room(501, {}).ok());
+    EXPECT_EQ(names(c), (std::vector<std::string>{"b.gguf"}));
+}
+
+TEST(StageCache, SizesParseWithUnits) {
+    EXPECT_EQ(*parse_byte_size("0"), 0u);
+    EXPECT_EQ(*parse_byte_size("4096"), 4096u);
+    EXPECT_EQ(*parse_byte_size("64K"), 65536u);
+    EXPECT_EQ(*parse_byte_size("1.5G"), 3ull << 29);
+    EXPECT_EQ(*parse_byte_size("20GiB"), 20ull << 30);
+    EXPECT_EQ(*parse_byte_size("2TB"), 2ull << 40);
+    for (const char *bad : {"", "G", "-1G", "5X", "1.2.3"}) {
+        auto r = parse_byte_size(bad);
+        ASSERT_FALSE(r.ok()) << bad;
+        EXPECT_NE(r.status().message().find("is not a size"), std::string::npos);
+    }
+}
+
+// ---- real workers ----------------------------------------------------------------------------------------
+
+struct CappedWorker {
+    test::ChildProcess proc;
+    std::string address;
+    CappedWorker(const std::string &cache_dir, const std::string &cache_max, const std::string &min_free = "0") {
+        proc.start({"worker", "--listen", "127.0.0.1:0", "--cache-dir", cache_dir, "-t", "1", "--no-repack",
+                    "--cache-max", cache_max, "--cache-min-free", min_free},
+                   "listening on ");
+        address = proc.ready_text();
+    }
+};
+
+// Layers [first, last) of the test model as the head would stream them: the file's size.
+uint64_t stage_size(const test::TempDir &dir, int32_t first, int32_t last) {
+    auto f = gguf::File::open(test::shared_path(kModel));
+    EXPECT_TRUE(f.ok());
+    auto m = Model::load(test::shared_path(kModel));
+    EXPECT_TRUE(m.ok());
+    const std::string path = dir.file(fmt::format("stage-{}-{}.gguf", first, last));
+    EXPECT_TRUE(write_stage_file(*f, first, last, (*m)->hparams().n_layer, path).ok());
+    return fs::file_size(path);
+}
+
+size_t gguf_files(const std::string &dir) {
+    size_t n = 0;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec))
+        n += it->path().extension() == ".gguf" || it->path().extension() == ".part";
+    return n;
+}
+
+// A head that runs layers [0, head_layers) itself and gives the rest to `worker`.
+Status connect_with(const std::string &worker, int32_t head_layers) {
+    auto model = Model::load(test::shared_path(kModel));
+    if (!model.ok()) return model.status();
+    ClusterOptions o;
+    o.secret = test::test_secret();
+    o.workers = worker;
+    o.head_layers = head_layers;
+    o.head_threads = 1;
+    o.context.n_ctx = 64;
+    o.print_placement = false;
+    auto e = ClusterEngine::create(std::shared_ptr<const Model>(*model), o);
+    return e.status();
+}
+
+TEST(StageCacheWorker, AStageOverTheCapIsRefusedUnwrittenAndOneThatFitsEvictsTheOlder) {
+    if (!test::shared_exists(kModel)) GTEST_SKIP() << "missing " << kModel;
+    test::TempDir dir;
+    const uint64_t all = stage_size(dir, 0, 5);  // the whole model (5 layers) on the worker
+    const uint64_t part = stage_size(dir, 2, 5);  // layers 2-4, the head running 0-1
+    ASSERT_GT(all, part);
+
+    CappedWorker tight(dir.file("tight"), std::to_string(all - 1));
+    ASSERT_TRUE(tight.proc.running()) << tight.proc.log();
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = connect_with(tight.address, 0);
+    ASSERT_FALSE(s.ok());
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+    EXPECT_NE(s.message().find("worker " + tight.address), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("--cache-max"), std::string::npos) << s.message();
+    EXPECT_EQ(gguf_files(dir.file("tight")), 0u);
+    EXPECT_TRUE(tight.proc.running());
+    // At the cap exactly, it fits.
+    CappedWorker exact(dir.file("exact"), std::to_string(all));
+    ASSERT_TRUE(connect_with(exact.address, 0).ok());
+    EXPECT_EQ(gguf_files(dir.file("exact")), 1u);
+
+    // The cap holds either stage but not both: each load evicts the other, and a cache hit evicts nothing.
+    CappedWorker w(dir.file("lru"), std::to_string(all + part - 1));
+    ASSERT_TRUE(w.proc.running()) << w.proc.log();
+    auto held = [&] {
+        std::vector<uint64_t> sizes;
+        for (const CacheFile &f : StageCache(dir.file("lru"), {}).files()) sizes.push_back(f.bytes);
+        return sizes;
+    };
+    ASSERT_TRUE(connect_with(w.address, 0).ok());
+    ASSERT_TRUE(connect_with(w.address, 0).ok());
+    EXPECT_EQ(held(), std::vector<uint64_t>{all});
+    ASSERT_TRUE(connect_with(w.address, 2).ok());
+    EXPECT_EQ(held(), std::vector<uint64_t>{part});
+    ASSERT_TRUE(connect_with(w.address, 0).ok());
+    EXPECT_EQ(held(), std::vector<uint64_t>{all});
+}
+
+TEST(StageCacheWorker, AFreeDiskFloorOverTheDiskIsRefusedNamingTheFreeSpace) {
+    if (!test::shared_exists(kModel)) GTEST_SKIP() << "missing " << kModel;
+    test::TempDir dir;
+    CappedWorker w(dir.file("cache"), "0", "1000T");
+    ASSERT_TRUE(w.proc.running()) << w.proc.log();
+    Status s = connect_with(w.address, 0);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("kept free"), std::string::npos) << s.message();
+    EXPECT_EQ(gguf_files(dir.file("cache")), 0u);
+}
+
+}  // namespace
+}  // namespace td::cluster
