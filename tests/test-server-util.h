@@ -62,6 +62,7 @@ struct ServerOptions {
     int32_t n_ctx_slot = 256;
     int32_t max_queue = -1;
     std::string api_key;
+    int max_per_client = 0;
     std::chrono::milliseconds step_delay{0};
     std::atomic<int> *fail_steps = nullptr;
     bool attach = true;  // false: /health stays "loading" until attach()
@@ -132,6 +133,7 @@ public:
         hp.port = 0;
         hp.model_id = "stories";
         hp.api_key = o.api_key;
+        hp.max_per_client = o.max_per_client;
         hp.limits.n_threads = 24;
         http_ = std::make_unique<HttpServer>(hp);
         auto port = http_->bind();

@@ -524,6 +524,88 @@ TEST(ServerLimits, SlowAndIdleConnectionsDoNotStarveAnOrdinaryRequest) {
     for (int fd : fds) ::close(fd);
 }
 
+// The context bound at its value and one past, for the prompt alone and for prompt plus max_tokens.
+TEST(ServerLimits, PromptAndMaxTokensAtTheContextAndOnePast) {
+    TestServer s;  // 256 positions per slot
+    auto c = s.client();
+    auto prompt = [](size_t n) { return std::vector<int>(n, 100); };
+    auto status = [&](const json &body) {
+        auto r = post(c, "/v1/completions", body);
+        EXPECT_TRUE(r);
+        return r ? r->status : 0;
+    };
+    EXPECT_EQ(status({{"prompt", prompt(10)}, {"max_tokens", 246}, {"stop", "never"}}), 200);
+    EXPECT_EQ(status({{"prompt", prompt(10)}, {"max_tokens", 247}}), 400);
+    EXPECT_EQ(status({{"prompt", prompt(255)}, {"max_tokens", 1}}), 200);
+    auto r = post(c, "/v1/completions", {{"prompt", prompt(256)}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+    EXPECT_NE(r->body.find("leaves no room"), std::string::npos) << r->body;
+}
+
+// An HTTP/1.1 POST from source address `from` (a loopback address of its own), its status.
+int post_from(const std::string &from, int port, const json &body) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr *>(&src), sizeof src), 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    const std::string b = body.dump();
+    const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                            "application/json\r\nContent-Length: " +
+                            std::to_string(b.size()) + "\r\n\r\n" + b;
+    EXPECT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    return out.size() > 12 ? std::atoi(out.c_str() + 9) : 0;
+}
+
+// --max-per-client 2: a client's third open request gets 429 (OpenAI's rate_limit_error, Retry-After) while
+// another address is served; once the two are done the client is served again.
+TEST(ServerLimits, RequestsPerClientAtTheLimitAndOnePast) {
+    ServerOptions o;
+    o.max_per_client = 2;
+    o.step_delay = std::chrono::milliseconds(20);
+    TestServer s(o);
+    std::vector<std::thread> held;
+    std::atomic<int> held_ok{0};
+    for (int i = 0; i < 2; ++i)
+        held.emplace_back([&, i] {
+            auto c = s.client();
+            auto r = post(c, "/v1/completions",
+                          {{"prompt", "Once"}, {"max_tokens", 40}, {"stream", i == 0}, {"stop", "never"}});
+            if (r && r->status == 200) ++held_ok;
+        });
+    // Both admitted (the slots show them) before the third is tried.
+    auto c = s.client();
+    for (int i = 0; i < 100; ++i) {
+        auto m = c.Get("/metrics");
+        if (m && metric(m->body, "tandem_slots_active") == 2) break;
+        std::this_thread::sleep_for(20ms);
+    }
+    auto r = post(c, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 429) << r->body;
+    EXPECT_EQ(r->get_header_value("Retry-After"), "1");
+    const json j = json::parse(r->body);
+    EXPECT_EQ(j["error"]["type"], "rate_limit_error");
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("127.0.0.1 already has 2 requests"),
+              std::string::npos)
+        << r->body;
+    // Another client address is not counted with it.
+    EXPECT_EQ(post_from("127.0.0.2", s.port(), {{"prompt", "Once"}, {"max_tokens", 2}}), 200);
+    for (auto &t : held) t.join();
+    EXPECT_EQ(held_ok.load(), 2);
+    EXPECT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 2}}).empty());
+}
+
 // A non-streaming request whose client hangs up is cancelled: its slot is free for the next request at once.
 TEST(ServerLimits, AClientThatHangsUpOnAPlainRequestFreesItsSlot) {
     ServerOptions o;

@@ -44,6 +44,7 @@ struct ServeOptions {
     int32_t n_batch = 512;
     int32_t max_queue = -1;
     int http_threads = 0;
+    int max_per_client = 0;
     std::string api_key;
     std::string api_key_file;
     std::string ssl_cert, ssl_key;
@@ -92,6 +93,7 @@ int serve_main(const ServeOptions &opt) {
         if (!key.ok()) return fail(key.status());
         hp.api_key = *key;
     }
+    hp.max_per_client = opt.max_per_client;
     hp.ssl_cert = opt.ssl_cert;
     hp.ssl_key = opt.ssl_key;
     hp.model_id = opt.alias.empty() ? std::filesystem::path(*path).stem().string() : opt.alias;
@@ -180,6 +182,10 @@ void register_serve(CLI::App &app, Runners &runners) {
         ->default_val(-1);
     cmd->add_option("--http-threads", opt->http_threads, "HTTP worker threads (0: parallel + queue + 8)")
         ->default_val(0);
+    cmd->add_option("--max-per-client", opt->max_per_client,
+                    "Generation requests one client address may have open at once; more get 429 (0: no limit)")
+        ->default_val(0)
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--timeout", opt->timeout_s, "Seconds a write to a client may block")->default_val(600);
     cmd->add_option("--api-key", opt->api_key, "Require 'Authorization: Bearer KEY' (except /health)");
     cmd->add_option("--api-key-file", opt->api_key_file,

@@ -59,6 +59,18 @@ bool peer_gone(int fd) {
     return r > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+std::string peer_address(int fd) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (::getpeername(fd, reinterpret_cast<sockaddr *>(&ss), &len) != 0) return "?";
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (ss.ss_family == AF_INET)
+        ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in *>(&ss)->sin_addr, host, sizeof host);
+    else if (ss.ss_family == AF_INET6)
+        ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6 *>(&ss)->sin6_addr, host, sizeof host);
+    return host;
+}
+
 class ChunkedStream : public HttpStream {
 public:
     ChunkedStream(Channel &ch, int timeout_ms) : ch_(ch), timeout_ms_(timeout_ms) {}
@@ -85,6 +97,7 @@ private:
 
 struct Conn {
     int fd = -1;
+    std::string peer;             // the client's address
     std::unique_ptr<Channel> ch;  // owns fd
     std::string in;               // bytes read and not yet consumed
     // tls: the TLS handshake, within the header's time.
@@ -265,6 +278,7 @@ struct HttpCore::Impl {
             }
             auto c = std::make_unique<Conn>();
             c->fd = fd;
+            c->peer = peer_address(fd);
             c->ch = std::make_unique<Channel>(fd, tls.get());
             ++n_open;
             if (n_open.load() > lim.max_connections) {
@@ -427,6 +441,7 @@ struct HttpCore::Impl {
             answering.insert(fd);
         }
         c->req.client_gone = [fd] { return peer_gone(fd); };
+        c->req.peer = c->peer;
         HttpResponse res;
         try {
             handler(c->req, res);

@@ -52,6 +52,7 @@ struct HttpRequest {
     std::string query;   // after '?', undecoded
     std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased, in arrival order
     std::string body;
+    std::string peer;  // the client's IP address ("127.0.0.1", "::1")
     // The value of header `name` (lower case), "" when absent.
     std::string header(std::string_view name) const;
     // True once the client has closed its side or reset the connection (a handler of a long request polls it).

@@ -51,11 +51,35 @@ struct HttpServer::Impl {
     ServerBackend backend;
     bool has_backend = false;
     std::map<std::pair<std::string, int>, int64_t> request_counts;  // (path, status) -> count
+    std::map<std::string, int> per_client;  // client address -> generation requests open (max_per_client)
 
     using Handler = std::function<void(const HttpRequest &, HttpResponse &)>;
     std::map<std::string, std::pair<std::string, Handler>> routes;  // path -> (method, handler)
 
     explicit Impl(HttpParams p) : params(std::move(p)) {}
+
+    // A generation request's place in its client's count, given back when the last copy goes (the answer
+    // sent or the stream ended). Null when the client already has max_per_client.
+    struct ClientSlot {
+        Impl *impl = nullptr;  // null: no limit
+        std::string peer;
+        ~ClientSlot() {
+            if (impl == nullptr) return;
+            std::lock_guard lock(impl->mu);
+            if (--impl->per_client[peer] <= 0) impl->per_client.erase(peer);
+        }
+    };
+    std::shared_ptr<ClientSlot> client_slot(const std::string &peer) {
+        if (params.max_per_client <= 0) return std::make_shared<ClientSlot>();
+        std::lock_guard lock(mu);
+        int &n = per_client[peer];
+        if (n >= params.max_per_client) return nullptr;
+        ++n;
+        auto slot = std::make_shared<ClientSlot>();
+        slot->impl = this;
+        slot->peer = peer;
+        return slot;
+    }
 
     bool get_backend(ServerBackend &out) {
         std::lock_guard lock(mu);
@@ -161,6 +185,14 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
         return reply_error(
             res, 404, fmt::format("model '{}' not found; this server serves '{}'", r.model, params.model_id));
 
+    std::shared_ptr<ClientSlot> slot = client_slot(req.peer);
+    if (!slot) {
+        res.set_header("Retry-After", "1");
+        return reply_error(res, 429,
+                           fmt::format("client {} already has {} requests open (the limit per client, "
+                                       "--max-per-client); retry when one has finished",
+                                       req.peer, params.max_per_client));
+    }
     const Tokenizer &tok = *be.tokenizer;
     GenerationJob job;
     if (kind == ApiKind::chat) {
@@ -225,7 +257,7 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     res.content_type = "text/event-stream";
-    res.stream = [st](HttpStream &sink) { pump_stream(*st, sink); };
+    res.stream = [st, slot](HttpStream &sink) { pump_stream(*st, sink); };
 }
 
 // ---- the other endpoints ----------------------------------------------------------------------------

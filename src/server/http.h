@@ -43,6 +43,9 @@ struct HttpParams {
     HttpLimits limits;                // sizes, counts, timeouts, handler threads
     // Both set: HTTPS with this PEM certificate chain and private key (bind() loads and checks them).
     std::string ssl_cert, ssl_key;
+    // Generation requests (running or waiting) one client address may have open at once; more get 429.
+    // 0: no limit.
+    int max_per_client = 0;
 };
 
 // What requests are served with, once the model is loaded. Everything must outlive the HttpServer (or

@@ -413,6 +413,9 @@ json error_json(int http_status, std::string_view message) {
         case 404:
             type = "not_found_error";
             break;
+        case 429:
+            type = "rate_limit_error";
+            break;
         case 503:
             type = "unavailable_error";
             break;
