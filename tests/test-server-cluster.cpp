@@ -32,22 +32,9 @@ std::string wait_health(httplib::Client &c, int status, std::chrono::seconds tim
     return body;
 }
 
-TEST_F(ServerCluster, KilledWorkerEndsStreamsNamingItAndServingResumes) {
-    ServerOptions o;
-    o.backend = Backend::cluster;
-    o.n_parallel = 2;
-    o.n_ctx_slot = 512;
-    o.step_delay = 20ms;  // a 400-token stream would take 8 s
-    TestServer s(o);
-    auto c = s.client();
-    const json greedy = {{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}};
-    const std::string solo = completion_text(c, greedy);
-    ASSERT_FALSE(solo.empty());
-    test::WorkerProcess &w2 = s.workers().second();
-    const std::string a2 = w2.address();
-    const uint16_t port2 = w2.port();
-
-    // Two streams flowing (one micro-batch each), then the second worker dies.
+// Two streams flowing through both stages (one micro-batch each) when `fault` strikes: both end within 3 s
+// with an SSE error naming `named` (the failed node's address or port), and [DONE].
+void expect_fault_ends_both_streams(TestServer &s, const std::function<void()> &fault, const std::string &named) {
     std::atomic<int> n_flowing{0};
     std::vector<std::string> bodies(2);
     std::vector<std::thread> threads;
@@ -76,10 +63,10 @@ TEST_F(ServerCluster, KilledWorkerEndsStreamsNamingItAndServingResumes) {
     }
     for (int k = 0; k < 1000 && n_flowing.load() < 2; ++k) std::this_thread::sleep_for(10ms);
     ASSERT_EQ(n_flowing.load(), 2);
-    w2.kill();
+    fault();
     const auto t0 = Clock::now();
     for (auto &t : threads) t.join();
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 5.0);
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
     for (int i = 0; i < 2; ++i) {
         SCOPED_TRACE(i);
         bool done = false;
@@ -87,9 +74,32 @@ TEST_F(ServerCluster, KilledWorkerEndsStreamsNamingItAndServingResumes) {
         EXPECT_TRUE(done);
         ASSERT_FALSE(events.empty());
         ASSERT_TRUE(events.back().contains("error")) << bodies[i];
-        EXPECT_NE(events.back()["error"]["message"].get<std::string>().find(a2), std::string::npos)
+        EXPECT_NE(events.back()["error"]["message"].get<std::string>().find(named), std::string::npos)
             << events.back().dump();
     }
+}
+
+ServerOptions two_stage_options(bool relay_second = false) {
+    ServerOptions o;
+    o.backend = Backend::cluster;
+    o.n_parallel = 2;
+    o.n_ctx_slot = 512;
+    o.step_delay = 20ms;  // a 400-token stream would take 8 s
+    o.relay_second = relay_second;
+    return o;
+}
+
+const json k_greedy = {{"prompt", "Once upon a time"}, {"max_tokens", 12}, {"temperature", 0}};
+
+TEST_F(ServerCluster, KilledWorkerEndsStreamsNamingItAndServingResumes) {
+    TestServer s(two_stage_options());
+    auto c = s.client();
+    const std::string solo = completion_text(c, k_greedy);
+    ASSERT_FALSE(solo.empty());
+    test::WorkerProcess &w2 = s.workers().second();
+    const std::string a2 = w2.address();
+    const uint16_t port2 = w2.port();
+    expect_fault_ends_both_streams(s, [&] { w2.kill(); }, a2);
 
     // The server keeps answering: /health names the node; a request fails at once, naming it too.
     auto h = c.Get("/health");
@@ -102,17 +112,76 @@ TEST_F(ServerCluster, KilledWorkerEndsStreamsNamingItAndServingResumes) {
     ASSERT_TRUE(m);
     EXPECT_EQ(metric(m->body, "tandem_engine_healthy"), 0);
     const auto t1 = Clock::now();
-    auto r = post(c, "/v1/completions", greedy);
+    auto r = post(c, "/v1/completions", k_greedy);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 500) << r->body;
     EXPECT_NE(r->body.find(std::to_string(port2)), std::string::npos) << r->body;
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t1).count(), 5.0);
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t1).count(), 3.0);
 
     // Back on the same port with the same cache: the server reconnects by itself and serves the same text.
     w2.start(s.workers().cache(1), port2);
     ASSERT_TRUE(w2.running()) << w2.log();
     wait_health(c, 200, std::chrono::seconds(20));
-    EXPECT_EQ(completion_text(c, greedy), solo);
+    EXPECT_EQ(completion_text(c, k_greedy), solo);
+}
+
+// The link to the second worker is cut mid-stream (both its control and data connections): the streams end
+// naming it, and the server reconnects through the same link by itself.
+TEST_F(ServerCluster, ACutLinkEndsStreamsAndTheServerReconnects) {
+    TestServer s(two_stage_options(/*relay_second=*/true));
+    auto c = s.client();
+    const std::string solo = completion_text(c, k_greedy);
+    ASSERT_FALSE(solo.empty());
+    const std::string via = s.workers().second_address();
+    expect_fault_ends_both_streams(s, [&] { s.workers().relay().cut(); }, via);
+    EXPECT_TRUE(s.workers().second().running());  // the worker itself is fine
+    wait_health(c, 200, std::chrono::seconds(20));
+    EXPECT_EQ(completion_text(c, k_greedy), solo);
+}
+
+// The second worker's bytes turn to garbage mid-stream: the head refuses the malformed frames (no crash, no
+// corrupt text to the client), ends the streams naming it, and serves again once the link is clean.
+TEST_F(ServerCluster, AWorkerAnsweringGarbageEndsStreamsAndServingResumes) {
+    TestServer s(two_stage_options(/*relay_second=*/true));
+    auto c = s.client();
+    const std::string solo = completion_text(c, k_greedy);
+    ASSERT_FALSE(solo.empty());
+    const std::string via = s.workers().second_address();
+    expect_fault_ends_both_streams(s, [&] { s.workers().relay().garble(true); }, via);
+    s.workers().relay().garble(false);
+    s.workers().relay().cut();  // connections made while garbling are broken anyway
+    wait_health(c, 200, std::chrono::seconds(20));
+    EXPECT_EQ(completion_text(c, k_greedy), solo);
+    EXPECT_TRUE(s.workers().first().running());
+    EXPECT_TRUE(s.workers().second().running());
+}
+
+// The head (`tandem serve`) is killed while its workers live; a new head on the same workers serves the same
+// text at once, without restarting them.
+TEST_F(ServerCluster, AHeadRestartedWhileWorkersLiveServesAgain) {
+    const std::string model = test::shared_path(k_model);
+    TwoWorkers w;
+    const std::vector<std::string> args = {"serve", "-m", model, "--port", "0", "--parallel", "2", "-c", "512",
+                                           "--workers", w.addresses(), "--layers", "0-1,2-4", "--wire", "f32"};
+    std::string first;
+    for (int round = 0; round < 2; ++round) {
+        SCOPED_TRACE(round);
+        test::ChildProcess serve;
+        serve.start(args, "listening on http://127.0.0.1:");
+        ASSERT_TRUE(serve.running()) << serve.log();
+        httplib::Client cc("127.0.0.1", std::stoi(serve.ready_text()));
+        cc.set_read_timeout(60, 0);
+        const auto t0 = Clock::now();
+        wait_health(cc, 200, std::chrono::seconds(30));
+        const std::string text = completion_text(cc, k_greedy);
+        if (round == 0) first = text;
+        else EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+        EXPECT_EQ(text, first);
+        EXPECT_FALSE(text.empty());
+        serve.kill();  // SIGKILL: no goodbye to the workers
+    }
+    EXPECT_TRUE(w.first().running());
+    EXPECT_TRUE(w.second().running());
 }
 
 // `tandem serve --workers A,B`: the same cluster flags as `tandem run` build the ClusterEngine.

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cluster/cluster-engine.h"
+#include "net/delay-relay.h"
 #include "server/http.h"
 #include "server/served-model.h"
 #include "test-child-process.h"
@@ -66,19 +67,30 @@ struct ServerOptions {
     std::chrono::milliseconds step_delay{0};
     std::atomic<int> *fail_steps = nullptr;
     bool attach = true;  // false: /health stays "loading" until attach()
+    bool relay_second = false;  // cluster backends: the second worker behind a relay (TwoWorkers)
 };
 
-// Two `tandem worker`s with their own weight caches; stories260K's 5 layers split 0-1 | 2-4.
+// Two `tandem worker`s with their own weight caches; stories260K's 5 layers split 0-1 | 2-4. With
+// relay_second, the head and the first worker reach the second through a relay the test controls (cut the
+// link, garble what the worker sends).
 class TwoWorkers {
 public:
-    TwoWorkers() : w1_(cache_.file("w1")), w2_(cache_.file("w2")) {
+    explicit TwoWorkers(bool relay_second = false) : w1_(cache_.file("w1")), w2_(cache_.file("w2")) {
         EXPECT_TRUE(w1_.running()) << w1_.log();
         EXPECT_TRUE(w2_.running()) << w2_.log();
+        if (relay_second) {
+            auto r = net::DelayRelay::start("127.0.0.1", 0, w2_.address(), 0);
+            EXPECT_TRUE(r.ok()) << r.status().message();
+            if (r.ok()) relay_ = std::move(r).value();
+        }
     }
+    net::DelayRelay &relay() { return *relay_; }
+    // How the head names the second worker: its address, or the relay's.
+    std::string second_address() const { return relay_ ? relay_->address() : w2_.address(); }
     test::WorkerProcess &first() { return w1_; }
     test::WorkerProcess &second() { return w2_; }
     std::string cache(int i) const { return cache_.file(i == 0 ? "w1" : "w2"); }
-    std::string addresses() const { return w1_.address() + "," + w2_.address(); }
+    std::string addresses() const { return w1_.address() + "," + second_address(); }
 
     // The ClusterEngine the server runs on: what cli::make_engine builds for --workers A,B --layers 0-1,2-4
     // --wire f32 (the f32 wire keeps the logits bit-identical to one machine).
@@ -105,6 +117,7 @@ public:
 private:
     test::TempDir cache_;
     test::WorkerProcess w1_, w2_;
+    std::unique_ptr<net::DelayRelay> relay_;
 };
 
 class TestServer {
@@ -118,7 +131,7 @@ public:
         sp.max_queue = o.max_queue;
         sp.probe_interval_ms = 200;
         if (o.backend != Backend::local) {
-            workers_ = std::make_unique<TwoWorkers>();
+            workers_ = std::make_unique<TwoWorkers>(o.relay_second);
             sp.make_engine = workers_->factory(o.backend == Backend::tp);
         }
         if (o.step_delay.count() > 0 || o.fail_steps != nullptr) {

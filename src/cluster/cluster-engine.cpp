@@ -121,6 +121,12 @@ int32_t auto_chunk_rows(int32_t n_rows, int32_t n_stages) {
     return std::max(std::min(rows, max_rows), at_least);
 }
 
+Status ClusterEngine::lost_error(int32_t seq) const {
+    return Status(ErrorKind::disconnected,
+                  fmt::format("sequence {} lost its state when the cluster failed ({}); start it again", seq,
+                              lost_reason_.message()));
+}
+
 Status ClusterEngine::submit(const Batch &batch) {
     const int32_t n = batch.size();
     if (n == 0) return invalid_input("empty batch");
@@ -139,6 +145,7 @@ Status ClusterEngine::submit(const Batch &batch) {
                                  n_vocab());
         if (batch.pos[i] < 0 || batch.pos[i] >= n_ctx_)
             return invalid_input("position {} is beyond the context size {}", batch.pos[i], n_ctx_);
+        if (lost_[s]) return lost_error(s);  // a reconnect (a probe's, or another call's) cleared it
         if (batch.want_logits[i] && !started_[s])
             return invalid_input("sequence {} wants logits but was not started (seq_start)", s);
     }
@@ -147,11 +154,7 @@ Status ClusterEngine::submit(const Batch &batch) {
                           pending_.size());
     TD_TRY(ensure_connected(/*new_request=*/false));
     for (int32_t i = 0; i < n; ++i)
-        if (lost_[batch.seq[i]])
-            return Status(
-                ErrorKind::disconnected,
-                fmt::format("sequence {} lost its state when the cluster failed ({}); start it again",
-                            batch.seq[i], lost_reason_.message()));
+        if (lost_[batch.seq[i]]) return lost_error(batch.seq[i]);
     const int32_t at_least = (n + kMaxPartsPerStep - 1) / kMaxPartsPerStep;
     const int32_t rows =
         options_.chunk_rows > 0

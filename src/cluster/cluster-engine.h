@@ -219,6 +219,7 @@ private:
     // of theirs fails with lost_reason_ until seq_start (or seq_clear) begins them again.
     std::vector<bool> lost_;
     Status lost_reason_;
+    Status lost_error(int32_t seq) const;  // "sequence 3 lost its state when the cluster failed (...)"
     std::vector<uint8_t> buf_;  // encoded outgoing payload
 };
 

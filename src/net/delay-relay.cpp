@@ -65,12 +65,13 @@ struct DelayRelay::Impl {
     std::string target;
     std::atomic<int64_t> delay_us{0};
     std::atomic<bool> stopping{false};
+    std::atomic<bool> garbling{false};
     std::thread acceptor;
     std::mutex mu;
     std::vector<int> fds;  // every relayed socket, shut down by stop()
     std::list<std::thread> threads;
 
-    void pump(int in, int out, std::shared_ptr<Pipe> p) {
+    void pump(int in, int out, std::shared_ptr<Pipe> p, bool from_target) {
         std::thread writer([in, out, p] {
             for (;;) {
                 Pipe::Chunk c;
@@ -110,6 +111,8 @@ struct DelayRelay::Impl {
             }
             p->q.push_back({Clock::now() + std::chrono::microseconds(delay_us.load()),
                             std::vector<uint8_t>(buf.begin(), buf.begin() + n)});
+            if (from_target && garbling.load())
+                for (uint8_t &b : p->q.back().bytes) b = static_cast<uint8_t>(~b);
             p->cv.notify_one();
         }
         writer.join();
@@ -144,11 +147,11 @@ struct DelayRelay::Impl {
                 close(t);
             };
             threads.emplace_back([this, c, t, finish] {
-                pump(c, t, std::make_shared<Pipe>());
+                pump(c, t, std::make_shared<Pipe>(), false);
                 finish();
             });
             threads.emplace_back([this, c, t, finish] {
-                pump(t, c, std::make_shared<Pipe>());
+                pump(t, c, std::make_shared<Pipe>(), true);
                 finish();
             });
         }
@@ -209,6 +212,15 @@ uint16_t DelayRelay::port() const {
 
 std::string DelayRelay::address() const {
     return impl_->host + ":" + std::to_string(impl_->port);
+}
+
+void DelayRelay::cut() {
+    std::lock_guard lock(impl_->mu);
+    for (int fd : impl_->fds) (void)shutdown(fd, SHUT_RDWR);
+}
+
+void DelayRelay::garble(bool on) {
+    impl_->garbling = on;
 }
 
 void DelayRelay::set_delay_us(int64_t delay_us) {

@@ -24,6 +24,11 @@ public:
     void stop();
     // Changes the delay for bytes read from now on (the test moves a link's latency mid-run).
     void set_delay_us(int64_t delay_us);
+    // Fault drills. cut(): breaks every connection relayed now (both ends see it reset or closed); new ones
+    // are relayed as before. garble(on): every byte the target sends from now on is inverted before it is
+    // passed on (a node that answers with garbage), until garble(false).
+    void cut();
+    void garble(bool on);
 
     struct Impl;
 
