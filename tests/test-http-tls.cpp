@@ -21,16 +21,18 @@
 #include "server/http-core.h"
 #include "server/http-tls.h"
 #include "test-child-process.h"
+#include "test-http-util.h"
 #include "test-util.h"
 
 namespace td::server {
 namespace {
 
+using test::dial;
+using test::read_until;
+using test::seconds_since;
+
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // A self-signed P-256 certificate for 127.0.0.1 (subject and IP SAN), written as PEM to dir/name.crt and .key.
 struct Cert {
@@ -111,34 +113,7 @@ private:
     std::thread thread_;
 };
 
-int dial(int port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
-    return fd;
-}
 
-// Reads until the server closes (returns what came, *closed true) or timeout_s passes.
-std::string read_to_close(int fd, double timeout_s, bool *closed) {
-    std::string out;
-    *closed = false;
-    const auto t0 = Clock::now();
-    while (seconds_since(t0) < timeout_s) {
-        pollfd p{fd, POLLIN, 0};
-        if (::poll(&p, 1, 20) <= 0) continue;
-        char buf[4096];
-        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) {
-            *closed = true;
-            break;
-        }
-        out.append(buf, static_cast<size_t>(n));
-    }
-    return out;
-}
 
 std::unique_ptr<httplib::SSLClient> client(int port, const Cert &trusted) {
     auto c = std::make_unique<httplib::SSLClient>("127.0.0.1", port);
@@ -188,7 +163,7 @@ TEST(HttpTls, PlainHttpToTheHttpsPortIsClosedUnanswered) {
     const std::string req = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     ASSERT_EQ(::send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
     bool closed = false;
-    const std::string out = read_to_close(fd, 2.0, &closed);
+    const std::string out = read_until(fd, 2.0, "", &closed);
     EXPECT_TRUE(closed);
     EXPECT_EQ(out.find("HTTP/1.1"), std::string::npos) << out;  // nothing in clear text
     ::close(fd);
@@ -219,7 +194,7 @@ TEST(HttpTls, StalledHandshakesAreCutAtTheHeaderTimeAndDoNotDelayOthers) {
     // Every stalled one is closed once its header time (1.5 s from its connect) has passed.
     for (int fd : stalled) {
         bool closed = false;
-        (void)read_to_close(fd, 3.0, &closed);
+        (void)read_until(fd, 3.0, "", &closed);
         EXPECT_TRUE(closed);
         ::close(fd);
     }

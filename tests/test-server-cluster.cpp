@@ -156,6 +156,92 @@ TEST_F(ServerCluster, AWorkerAnsweringGarbageEndsStreamsAndServingResumes) {
     EXPECT_TRUE(s.workers().second().running());
 }
 
+// Two greedy streams (one micro-batch each) when `fault` strikes; their events once they have ended.
+std::vector<std::vector<json>> greedy_streams_through(TestServer &s, const std::vector<std::string> &prompts,
+                                                      int max_tokens, const std::function<void()> &fault) {
+    std::atomic<int> n_flowing{0};
+    std::vector<std::string> bodies(prompts.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        threads.emplace_back([&, i] {
+            auto cc = s.client();
+            httplib::Request req;
+            req.method = "POST";
+            req.path = "/v1/completions";
+            req.headers = {{"Content-Type", "application/json"}};
+            req.body = json{{"prompt", prompts[i]}, {"max_tokens", max_tokens}, {"stream", true}, {"temperature", 0},
+                            {"stop", "never stops"}}
+                           .dump();
+            req.content_receiver = [&, i](const char *data, size_t n, uint64_t, uint64_t) {
+                if (bodies[i].empty()) n_flowing++;
+                bodies[i].append(data, n);
+                return true;
+            };
+            httplib::Response res;
+            httplib::Error err = httplib::Error::Success;
+            cc.send(req, res, err);
+        });
+    }
+    for (int k = 0; k < 1000 && n_flowing.load() < static_cast<int>(prompts.size()); ++k)
+        std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(n_flowing.load(), static_cast<int>(prompts.size()));
+    std::this_thread::sleep_for(200ms);  // some tokens out, most to come
+    fault();
+    for (auto &t : threads) t.join();
+    std::vector<std::vector<json>> out;
+    for (const std::string &b : bodies) {
+        bool done = false;
+        out.push_back(parse_sse(b, &done));
+        EXPECT_TRUE(done);
+    }
+    return out;
+}
+
+// --max-resumes: the link to the second worker is cut mid-stream; the head reconnects through it and replays
+// each stream's prompt and tokens, so the client sees a pause and then exactly the undisturbed greedy text.
+TEST_F(ServerCluster, StreamsCutOffByALostLinkContinueWithTheUndisturbedText) {
+    ServerOptions o = two_stage_options(/*relay_second=*/true);
+    o.max_resumes = 1;
+    TestServer s(o);
+    auto c = s.client();
+    const std::vector<std::string> prompts = {"Once upon a time", "The cat"};
+    const int max_tokens = 80;  // 20 ms a step: the cut lands mid-stream
+    std::vector<std::string> expected;
+    for (const std::string &p : prompts)
+        expected.push_back(
+            completion_text(c, {{"prompt", p}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stop", "never stops"}}));
+    const auto t0 = Clock::now();
+    auto streams = greedy_streams_through(s, prompts, max_tokens, [&] { s.workers().relay().cut(); });
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        SCOPED_TRACE(i);
+        std::string finish;
+        EXPECT_EQ(stream_text(streams[i], &finish), expected[i]);
+        EXPECT_EQ(finish, "length");
+    }
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric(m->body, "tandem_resumed_requests_total"), 2) << m->body;
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200) << h->body;
+}
+
+// --max-resumes with nowhere to go (the worker is dead, no other node holds its layers): the streams still end
+// within 3 s naming it, as without resuming.
+TEST_F(ServerCluster, StreamsThatCannotResumeEndWithTheLostNode) {
+    ServerOptions o = two_stage_options();
+    o.max_resumes = 1;
+    TestServer s(o);
+    test::WorkerProcess &w2 = s.workers().second();
+    const std::string a2 = w2.address();
+    expect_fault_ends_both_streams(s, [&] { w2.kill(); }, a2);
+    auto c = s.client();
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric(m->body, "tandem_resumed_requests_total"), 0);
+}
+
 // The head (`tandem serve`) is killed while its workers live; a new head on the same workers serves the same
 // text at once, without restarting them.
 TEST_F(ServerCluster, AHeadRestartedWhileWorkersLiveServesAgain) {

@@ -64,6 +64,7 @@ struct ServerOptions {
     int32_t max_queue = -1;
     std::string api_key;
     int max_per_client = 0;
+    int32_t max_resumes = 0;
     std::chrono::milliseconds step_delay{0};
     std::atomic<int> *fail_steps = nullptr;
     bool attach = true;  // false: /health stays "loading" until attach()
@@ -130,6 +131,7 @@ public:
         sp.n_threads = 1;
         sp.max_queue = o.max_queue;
         sp.probe_interval_ms = 200;
+        sp.max_resumes = o.max_resumes;
         if (o.backend != Backend::local) {
             workers_ = std::make_unique<TwoWorkers>(o.relay_second);
             sp.make_engine = workers_->factory(o.backend == Backend::tp);

@@ -45,6 +45,7 @@ struct ServeOptions {
     int32_t max_queue = -1;
     int http_threads = 0;
     int max_per_client = 0;
+    int32_t max_resumes = 0;
     std::string api_key;
     std::string api_key_file;
     std::string ssl_cert, ssl_key;
@@ -69,6 +70,7 @@ int serve_main(const ServeOptions &opt) {
     // A cluster head computes nothing: its pool has one thread and -t goes to the workers.
     sp.n_threads = is_cluster ? 1 : opt.n_threads;
     sp.n_micro_batches = opt.n_micro_batches;
+    sp.max_resumes = opt.max_resumes;
     if (opt.n_micro_batches < 0) return fail(invalid_input("--micro-batches must be >= 0"));
     sp.make_engine = [&opt](std::shared_ptr<const Model> model, const ContextParams &cp, ThreadPool &pool) {
         return make_engine(opt.cluster, std::move(model), cp, pool, opt.n_threads);
@@ -182,6 +184,11 @@ void register_serve(CLI::App &app, Runners &runners) {
         ->default_val(-1);
     cmd->add_option("--http-threads", opt->http_threads, "HTTP worker threads (0: parallel + queue + 8)")
         ->default_val(0);
+    cmd->add_option("--max-resumes", opt->max_resumes,
+                    "Times a stream continues after a lost node (replayed on the nodes the head reconnects "
+                    "to) instead of ending with the error (0: never)")
+        ->default_val(0)
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--max-per-client", opt->max_per_client,
                     "Generation requests one client address may have open at once; more get 429 (0: no limit)")
         ->default_val(0)

@@ -306,6 +306,8 @@ void HttpServer::Impl::handle_metrics(HttpResponse &res) {
         metric("tandem_tokens_per_second", "gauge", "Generated tokens per second over the last 5 s.",
                s.tokens_per_second);
         metric("tandem_queue_depth", "gauge", "Requests waiting for a slot.", s.n_queued);
+        metric("tandem_resumed_requests_total", "counter",
+               "Requests replayed on the cluster after a node was lost (--max-resumes).", s.n_resumed);
         metric("tandem_slots_active", "gauge", "Slots holding a request.", s.n_active);
         metric("tandem_slots_total", "gauge", "Sequence slots (--parallel).", s.n_slots);
         metric("tandem_steps_total", "counter", "Batched engine steps.", s.n_steps);

@@ -68,6 +68,11 @@ struct Scheduler::Slot {
     bool generating = false;  // the prompt is in; one decode row per step
     bool ended = false;       // its last event is sent (or it was cancelled): no new rows
     int32_t n_in_flight = 0;  // steps in flight with rows of this slot; the slot is freed at 0
+    int32_t n_prompt = 0;     // the request's prompt (job.prompt grows by `tokens` when it is resumed)
+    std::vector<int32_t> tokens;  // generated so far, replayed after the prompt on a resume
+    bool resuming = false;        // its state was lost with a node: replay once the steps are drained
+    int32_t n_resumes = 0;
+    Status resume_cause;          // the failure, reported if the engine cannot start again
     std::unique_ptr<Detokenizer> detok;
     std::unique_ptr<StopStringMatcher> stop;
     std::vector<TokenLogprob> pending_lp;
@@ -205,6 +210,10 @@ void Scheduler::admit() {
         slot.generating = false;
         slot.ended = false;
         slot.n_in_flight = 0;
+        slot.n_prompt = n_prompt;
+        slot.tokens.clear();
+        slot.resuming = false;
+        slot.n_resumes = 0;
         slot.detok = std::make_unique<Detokenizer>(tokenizer_, Detokenizer::Start::continuation);
         slot.stop = std::make_unique<StopStringMatcher>(slot.job.stop);
         slot.pending_lp.clear();
@@ -254,6 +263,7 @@ void Scheduler::engine_main() {
                 continue;  // admit (or stop) on the next turn
             }
         }
+        if (in_flight_.empty()) resume_slots();
         double engine_seconds = 0.0;
         fill_pipeline(engine_seconds);
         // Nothing to run: every live slot was cancelled after the check above; the next turn frees them.
@@ -283,7 +293,8 @@ bool Scheduler::build_step(InFlight &step) {
     int32_t n_decode = 0;
     for (Slot &slot : slots_) {
         if (n_decode >= quota) break;
-        if (!slot.live() || !slot.generating || slot.n_in_flight > 0 || slot.stream->cancelled()) continue;
+        if (!slot.live() || !slot.generating || slot.resuming || slot.n_in_flight > 0 || slot.stream->cancelled())
+            continue;
         batch_.add(slot.last_token, slot.n_past, slot.seq, true);
         slot.n_past++;
         slot.n_in_flight++;
@@ -293,7 +304,7 @@ bool Scheduler::build_step(InFlight &step) {
     // Prompt chunks fill the rest of the step, oldest request first.
     prefilling_.clear();
     for (Slot &slot : slots_)
-        if (slot.live() && !slot.generating && !slot.stream->cancelled() &&
+        if (slot.live() && !slot.generating && !slot.resuming && !slot.stream->cancelled() &&
             slot.n_prefilled < static_cast<int32_t>(slot.job.prompt.size()))
             prefilling_.push_back(&slot);
     std::sort(prefilling_.begin(), prefilling_.end(),
@@ -352,14 +363,55 @@ void Scheduler::on_step_failed(InFlight &step, const Status &status) {
         if (!in_flight_.empty()) drain_error_ = cause;
     }
     if (cause.kind() != ErrorKind::invalid_input) health_ = cause;
+    const bool resumable = cause.kind() == ErrorKind::disconnected;
     for (int32_t seq : step.seqs) {
         Slot &slot = slots_[seq];
         slot.n_in_flight--;
-        if (slot.live()) {
+        if (slot.live() && resumable && slot.n_resumes < params_.max_resumes) {
+            if (!slot.resuming) slot.resume_cause = cause;
+            slot.resuming = true;
+        } else if (slot.live()) {
             fail(slot, cause);
         } else {
             release_if_idle(slot);
         }
+    }
+}
+
+// The slots whose state a lost node took: started again and replayed, or ended with their failure when the
+// engine cannot start (engine thread, steps drained).
+void Scheduler::resume_slots() {
+    std::lock_guard lock(mu_);
+    Status down;  // set once a start failed: the others are not tried (each try may wait for a timeout)
+    for (Slot &slot : slots_) {
+        if (!slot.resuming) continue;
+        slot.resuming = false;
+        if (!slot.live()) {
+            release_if_idle(slot);
+            continue;
+        }
+        if (slot.stream->cancelled()) {
+            end(slot, FinishReason::cancelled);
+            continue;
+        }
+        if (down.ok()) down = engine_.seq_start(slot.seq, slot.job.sampling, slot.job.n_logprobs >= 0);
+        if (!down.ok()) {
+            log_warn("server: cannot resume request {} ({}); ending it", slot.seq, down.message());
+            health_ = down;
+            fail(slot, slot.resume_cause);
+            continue;
+        }
+        // The prompt and every token generated so far, as one prompt: the token sampled after it is the
+        // stream's next one. The detokenizer and stop matcher keep their state: nothing is sent twice.
+        slot.job.prompt.resize(static_cast<size_t>(slot.n_prompt));
+        slot.job.prompt.insert(slot.job.prompt.end(), slot.tokens.begin(), slot.tokens.end());
+        slot.n_prefilled = 0;
+        slot.n_past = 0;
+        slot.generating = false;
+        slot.n_resumes++;
+        stats_.n_resumed++;
+        log_info("server: resuming request in slot {} after {}: replaying {} prompt and {} generated tokens",
+                 slot.seq, slot.resume_cause.message(), slot.n_prompt, slot.tokens.size());
     }
 }
 
@@ -433,6 +485,7 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
     }
     slot.n_generated++;
     const int32_t token = out.token;
+    slot.tokens.push_back(token);
     const Vocab &vocab = tokenizer_.vocab();
     if (!vocab.is_valid(token)) {
         fail(slot, make_error(ErrorKind::failed, "the engine returned token id {} (vocabulary of {})", token,
@@ -476,7 +529,7 @@ void Scheduler::finish(Slot &slot, FinishReason reason) {
     StreamEvent ev;
     ev.kind = StreamEvent::Kind::done;
     ev.finish = reason;
-    ev.n_prompt = static_cast<int32_t>(slot.job.prompt.size());
+    ev.n_prompt = slot.n_prompt;
     ev.n_generated = slot.n_generated;
     if (reason == FinishReason::stop && !slot.stop->stopped()) {
         // An end-of-generation token: release what the detokenizer held back (an unfinished character).

@@ -121,6 +121,13 @@ struct SchedulerParams {
     // An error of kind disconnected marks the engine unhealthy (a worker went away while idle). Optional.
     std::function<Result<std::string>(Engine &)> probe;
     std::chrono::milliseconds probe_interval{1000};
+    // Resuming after a lost node: when a step fails with kind disconnected, its requests do not end. Once the
+    // steps in flight are drained, each affected sequence is started again (a ClusterEngine reconnects
+    // there, onto the nodes it can reach) and its prompt plus every token it has generated is replayed as
+    // one prompt; the stream then goes on where it stopped, and a greedy stream gives exactly the text of an
+    // undisturbed run. When the engine cannot start again, the requests end with the original error. A
+    // request resumes at most max_resumes times (0: never; every failure ends its requests at once).
+    int32_t max_resumes = 0;
 };
 
 struct SchedulerStats {
@@ -137,6 +144,7 @@ struct SchedulerStats {
     int64_t n_finished[4] = {};      // by FinishReason
     double ttft_seconds_sum = 0.0;   // time to first token (from submit), summed over requests
     int64_t ttft_count = 0;
+    int64_t n_resumed = 0;  // requests replayed after a lost node (max_resumes)
 };
 
 class Scheduler {
@@ -188,6 +196,7 @@ private:
     void fill_pipeline(double &engine_seconds);
     void complete_step(double &engine_seconds);
     void on_step_failed(InFlight &step, const Status &status);
+    void resume_slots();
     void run_probe(bool idle);
     void on_token(Slot &slot, const StepOutput &out);
     void finish(Slot &slot, FinishReason reason);

@@ -52,6 +52,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     sp.max_queue = params.max_queue >= 0 ? params.max_queue : 4 * params.n_parallel;
     sp.n_micro_batches = params.n_micro_batches > 0 ? params.n_micro_batches : 1;
     sp.probe_interval = std::chrono::milliseconds(std::max(params.probe_interval_ms, 10));
+    sp.max_resumes = std::max(params.max_resumes, 0);
     if (cluster != nullptr) {
         sm->n_stages_ = cluster->n_stages();  // the workers, plus the head when it runs layers
         sm->placement_ = cluster->placement_table();

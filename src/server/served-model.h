@@ -42,6 +42,8 @@ struct ServeParams {
     int32_t n_micro_batches = 0;
     // How often the engine thread probes a cluster (per-node stats for /metrics, health while idle).
     int probe_interval_ms = 1000;
+    // Times a request may be resumed after a lost node (SchedulerParams::max_resumes); 0: it ends with the error.
+    int32_t max_resumes = 0;
     // Test hook: wraps the engine (stall or fault injection around a real engine). Null: none.
     std::function<std::unique_ptr<Engine>(std::unique_ptr<Engine>)> wrap_engine;
 };
