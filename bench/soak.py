@@ -6,9 +6,11 @@ be refused with 400). Reports requests served, errors, tokens/s over time and th
 
     bench/soak.py [--model M] [--duration 600] [--clients 8] [--threads 2] [--json OUT] [-- SERVE ARGS...]
 
-The model defaults to stories260K from ../shared/models. RSS "start" is taken after a warm-up (the first
-10% of the run, at most 30 s: the KV cache and allocator pools are touched by then); "end" at the last
-sample. Exits 1 when a valid request failed or RSS grew by 5% or more. Python 3 standard library only.
+The model defaults to stories260K from ../shared/models. RSS "start" is the median of the first three
+samples after a warm-up (the first 10% of the run, at most 30 s: the KV cache and allocator pools are touched
+by then), "end" the median of the last three: a single sample can catch a request's transient buffers (the
+tokenizer's work on an over-long prompt is ~0.6 MiB, a few percent of this small server), a leak moves the
+medians. Exits 1 when a valid request failed or RSS grew by 5% or more. Python 3 standard library only.
 """
 import argparse
 import http.client
@@ -208,7 +210,9 @@ class Soak:
         for t in threads:
             t.join()
         after_warm = [s for s in samples if s["t"] >= warm] or samples
-        rss_start, rss_end = after_warm[0]["rss_kib"], samples[-1]["rss_kib"]
+        median = lambda xs: sorted(xs)[len(xs) // 2]
+        rss_start = median([s["rss_kib"] for s in after_warm[:3]])
+        rss_end = median([s["rss_kib"] for s in samples[-3:]])
         status, health = self.client.get("/health")
         return {
             "duration_s": a.duration, "clients": a.clients,

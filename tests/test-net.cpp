@@ -154,6 +154,8 @@ SeqStart sample_seq_start() {
     m.presence_penalty = 0.25f;
     m.frequency_penalty = 0.5f;
     m.seed = 0xdeadbeefcafeull;
+    m.n_sampled = 300;
+    m.history = {5, 0, 511, 7};
     return m;
 }
 ProbeCompute sample_probe_compute() {
@@ -433,6 +435,8 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(s->top_p, 0.9f);
     EXPECT_EQ(s->min_p, 0.05f);
     EXPECT_EQ(s->repeat_penalty, 1.1f);
+    EXPECT_EQ(s->n_sampled, 300u);
+    EXPECT_EQ(s->history, (std::vector<int32_t>{5, 0, 511, 7}));
     EXPECT_EQ(s->repeat_last_n, 128);
     EXPECT_EQ(s->presence_penalty, 0.25f);
     EXPECT_EQ(s->frequency_penalty, 0.5f);
@@ -626,6 +630,25 @@ TEST(NetCodec, SemanticChecks) {
     auto d = decode_seq_start(b);
     ASSERT_FALSE(d.ok());
     EXPECT_NE(d.status().message().find("temperature"), std::string::npos);
+    // A resumed stream's history: no more tokens than were sampled, none negative, at most kMaxSeqHistory.
+    const auto seq_start_error = [&](const SeqStart &m) {
+        b.clear();
+        encode(m, b);
+        auto r = decode_seq_start(b);
+        return r.ok() ? std::string() : r.status().message();
+    };
+    s = sample_seq_start();
+    s.n_sampled = 3;
+    EXPECT_NE(seq_start_error(s).find("4 history tokens but only 3 sampled"), std::string::npos);
+    s = sample_seq_start();
+    s.history[1] = -2;
+    EXPECT_NE(seq_start_error(s).find("history token -2"), std::string::npos);
+    s = sample_seq_start();
+    s.n_sampled = kMaxSeqHistory + 1;
+    s.history.assign(kMaxSeqHistory, 1);
+    EXPECT_EQ(seq_start_error(s), "");
+    s.history.push_back(1);
+    EXPECT_NE(seq_start_error(s).find("limit 65536"), std::string::npos) << seq_start_error(s);
     b.clear();
     encode(ErrorMsg{0, "ok is not an error"}, b);
     EXPECT_FALSE(decode_error(b).ok());

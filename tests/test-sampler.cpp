@@ -430,6 +430,51 @@ TEST(Sampler, ResetRestoresSequenceAndClearsHistory) {
     EXPECT_EQ(gs.sample(l.data()), 0);
 }
 
+// A stream resumed elsewhere (a lost node): a fresh sampler restored with the tokens sampled so far draws
+// exactly what the uninterrupted one draws next, with penalties over a window and over the whole history.
+TEST(Sampler, RestoreContinuesTheUninterruptedStream) {
+    for (int32_t window : {64, 8, -1, 0}) {
+        for (float temperature : {0.9f, 0.0f}) {
+            SCOPED_TRACE(::testing::Message()
+                         << "repeat_last_n " << window << ", temperature " << temperature);
+            SamplerParams p = plain(temperature, 77);
+            p.repeat_penalty = 1.4f;
+            p.frequency_penalty = 0.3f;
+            p.repeat_last_n = window;
+            p.top_k = 20;
+            p.top_p = 0.9f;
+            std::vector<std::vector<float>> steps;
+            for (int i = 0; i < 90; ++i) steps.push_back(random_logits(64, 100 + i, 2.0f));
+            Sampler whole(p, 64);
+            std::vector<int32_t> tokens;
+            for (const auto &l : steps) {
+                tokens.push_back(whole.sample(l.data()));
+                whole.accept(tokens.back());
+            }
+            for (size_t cut : {size_t(1), size_t(30), size_t(89)}) {
+                Sampler resumed(p, 64);
+                const std::span<const int32_t> sampled(tokens.data(), cut);
+                resumed.restore(cut, sampler_history_tail(p, sampled));
+                for (size_t i = cut; i < steps.size(); ++i) {
+                    const int32_t t = resumed.sample(steps[i].data());
+                    ASSERT_EQ(t, tokens[i]) << "cut at " << cut << ", step " << i;
+                    resumed.accept(t);
+                }
+            }
+        }
+    }
+    const std::vector<int32_t> sampled = {1, 2, 3, 4, 5};
+    SamplerParams p;
+    p.repeat_last_n = 2;
+    EXPECT_EQ(sampler_history_tail(p, sampled).size(), 2u);
+    EXPECT_EQ(sampler_history_tail(p, sampled)[0], 4);
+    p.repeat_last_n = -1;
+    EXPECT_EQ(sampler_history_tail(p, sampled).size(), 5u);
+    EXPECT_EQ(sampler_history_tail(p, sampled, 3).size(), 3u);
+    p.repeat_last_n = 0;
+    EXPECT_TRUE(sampler_history_tail(p, sampled).empty());
+}
+
 TEST(Sampler, NonFiniteLogits) {
     const float nan = std::nanf("");
     const std::vector<float> logits = {-k_inf, 0.5f, nan, 0.3f, -k_inf, 0.4f};

@@ -35,45 +35,17 @@ std::string wait_health(httplib::Client &c, int status, std::chrono::seconds tim
 // Two streams flowing through both stages (one micro-batch each) when `fault` strikes: both end within 3 s
 // with an SSE error naming `named` (the failed node's address or port), and [DONE].
 void expect_fault_ends_both_streams(TestServer &s, const std::function<void()> &fault, const std::string &named) {
-    std::atomic<int> n_flowing{0};
-    std::vector<std::string> bodies(2);
-    std::vector<std::thread> threads;
-    for (int i = 0; i < 2; ++i) {
-        threads.emplace_back([&, i] {
-            auto cc = s.client();
-            httplib::Request req;
-            req.method = "POST";
-            req.path = "/v1/completions";
-            req.headers = {{"Content-Type", "application/json"}};
-            req.body = json{
-                {"prompt", i == 0 ? "Once upon a time" : "The cat"},
-                {"max_tokens", 400},
-                {"stream", true},
-                {"seed",
-                 i}}.dump();
-            req.content_receiver = [&, i](const char *data, size_t n, uint64_t, uint64_t) {
-                if (bodies[i].empty()) n_flowing++;
-                bodies[i].append(data, n);
-                return true;
-            };
-            httplib::Response res;
-            httplib::Error err = httplib::Error::Success;
-            cc.send(req, res, err);
-        });
-    }
-    for (int k = 0; k < 1000 && n_flowing.load() < 2; ++k) std::this_thread::sleep_for(10ms);
-    ASSERT_EQ(n_flowing.load(), 2);
-    fault();
-    const auto t0 = Clock::now();
-    for (auto &t : threads) t.join();
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 3.0);
-    for (int i = 0; i < 2; ++i) {
+    const std::vector<json> requests = {{{"prompt", "Once upon a time"}, {"max_tokens", 400}, {"seed", 0}},
+                                        {{"prompt", "The cat"}, {"max_tokens", 400}, {"seed", 1}}};
+    const Streamed st = streams_through(s, requests, fault);
+    EXPECT_LT(st.seconds_after_fault, 3.0);
+    for (size_t i = 0; i < st.bodies.size(); ++i) {
         SCOPED_TRACE(i);
         bool done = false;
-        auto events = parse_sse(bodies[i], &done);
+        auto events = parse_sse(st.bodies[i], &done);
         EXPECT_TRUE(done);
         ASSERT_FALSE(events.empty());
-        ASSERT_TRUE(events.back().contains("error")) << bodies[i];
+        ASSERT_TRUE(events.back().contains("error")) << st.bodies[i];
         EXPECT_NE(events.back()["error"]["message"].get<std::string>().find(named), std::string::npos)
             << events.back().dump();
     }
@@ -156,69 +128,43 @@ TEST_F(ServerCluster, AWorkerAnsweringGarbageEndsStreamsAndServingResumes) {
     EXPECT_TRUE(s.workers().second().running());
 }
 
-// Two greedy streams (one micro-batch each) when `fault` strikes; their events once they have ended.
-std::vector<std::vector<json>> greedy_streams_through(TestServer &s, const std::vector<std::string> &prompts,
-                                                      int max_tokens, const std::function<void()> &fault) {
-    std::atomic<int> n_flowing{0};
-    std::vector<std::string> bodies(prompts.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        threads.emplace_back([&, i] {
-            auto cc = s.client();
-            httplib::Request req;
-            req.method = "POST";
-            req.path = "/v1/completions";
-            req.headers = {{"Content-Type", "application/json"}};
-            req.body = json{{"prompt", prompts[i]}, {"max_tokens", max_tokens}, {"stream", true}, {"temperature", 0},
-                            {"stop", "never stops"}}
-                           .dump();
-            req.content_receiver = [&, i](const char *data, size_t n, uint64_t, uint64_t) {
-                if (bodies[i].empty()) n_flowing++;
-                bodies[i].append(data, n);
-                return true;
-            };
-            httplib::Response res;
-            httplib::Error err = httplib::Error::Success;
-            cc.send(req, res, err);
-        });
-    }
-    for (int k = 0; k < 1000 && n_flowing.load() < static_cast<int>(prompts.size()); ++k)
-        std::this_thread::sleep_for(10ms);
-    EXPECT_EQ(n_flowing.load(), static_cast<int>(prompts.size()));
-    std::this_thread::sleep_for(200ms);  // some tokens out, most to come
-    fault();
-    for (auto &t : threads) t.join();
-    std::vector<std::vector<json>> out;
-    for (const std::string &b : bodies) {
+// Streams of `requests` when `fault` strikes (200 ms after they began: some tokens out, most to come): each
+// continues with exactly the text and finish reason it has undisturbed (asked first, one at a time).
+void expect_streams_continue(TestServer &s, const std::vector<json> &requests,
+                             const std::function<void()> &fault) {
+    auto c = s.client();
+    std::vector<std::string> expected, expected_finish(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i)
+        expected.push_back(completion_text(c, requests[i], &expected_finish[i]));
+    const Streamed st = streams_through(s, requests, fault, 200ms);
+    for (size_t i = 0; i < requests.size(); ++i) {
+        SCOPED_TRACE(requests[i].dump());
         bool done = false;
-        out.push_back(parse_sse(b, &done));
+        const auto events = parse_sse(st.bodies[i], &done);
         EXPECT_TRUE(done);
+        std::string finish;
+        EXPECT_EQ(stream_text(events, &finish), expected[i]);
+        EXPECT_EQ(finish, expected_finish[i]);
     }
-    return out;
 }
 
+// Streams that must continue across a fault exactly as undisturbed: greedy, and seeded with a repeat penalty
+// (the resumed sampler skips the draws it made and holds the tokens the penalty sees). 80 tokens at 20 ms a
+// step: the fault lands mid-stream.
+const std::vector<json> k_resumed = {
+    {{"prompt", "Once upon a time"}, {"max_tokens", 80}, {"temperature", 0}, {"stop", "never stops"}},
+    {{"prompt", "The cat"}, {"max_tokens", 80}, {"temperature", 0.9}, {"seed", 11}, {"repeat_penalty", 1.2}}};
+
 // --max-resumes: the link to the second worker is cut mid-stream; the head reconnects through it and replays
-// each stream's prompt and tokens, so the client sees a pause and then exactly the undisturbed greedy text.
+// each stream's prompt and tokens, so the client sees a pause and then exactly the undisturbed text.
 TEST_F(ServerCluster, StreamsCutOffByALostLinkContinueWithTheUndisturbedText) {
     ServerOptions o = two_stage_options(/*relay_second=*/true);
     o.max_resumes = 1;
     TestServer s(o);
     auto c = s.client();
-    const std::vector<std::string> prompts = {"Once upon a time", "The cat"};
-    const int max_tokens = 80;  // 20 ms a step: the cut lands mid-stream
-    std::vector<std::string> expected;
-    for (const std::string &p : prompts)
-        expected.push_back(
-            completion_text(c, {{"prompt", p}, {"max_tokens", max_tokens}, {"temperature", 0}, {"stop", "never stops"}}));
     const auto t0 = Clock::now();
-    auto streams = greedy_streams_through(s, prompts, max_tokens, [&] { s.workers().relay().cut(); });
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        SCOPED_TRACE(i);
-        std::string finish;
-        EXPECT_EQ(stream_text(streams[i], &finish), expected[i]);
-        EXPECT_EQ(finish, "length");
-    }
-    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 10.0);
+    expect_streams_continue(s, k_resumed, [&] { s.workers().relay().cut(); });
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 12.0);
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
     EXPECT_EQ(metric(m->body, "tandem_resumed_requests_total"), 2) << m->body;
@@ -240,6 +186,95 @@ TEST_F(ServerCluster, StreamsThatCannotResumeEndWithTheLostNode) {
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
     EXPECT_EQ(metric(m->body, "tandem_resumed_requests_total"), 0);
+}
+
+// /health's layout and recoveries, once they name `node` (the engine thread refreshes them after a resume).
+json health_naming(httplib::Client &c, const std::string &node) {
+    json h;
+    for (int k = 0; k < 100; ++k) {
+        auto r = c.Get("/health");
+        if (r && r->status == 200) {
+            h = json::parse(r->body);
+            if (h.value("layout", "").find(node) != std::string::npos) return h;
+        }
+        std::this_thread::sleep_for(50ms);
+    }
+    ADD_FAILURE() << "/health never named " << node << ": " << h.dump();
+    return h;
+}
+
+// A worker of a 2-stage pipeline is killed mid-stream with a spare standing by: the spare takes its layers,
+// and the streams continue with exactly the undisturbed text. /health and /metrics say what happened.
+TEST_F(ServerCluster, ASpareTakesALostWorkersPlaceAndStreamsContinue) {
+    test::TempDir spare_cache;
+    test::WorkerProcess spare(spare_cache.file("spare"));
+    ASSERT_TRUE(spare.running()) << spare.log();
+    ServerOptions o = two_stage_options();
+    o.max_resumes = 1;
+    o.spares = spare.address();
+    TestServer s(o);
+    test::WorkerProcess &w2 = s.workers().second();
+    const std::string lost = w2.address();
+    expect_streams_continue(s, k_resumed, [&] { w2.kill(); });
+    auto c = s.client();
+    const json h = health_naming(c, spare.address());
+    EXPECT_EQ(h["layout"], s.workers().first().address() + " [0-1] -> " + spare.address() + " [2-4]")
+        << h.dump();
+    ASSERT_EQ(h["recoveries"].size(), 1u) << h.dump();
+    const std::string what = h["recoveries"][0];
+    EXPECT_NE(what.find(lost), std::string::npos) << what;
+    EXPECT_NE(what.find("spare " + spare.address() + " took its place"), std::string::npos) << what;
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric(m->body, "tandem_resumed_requests_total"), 2) << m->body;
+    EXPECT_EQ(metric(m->body, "tandem_cluster_recoveries_total"), 1) << m->body;
+    EXPECT_EQ(metric(m->body, "tandem_cluster_spares"), 1) << m->body;  // the lost worker stands by now
+}
+
+// A rank of a --tp 2 group is killed mid-stream with no spare: the head re-plans onto the worker left (the
+// whole model on one node) and the streams continue with the text they had (stories260K's --tp 2 tokens are
+// one machine's). Once the lost worker is back it is a spare.
+TEST_F(ServerCluster, ATensorParallelGroupThatLosesANodeIsRePlannedAndStreamsContinue) {
+    ServerOptions o = two_stage_options();
+    o.backend = Backend::tp;
+    o.max_resumes = 1;
+    o.replan = true;
+    TestServer s(o);
+    test::WorkerProcess &w2 = s.workers().second();
+    const std::string lost = w2.address();
+    expect_streams_continue(s, k_resumed, [&] { w2.kill(); });
+    auto c = s.client();
+    const json h = health_naming(c, s.workers().first().address() + " [0-4]");
+    EXPECT_EQ(h["layout"], s.workers().first().address() + " [0-4]") << h.dump();
+    ASSERT_EQ(h["recoveries"].size(), 1u) << h.dump();
+    const std::string what = h["recoveries"][0];
+    EXPECT_NE(what.find(lost), std::string::npos) << what;
+    EXPECT_NE(what.find("re-planned onto 1 worker"), std::string::npos) << what;
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric(m->body, "tandem_cluster_workers"), 1) << m->body;
+    // Serving goes on on the worker left.
+    EXPECT_EQ(completion_text(c, k_greedy), completion_text(c, k_greedy));
+}
+
+// A rank of a --tp 2 group stalls (SIGSTOP) mid-stream with a spare standing by: the head gives up on it
+// (no heartbeat, then no handshake within the connect timeout), the spare takes its slice, and the streams
+// continue with exactly the undisturbed text.
+TEST_F(ServerCluster, AStalledTensorParallelRankIsReplacedByASpareAndStreamsContinue) {
+    test::TempDir spare_cache;
+    test::WorkerProcess spare(spare_cache.file("spare"));
+    ASSERT_TRUE(spare.running()) << spare.log();
+    ServerOptions o = two_stage_options();
+    o.backend = Backend::tp;
+    o.max_resumes = 1;
+    o.spares = spare.address();
+    TestServer s(o);
+    test::WorkerProcess &w2 = s.workers().second();
+    expect_streams_continue(s, k_resumed, [&] { w2.stall(); });
+    auto c = s.client();
+    const json h = health_naming(c, spare.address());
+    EXPECT_EQ(h["layout"], s.workers().first().address() + " + " + spare.address() + " [0-4]") << h.dump();
+    w2.resume();
 }
 
 // The head (`tandem serve`) is killed while its workers live; a new head on the same workers serves the same
@@ -312,6 +347,24 @@ TEST_F(ServerCluster, ServeCommandNamesAnUnreachableWorker) {
                                "127.0.0.1:" + std::to_string(dead_port)});
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("127.0.0.1:" + std::to_string(dead_port)), std::string::npos) << r.err;
+}
+
+// --spare and --replan reach the engine, and what cannot work is refused before any worker is contacted.
+TEST_F(ServerCluster, ServeCommandChecksTheRecoveryFlags) {
+    const std::string model = test::shared_path(k_model);
+    const auto serve_error = [&](std::vector<std::string> extra) {
+        std::vector<std::string> args = {"serve", "-m", model, "--port", "0"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        auto r = test::run_tandem(args);
+        EXPECT_NE(r.exit_code, 0) << r.out;
+        return r.err;
+    };
+    EXPECT_NE(serve_error({"--spare", "127.0.0.1:1"}).find("need --workers"), std::string::npos);
+    EXPECT_NE(serve_error({"--replan"}).find("need --workers"), std::string::npos);
+    EXPECT_NE(serve_error({"--workers", "127.0.0.1:1", "--layers", "0-4", "--replan"}).find("drop --layers"),
+              std::string::npos);
+    const std::string dup = serve_error({"--workers", "127.0.0.1:1,127.0.0.1:2", "--spare", "127.0.0.1:2"});
+    EXPECT_NE(dup.find("spare 127.0.0.1:2 is also in --workers"), std::string::npos) << dup;
 }
 
 TEST_F(ServerCluster, ApiKeyFromAFile) {

@@ -33,8 +33,9 @@ public:
     int32_t n_seq() const override { return inner_->n_seq(); }
     int32_t n_vocab() const override { return inner_->n_vocab(); }
     int max_in_flight() const override { return inner_->max_in_flight(); }
-    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits) override {
-        return inner_->seq_start(seq, p, want_logits);
+    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits,
+                     std::span<const int32_t> sampled) override {
+        return inner_->seq_start(seq, p, want_logits, sampled);
     }
     Status seq_clear(int32_t seq) override { return inner_->seq_clear(seq); }
     Status submit(const Batch &batch) override {
@@ -69,6 +70,8 @@ struct ServerOptions {
     std::atomic<int> *fail_steps = nullptr;
     bool attach = true;  // false: /health stays "loading" until attach()
     bool relay_second = false;  // cluster backends: the second worker behind a relay (TwoWorkers)
+    std::string spares;         // cluster backends: ClusterOptions::spares
+    bool replan = false;        // cluster backends: ClusterOptions::replan (placement by speed, not --layers)
 };
 
 // Two `tandem worker`s with their own weight caches; stories260K's 5 layers split 0-1 | 2-4. With
@@ -96,16 +99,20 @@ public:
     // The ClusterEngine the server runs on: what cli::make_engine builds for --workers A,B --layers 0-1,2-4
     // --wire f32 (the f32 wire keeps the logits bit-identical to one machine).
     // With tp: --tp 2 instead (each worker holds half of every layer).
-    ServeParams::EngineFactory factory(bool tp = false) const {
+    // spares / replan: ClusterOptions' (with replan the pipeline is placed by speed instead of --layers).
+    ServeParams::EngineFactory factory(bool tp = false, const std::string &spares = "",
+                                       bool replan = false) const {
         const std::string workers = addresses();
-        return [workers, tp](std::shared_ptr<const Model> model, const ContextParams &cp,
-                             ThreadPool &) -> Result<std::unique_ptr<Engine>> {
+        return [workers, tp, spares, replan](std::shared_ptr<const Model> model, const ContextParams &cp,
+                                             ThreadPool &) -> Result<std::unique_ptr<Engine>> {
             cluster::ClusterOptions co;
             co.secret = test::test_secret();
             co.workers = workers;
+            co.spares = spares;
+            co.replan = replan;
             if (tp)
                 co.tp = 2;
-            else
+            else if (!replan)
                 co.layers = "0-1,2-4";
             co.wire = net::WireType::f32;
             co.context = cp;
@@ -134,7 +141,7 @@ public:
         sp.max_resumes = o.max_resumes;
         if (o.backend != Backend::local) {
             workers_ = std::make_unique<TwoWorkers>(o.relay_second);
-            sp.make_engine = workers_->factory(o.backend == Backend::tp);
+            sp.make_engine = workers_->factory(o.backend == Backend::tp, o.spares, o.replan);
         }
         if (o.step_delay.count() > 0 || o.fail_steps != nullptr) {
             sp.wrap_engine = [o](std::unique_ptr<Engine> e) -> std::unique_ptr<Engine> {
@@ -241,6 +248,50 @@ inline std::string completion_text(httplib::Client &c, const json &body, std::st
     json j = json::parse(r->body);
     if (finish) *finish = j["choices"][0]["finish_reason"].get<std::string>();
     return j["choices"][0]["text"].get<std::string>();
+}
+
+// Streams every request body at once ("stream" is set); once each stream has sent its first bytes and
+// `settle` has passed, calls `fault`. Returns the raw SSE bodies once all have ended, and the seconds from
+// the fault to the last end.
+struct Streamed {
+    std::vector<std::string> bodies;
+    double seconds_after_fault = 0.0;
+};
+inline Streamed streams_through(const TestServer &s, const std::vector<json> &requests,
+                                const std::function<void()> &fault, std::chrono::milliseconds settle = 0ms) {
+    std::atomic<int> n_flowing{0};
+    Streamed out;
+    out.bodies.resize(requests.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < requests.size(); ++i) {
+        threads.emplace_back([&, i] {
+            auto cc = s.client();
+            httplib::Request req;
+            req.method = "POST";
+            req.path = "/v1/completions";
+            req.headers = {{"Content-Type", "application/json"}};
+            json body = requests[i];
+            body["stream"] = true;
+            req.body = body.dump();
+            req.content_receiver = [&, i](const char *data, size_t n, uint64_t, uint64_t) {
+                if (out.bodies[i].empty()) n_flowing++;
+                out.bodies[i].append(data, n);
+                return true;
+            };
+            httplib::Response res;
+            httplib::Error err = httplib::Error::Success;
+            cc.send(req, res, err);
+        });
+    }
+    for (int k = 0; k < 1000 && n_flowing.load() < static_cast<int>(requests.size()); ++k)
+        std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(n_flowing.load(), static_cast<int>(requests.size()));
+    std::this_thread::sleep_for(settle);
+    fault();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto &t : threads) t.join();
+    out.seconds_after_fault = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
 }
 
 inline int64_t metric(const std::string &text, const std::string &name) {

@@ -653,5 +653,42 @@ TEST_P(ServerTest, FailedStepEndsTheStreamWithAnErrorAndServingGoesOn) {
     EXPECT_EQ(finish, "length");
 }
 
+// --max-resumes: a step fails mid-stream as if a node were lost (kind disconnected, injected around the real
+// engine). The streams are started again with the tokens they sampled and replayed, and each goes on with
+// exactly its undisturbed text: greedy with a frequency penalty, and seeded with a repeat penalty.
+TEST_P(ServerTest, ResumedStreamsContinueWithTheUndisturbedText) {
+    std::atomic<int> fail_steps{0};
+    ServerOptions o = opts();
+    o.fail_steps = &fail_steps;
+    o.max_resumes = 2;
+    o.step_delay = std::chrono::milliseconds(10);
+    TestServer s(o);
+    auto c = s.client();
+    const std::vector<json> requests = {
+        {{"prompt", "Once upon a time"}, {"max_tokens", 60}, {"temperature", 0}, {"frequency_penalty", 0.5}},
+        {{"prompt", "The cat"},
+         {"max_tokens", 60},
+         {"temperature", 0.9},
+         {"seed", 7},
+         {"repeat_penalty", 1.3}}};
+    std::vector<std::string> expected, expected_finish(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i)
+        expected.push_back(completion_text(c, requests[i], &expected_finish[i]));
+    const Streamed st = streams_through(
+        s, requests, [&] { fail_steps = 1; }, std::chrono::milliseconds(150));
+    for (size_t i = 0; i < requests.size(); ++i) {
+        SCOPED_TRACE(requests[i].dump());
+        bool done = false;
+        const auto events = parse_sse(st.bodies[i], &done);
+        EXPECT_TRUE(done);
+        std::string finish;
+        EXPECT_EQ(stream_text(events, &finish), expected[i]);
+        EXPECT_EQ(finish, expected_finish[i]);
+    }
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_GE(metric(m->body, "tandem_resumed_requests_total"), 1) << m->body;
+}
+
 }  // namespace
 }  // namespace td::server

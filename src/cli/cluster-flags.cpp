@@ -96,14 +96,26 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
                   "~/.cache/tandem/packed, or $TANDEM_CACHE_DIR/packed)");
 }
 
+void add_recovery_flags(CLI::App *cmd, ClusterFlags &flags) {
+    cmd->add_option(
+        "--spare", flags.spares,
+        "Stand-by workers H:P,H:P: one takes a lost worker's place (its layers, its slice) when the "
+        "head reconnects");
+    cmd->add_flag(
+        "--replan", flags.replan,
+        "With no spare left, drop a lost worker and place the model over the workers left when they "
+        "can hold it (not with --layers)");
+}
+
 Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shared_ptr<const Model> model,
                                             const ContextParams &params, ThreadPool &pool,
                                             int32_t n_threads) {
     if (flags.workers.empty()) {
         if (!flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0 || flags.chunk_rows > 0 ||
-            flags.tp > 1 || !flags.layout.empty())
+            flags.tp > 1 || !flags.layout.empty() || !flags.spares.empty() || flags.replan)
             return invalid_input(
-                "--layers, --split, --tp, --layout, --head-layers and --chunk need --workers");
+                "--layers, --split, --tp, --layout, --head-layers, --chunk, --spare and --replan need "
+                "--workers");
         TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
         return std::unique_ptr<Engine>(std::move(e));
     }
@@ -133,6 +145,11 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.head_threads = n_threads;
     co.chunk_rows = flags.chunk_rows;
     co.pack_dir = pack_dir(flags.no_repack);
+    co.spares = flags.spares;
+    co.replan = flags.replan;
+    if (co.replan && !co.layers.empty())
+        return invalid_input(
+            "--replan places the layers itself after a loss; drop --layers (or use --spare)");
     TD_ASSIGN_OR_RETURN(auto e, cluster::ClusterEngine::create(std::move(model), co));
     return std::unique_ptr<Engine>(std::move(e));
 }

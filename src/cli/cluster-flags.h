@@ -27,7 +27,13 @@ struct ClusterFlags {
     bool stats = false;
     bool no_repack = false;  // keep q4_0 matrices in the GGUF's row layout (no packed copy)
     std::string secret_file;  // --secret-file; "": net::default_secret_path()
+    // serve only (registered by add_recovery_flags): stand-by workers, and re-planning around a lost one.
+    std::string spares;
+    bool replan = false;
 };
+
+// --spare and --replan, for the subcommands that reconnect after a lost worker (serve).
+void add_recovery_flags(CLI::App *cmd, ClusterFlags &flags);
 
 void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags);
 

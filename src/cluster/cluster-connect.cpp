@@ -5,10 +5,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "cluster/cluster-engine.h"
-#include "cluster/handshake.h"
 #include "cluster/fingerprint.h"
+#include "cluster/handshake.h"
 #include "cluster/node-info.h"
 #include "cluster/wire.h"
 #include "core/check.h"
@@ -56,6 +57,15 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     if (e->model_->layer_first() != 0 || e->model_->layer_last() != hp.n_layer)
         return invalid_input("the head needs the whole model file (it was opened for a layer range)");
     TD_ASSIGN_OR_RETURN(e->addresses_, parse_worker_list(options.workers));
+    if (!options.split.empty()) {
+        TD_ASSIGN_OR_RETURN(e->split_, parse_split(options.split, e->addresses_.size()));
+    }
+    if (!options.spares.empty()) {
+        TD_ASSIGN_OR_RETURN(e->spares_, parse_worker_list(options.spares));
+        for (const std::string &sp : e->spares_)
+            if (std::find(e->addresses_.begin(), e->addresses_.end(), sp) != e->addresses_.end())
+                return invalid_input("spare {} is also in --workers", sp);
+    }
     TD_ASSIGN_OR_RETURN(std::vector<size_t> sizes, parse_layout(options.layout, options.tp, e->addresses_.size()));
     for (size_t s = 0, next = 0; s < sizes.size(); ++s) {
         e->groups_.emplace_back();
@@ -99,7 +109,7 @@ ClusterEngine::~ClusterEngine() {
 }
 
 Result<std::vector<double>> ClusterEngine::node_shares() const {
-    if (!options_.split.empty()) return parse_split(options_.split, addresses_.size());
+    if (!split_.empty()) return split_;
     std::vector<double> w;  // default: in proportion to measured speed
     for (const NodeStatus &n : nodes_) w.push_back(n.hello.gflops > 0 ? n.hello.gflops : 1.0);
     return w;
@@ -310,12 +320,78 @@ Status ClusterEngine::accept_result_link() {
 }
 
 Status ClusterEngine::connect() {
+    // What a failed recovery puts back: the layout the reconnect started from.
+    const auto saved = std::make_tuple(addresses_, groups_, split_, spares_, placement_, slices_);
+    std::vector<std::string> tried, events;
+    Status first;
+    for (;;) {
+        unreachable_ = -1;
+        Status s = connect_once();
+        if (s.ok()) {
+            for (const std::string &e : events) {
+                log_warn("{}", e);
+                recoveries_.push_back(e);
+            }
+            if (!events.empty() && options_.print_placement) std::fputs(placement_table().c_str(), stderr);
+            ever_connected_ = true;
+            return s;
+        }
+        if (first.ok()) first = s;
+        const bool lost = ever_connected_ && unreachable_ >= 0;
+        if (lost) tried.push_back(addresses_[static_cast<size_t>(unreachable_)]);
+        if (!lost || !recover(static_cast<size_t>(unreachable_), s, tried, events)) {
+            std::tie(addresses_, groups_, split_, spares_, placement_, slices_) = saved;
+            if (events.empty()) return s;
+            return Status(first.kind(), fmt::format("{}; without it: {}", first.message(), s.message()));
+        }
+    }
+}
+
+bool ClusterEngine::recover(size_t i, const Status &cause, const std::vector<std::string> &tried,
+                            std::vector<std::string> &events) {
+    const std::string lost = addresses_[i];
+    // The lost worker stands by from now on: once it is back it can take the place of the next one lost.
+    const auto keep_as_spare = [&] {
+        if (std::find(spares_.begin(), spares_.end(), lost) == spares_.end()) spares_.push_back(lost);
+    };
+    for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+        if (std::find(tried.begin(), tried.end(), *it) != tried.end()) continue;
+        const std::string spare = *it;
+        spares_.erase(it);
+        addresses_[i] = spare;  // same stage, rank, layers and slice: the spare loads what the lost one held
+        keep_as_spare();
+        events.push_back(
+            fmt::format("worker {} lost ({}): spare {} took its place", lost, cause.message(), spare));
+        return true;
+    }
+    if (!options_.replan || !options_.layers.empty() || addresses_.size() < 2) return false;
+    addresses_.erase(addresses_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (!split_.empty()) split_.erase(split_.begin() + static_cast<std::ptrdiff_t>(i));
+    for (auto &g : groups_) {
+        std::erase(g, i);
+        for (size_t &w : g)
+            if (w > i) --w;
+    }
+    std::erase_if(groups_, [](const std::vector<size_t> &g) { return g.empty(); });
+    placement_.clear();  // placed again over the workers left, by speed and memory
+    slices_.clear();
+    keep_as_spare();
+    events.push_back(fmt::format("worker {} lost ({}): re-planned onto {} worker{}", lost, cause.message(),
+                                 addresses_.size(), addresses_.size() == 1 ? "" : "s"));
+    return true;
+}
+
+Status ClusterEngine::connect_once() {
     const size_t n = addresses_.size();
     nodes_.assign(n, NodeStatus{});
     control_.clear();
     control_.resize(n);
     Status s;
-    for (size_t i = 0; i < n && s.ok(); ++i) s = handshake(i);
+    for (size_t i = 0; i < n && s.ok(); ++i) {
+        s = handshake(i);
+        // Refused or silent (not a wrong secret or version): the worker is gone, or stalled.
+        if (!s.ok() && s.kind() != ErrorKind::invalid_input) unreachable_ = static_cast<int64_t>(i);
+    }
     if (s.ok() && placement_.empty()) {
         auto p = place();
         if (p.ok()) placement_ = *p;
@@ -430,6 +506,19 @@ Status ClusterEngine::connect() {
     if (head_ctx_) head_ctx_->kv().clear();  // the workers start empty: so does the head's part
     if (options_.print_placement) std::fputs(placement_table().c_str(), stderr);
     return {};
+}
+
+std::string ClusterEngine::layout() const {
+    std::string out;
+    if (options_.head_layers > 0) out = fmt::format("head [0-{}] -> ", options_.head_layers - 1);
+    for (size_t st = 0; st < groups_.size(); ++st) {
+        if (st > 0) out += " -> ";
+        for (size_t r = 0; r < groups_[st].size(); ++r)
+            out += (r > 0 ? " + " : "") + addresses_[groups_[st][r]];
+        if (st < placement_.size())
+            out += fmt::format(" [{}-{}]", placement_[st].first, placement_[st].second - 1);
+    }
+    return out;
 }
 
 std::vector<size_t> ClusterEngine::stage_sizes() const {

@@ -66,7 +66,8 @@ Status ClusterEngine::enqueue_data(net::MsgType type, uint64_t request_id, std::
     return {};
 }
 
-Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits) {
+Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits,
+                                std::span<const int32_t> sampled) {
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
@@ -83,6 +84,12 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     m.presence_penalty = params.presence_penalty;
     m.frequency_penalty = params.frequency_penalty;
     m.seed = params.seed;
+    for (int32_t t : sampled)
+        if (t < 0 || t >= n_vocab())
+            return invalid_input("sampled token {} is out of range (vocabulary has {} tokens)", t, n_vocab());
+    m.n_sampled = sampled.size();
+    const auto tail = sampler_history_tail(params, sampled, net::kMaxSeqHistory);
+    m.history.assign(tail.begin(), tail.end());
     buf_.clear();
     net::encode(m, buf_);
     TD_TRY(enqueue_data(net::MsgType::seq_start, 0, buf_));

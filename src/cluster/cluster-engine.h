@@ -19,6 +19,13 @@
 // longer than that. The next seq_start/submit with nothing outstanding reconnects from scratch (handshake,
 // load from the worker's cache), so the same engine works again once the worker is back.
 //
+// Losing a node for good: a reconnect that cannot reach a worker (refused, or no handshake within
+// connect_timeout_ms) puts a spare (`spares`) in its place, with its layers and slice; with no spare left
+// and `replan`, it drops the worker and places the model over the workers left, when they can hold it. A
+// worker that was replaced or dropped becomes a spare itself, so it stands in for the next loss once it is
+// back. recoveries() lists what happened; the first connect never substitutes (a wrong --workers entry is
+// reported, not silently replaced).
+//
 // Tensor parallelism (`tp` / `layout`): a stage may be a group of workers that each hold a slice of every
 // layer of its range (model/tp-slice.h) and all-reduce their partial sums over peer links twice per layer.
 // The head (or the previous group) sends every step to every rank of a group; rank 0 of the last group
@@ -74,6 +81,10 @@ struct ClusterOptions {
     int dead_after_ms = 2000;
     int step_timeout_ms = 120000;  // a step with no result for this long fails (stalled pipeline)
     bool print_placement = true;   // placement table on stderr after connecting
+    std::string spares;  // "h:p,h:p": stand-by workers that take a lost worker's place at a reconnect
+    // A lost worker with no spare to take its place is dropped and the model placed over the workers left
+    // (by speed and memory; not with explicit `layers`), when they can hold it.
+    bool replan = false;
     net::ClusterSecret secret;     // proved to every worker, and asked of every connection to the head
 };
 
@@ -125,7 +136,8 @@ public:
     int n_stages() const { return static_cast<int>(groups_.size()) + (options_.head_layers > 0 ? 1 : 0); }
     // Nodes per stage (tensor-parallel group sizes), workers only.
     std::vector<size_t> stage_sizes() const;
-    Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false) override;
+    Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
+                     std::span<const int32_t> sampled = {}) override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;
     Result<std::vector<StepOutput>> wait() override;
@@ -139,10 +151,22 @@ public:
     // Asks every worker for its counters (control link) and adds the head's own link counters.
     Result<ClusterStats> stats();
     std::string format_stats(const ClusterStats &stats) const;
+    // The stages in use, e.g. "127.0.0.1:9000 [0-1] -> 127.0.0.1:9001 + 127.0.0.1:9002 [2-4]".
+    std::string layout() const;
+    // What replaced or dropped a lost worker, oldest first ("worker A lost (...): spare B took its place").
+    const std::vector<std::string> &recoveries() const { return recoveries_; }
+    const std::vector<std::string> &spares() const { return spares_; }
 
 private:
     ClusterEngine() = default;
+    // Connects the current layout; at a reconnect, a worker that cannot be reached is replaced by a spare or
+    // dropped (recover) and the connect tried again. On failure the layout is what it was before.
     Status connect();
+    Status connect_once();
+    // Replaces or drops worker i (unreachable: `cause`), skipping spares in `tried`; false when neither is
+    // possible. Appends what it did to `events`.
+    bool recover(size_t i, const Status &cause, const std::vector<std::string> &tried,
+                 std::vector<std::string> &events);
     void disconnect();
     // Reconnects when the cluster failed (see ensure_connected in the .cpp for queued steps).
     Status ensure_connected(bool new_request);
@@ -179,6 +203,11 @@ private:
     // Chosen at the first connect, kept across reconnects: [stage] layers, [worker] slices.
     std::vector<LayerRange> placement_;
     std::vector<TpSlice> slices_;
+    std::vector<double> split_;        // [n_workers] --split shares; empty: measured speeds
+    std::vector<std::string> spares_;  // stand-by workers, first used first
+    std::vector<std::string> recoveries_;
+    bool ever_connected_ = false;
+    int64_t unreachable_ = -1;  // set by connect_once: the worker whose handshake failed (not refused)
 
     // Connection state (rebuilt by connect()).
     bool connected_ = false;

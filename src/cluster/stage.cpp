@@ -230,7 +230,12 @@ Status Stage::handle_seq_start(Frame &f) {
     sp.frequency_penalty = m.frequency_penalty;
     sp.seed = m.seed;
     TD_TRY(sampler_params_validate(sp));
-    samplers_[m.seq] = std::make_unique<Sampler>(sp, model_->hparams().n_vocab);
+    const int32_t n_vocab = model_->hparams().n_vocab;
+    for (int32_t t : m.history)
+        if (t >= n_vocab)
+            return invalid_input("seq_start: history token {} is outside the vocabulary of {}", t, n_vocab);
+    samplers_[m.seq] = std::make_unique<Sampler>(sp, n_vocab);
+    if (m.n_sampled > 0) samplers_[m.seq]->restore(m.n_sampled, m.history);
     sampler_ptrs_[m.seq] = samplers_[m.seq].get();
     want_logits_[m.seq] = m.want_logits != 0;
     return {};

@@ -36,10 +36,15 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::create(std::shared_ptr<const M
     return e;
 }
 
-Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits) {
+Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits,
+                              std::span<const int32_t> sampled) {
     if (seq < 0 || seq >= n_seq()) return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
+    for (int32_t t : sampled)
+        if (t < 0 || t >= n_vocab())
+            return invalid_input("sampled token {} is out of range (vocabulary has {} tokens)", t, n_vocab());
     slots_[seq].sampler = std::make_unique<Sampler>(params, n_vocab());
+    if (!sampled.empty()) slots_[seq].sampler->restore(sampled.size(), sampler_history_tail(params, sampled));
     slots_[seq].want_logits = want_logits;
     ctx_->seq_clear(seq);
     return {};

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -36,7 +37,11 @@ public:
 
     // Starts (or restarts) a sequence slot with its sampling parameters; clears its cache.
     // want_logits: StepOutput carries the full logits row (tests, logprobs); costly across a cluster.
-    virtual Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false) = 0;
+    // sampled: a stream that continues (resumed after a lost node): the tokens it has sampled so far, which
+    // its sampler counts as drawn and accepted (Sampler::restore), so a seeded stream goes on with the draws
+    // it would have made. Empty: a new stream.
+    virtual Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
+                             std::span<const int32_t> sampled = {}) = 0;
     virtual Status seq_clear(int32_t seq) = 0;
 
     // Queues one step. Rows with want_logits produce one StepOutput each, in row order.
@@ -55,7 +60,8 @@ public:
     int32_t n_seq() const override { return ctx_->n_seq(); }
     int32_t n_vocab() const override { return ctx_->model().hparams().n_vocab; }
     int max_in_flight() const override { return 1; }
-    Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false) override;
+    Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
+                     std::span<const int32_t> sampled = {}) override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;
     Result<std::vector<StepOutput>> wait() override;

@@ -156,6 +156,19 @@ void Sampler::reset() {
     reseed();
 }
 
+void Sampler::restore(uint64_t n_sampled, std::span<const int32_t> history) {
+    reset();
+    if (params_.temperature > 0.0f) rng_.discard(n_sampled);  // sample() draws exactly once when not greedy
+    for (int32_t t : history) accept(t);
+}
+
+std::span<const int32_t> sampler_history_tail(const SamplerParams &params, std::span<const int32_t> sampled,
+                                              size_t cap) {
+    size_t keep = params.repeat_last_n < 0 ? sampled.size() : static_cast<size_t>(params.repeat_last_n);
+    keep = std::min({keep, sampled.size(), cap});
+    return sampled.subspan(sampled.size() - keep);
+}
+
 void Sampler::accept(int32_t token) {
     TD_ASSERT(token >= 0 && token < n_vocab_, "token {} outside the vocabulary [0, {})", token, n_vocab_);
     const int32_t window = params_.repeat_last_n;

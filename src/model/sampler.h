@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "core/status.h"
@@ -61,6 +62,11 @@ struct SamplerParams {
     float frequency_penalty = 0.0f;  // OpenAI frequency_penalty; 0: off
     uint64_t seed = seed_random;
 };
+
+// The tail of a stream's sampled tokens that the penalties can still see: the last repeat_last_n (all with
+// -1, none with 0), at most `cap`. What Sampler::restore needs as history.
+std::span<const int32_t> sampler_history_tail(const SamplerParams &params, std::span<const int32_t> sampled,
+                                              size_t cap = SIZE_MAX);
 
 // Checks parameters that came from a user (CLI flag, HTTP request). Returns invalid_input naming the field,
 // e.g. "top_p must be in [0, 1], got 1.5". The Sampler constructor asserts what this checks.
@@ -88,6 +94,13 @@ public:
     // Clears the history and reseeds: with a fixed seed the next samples repeat the sequence from the start;
     // with seed_random a fresh random seed is drawn.
     void reset();
+
+    // Continues a stream as if this sampler had already produced it: reset(), then one generator draw
+    // skipped per sampled token (none when greedy: greedy never draws) and `history` accepted. With the
+    // same seed the next sample() is what the uninterrupted sampler would have drawn. n_sampled: tokens the
+    // stream has sampled; history: the last of them (at least the window the penalties read, see
+    // sampler_history_tail), each in [0, n_vocab) (asserted).
+    void restore(uint64_t n_sampled, std::span<const int32_t> history);
 
     // The distribution the last sample() drew from (after penalties, filters and temperature), for
     // logprobs of the sampled token. Greedy is a point mass: the chosen token with logprob 0.

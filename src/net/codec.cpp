@@ -530,7 +530,9 @@ Status seq_start_fields(Io &io, M &m) {
     TD_TRY(io.field(m.repeat_last_n, "repeat_last_n"));
     TD_TRY(io.finite(m.presence_penalty, "presence_penalty"));
     TD_TRY(io.finite(m.frequency_penalty, "frequency_penalty"));
-    return io.field(m.seed, "seed");
+    TD_TRY(io.field(m.seed, "seed"));
+    TD_TRY(io.field(m.n_sampled, "n_sampled"));
+    return io.list(m.history, kMaxSeqHistory, "history", [&](auto &t) { return io.field(t, "history"); });
 }
 
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {
@@ -546,6 +548,11 @@ Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
     if (m.seq < 0) return invalid_input("seq_start: seq {} is negative", m.seq);
     if (m.want_logits > 1)
         return invalid_input("seq_start: want_logits must be 0 or 1, got {}", m.want_logits);
+    if (m.history.size() > m.n_sampled)
+        return invalid_input("seq_start: {} history tokens but only {} sampled", m.history.size(),
+                             m.n_sampled);
+    for (int32_t t : m.history)
+        if (t < 0) return invalid_input("seq_start: history token {} is negative", t);
     return m;
 }
 

@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 4;
+inline constexpr uint16_t kProtocolVersion = 5;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -43,6 +43,7 @@ inline constexpr size_t kMaxEmbd = 65536;                            // hidden s
 inline constexpr size_t kMaxDataPayload = 1u << 30;                  // one Forward or Result (1 GiB)
 inline constexpr size_t kMaxNextHops = 64;                           // destinations one stage rank sends to
 inline constexpr size_t kMaxTpSize = 64;                             // ranks in a tensor-parallel group
+inline constexpr size_t kMaxSeqHistory = 65536;                      // sampled tokens one SeqStart restores
 inline constexpr size_t kMaxEchoPayload = 64u << 20;                 // one echo (netbench's largest message)
 inline constexpr size_t kMaxProbeMatrices = 128;                     // shapes in one ProbeCompute
 inline constexpr size_t kMaxProbeRows = 16;                          // row counts in one ProbeCompute
@@ -255,6 +256,10 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     float presence_penalty = 0.0f;
     float frequency_penalty = 0.0f;
     uint64_t seed = 0;
+    // A resumed stream (v5): the sampler counts n_sampled tokens as drawn (one generator draw each when not
+    // greedy) and accepts `history` (the last of them, what the penalties read) before its first sample.
+    uint64_t n_sampled = 0;
+    std::vector<int32_t> history;  // [<= kMaxSeqHistory, <= n_sampled], each >= 0
 };
 
 struct SeqClear {

@@ -10,11 +10,11 @@
 #include <thread>
 
 #include "core/log.h"
-#include "server/http-core.h"
-#include "server/http-tls.h"
 #include "net/auth.h"
-#include "text/detokenizer.h"
+#include "server/http-impl.h"
+#include "server/http-tls.h"
 #include "server/openai.h"
+#include "text/detokenizer.h"
 
 namespace td::server {
 
@@ -23,12 +23,6 @@ using nlohmann::json;
 namespace {
 
 constexpr auto stream_poll = std::chrono::milliseconds(200);  // how often a quiet stream checks its client
-
-void reply_json(HttpResponse &res, int status, const json &body) {
-    res.status = status;
-    res.content_type = "application/json";
-    res.body = json_dump(body);
-}
 
 void reply_error(HttpResponse &res, int status, std::string_view message) {
     reply_json(res, status, error_json(status, message));
@@ -40,104 +34,62 @@ void reply_status(HttpResponse &res, const Status &status) {
     reply_error(res, code, status.message());
 }
 
-}  // namespace
-
-struct HttpServer::Impl {
-    HttpParams params;
-    std::unique_ptr<HttpCore> core;
-    std::atomic<bool> stopping{false};
-
-    std::mutex mu;  // guards backend, has_backend, request_counts
-    ServerBackend backend;
-    bool has_backend = false;
-    std::map<std::pair<std::string, int>, int64_t> request_counts;  // (path, status) -> count
-    std::map<std::string, int> per_client;  // client address -> generation requests open (max_per_client)
-
-    using Handler = std::function<void(const HttpRequest &, HttpResponse &)>;
-    std::map<std::string, std::pair<std::string, Handler>> routes;  // path -> (method, handler)
-
-    explicit Impl(HttpParams p) : params(std::move(p)) {}
-
-    // A generation request's place in its client's count, given back when the last copy goes (the answer
-    // sent or the stream ended). Null when the client already has max_per_client.
-    struct ClientSlot {
-        Impl *impl = nullptr;  // null: no limit
-        std::string peer;
-        ~ClientSlot() {
-            if (impl == nullptr) return;
-            std::lock_guard lock(impl->mu);
-            if (--impl->per_client[peer] <= 0) impl->per_client.erase(peer);
-        }
-    };
-    std::shared_ptr<ClientSlot> client_slot(const std::string &peer) {
-        if (params.max_per_client <= 0) return std::make_shared<ClientSlot>();
-        std::lock_guard lock(mu);
-        int &n = per_client[peer];
-        if (n >= params.max_per_client) return nullptr;
-        ++n;
-        auto slot = std::make_shared<ClientSlot>();
-        slot->impl = this;
-        slot->peer = peer;
-        return slot;
+// OpenAI's streams: Server-Sent Events, a chat opening with the assistant's role, [DONE] at the end.
+class SseFormat : public StreamFormat {
+public:
+    SseFormat(ResponseMeta meta, bool include_usage, int32_t n_logprobs)
+        : meta_(std::move(meta)), include_usage_(include_usage), n_logprobs_(n_logprobs) {}
+    std::string open() override {
+        if (meta_.kind != ApiKind::chat) return "";
+        return sse_event(chunk_json(meta_, "", /*role_first=*/true, nullptr, -1, {}));
+    }
+    std::string delta(const StreamEvent &ev) override {
+        return sse_event(chunk_json(meta_, ev.text, false, nullptr, n_logprobs_, ev.logprobs));
+    }
+    std::string done(const StreamEvent &ev) override {
+        const char *finish = ev.finish == FinishReason::length ? "length" : "stop";
+        std::string tail = sse_event(chunk_json(meta_, "", false, finish, -1, {}));
+        if (include_usage_) tail += sse_event(usage_chunk_json(meta_, {ev.n_prompt, ev.n_generated}));
+        return tail + sse_done();
+    }
+    std::string error(const Status &status) override {
+        return sse_event(error_json(500, status.message())) + sse_done();
     }
 
-    bool get_backend(ServerBackend &out) {
-        std::lock_guard lock(mu);
-        if (!has_backend) return false;
-        out = backend;
-        return true;
-    }
-
-    void count(const std::string &path, int status) {
-        std::lock_guard lock(mu);
-        request_counts[{path, status}]++;
-    }
-
-    void setup();
-    void handle(const HttpRequest &req, HttpResponse &res);
-    void handle_health(HttpResponse &res);
-    void handle_models(HttpResponse &res);
-    void handle_metrics(HttpResponse &res);
-    void handle_tokenize(const HttpRequest &req, HttpResponse &res);
-    void handle_detokenize(const HttpRequest &req, HttpResponse &res);
-    void handle_generate(const HttpRequest &req, HttpResponse &res, ApiKind kind);
+private:
+    ResponseMeta meta_;
+    bool include_usage_ = false;
+    int32_t n_logprobs_ = -1;
 };
 
-// ---- streaming ----------------------------------------------------------------------------------------
-
-namespace {
-
-// One SSE response: owns the request's stream and cancels it if the response ends early for any reason
+// One streamed response: owns the request's stream and cancels it if the response ends early for any reason
 // (write failure, timeout, shutdown): the destructor runs when the response is dropped.
-struct SseState {
+struct StreamState {
     std::shared_ptr<RequestStream> stream;
-    ResponseMeta meta;
-    bool include_usage = false;
-    int32_t n_logprobs = -1;
+    std::unique_ptr<StreamFormat> format;
+    std::shared_ptr<void> slot;  // the client's place (ClientSlot), held until the stream ends
     bool started = false;
     bool finished = false;
     const std::atomic<bool> *stopping = nullptr;
 
-    ~SseState() {
+    ~StreamState() {
         if (!finished) stream->cancel();
     }
 };
 
 bool sink_write(HttpStream &sink, const std::string &s) {
-    return sink.write(s);
+    return s.empty() || sink.write(s);
 }
 
 // Writes the whole stream; returns false (and cancels the request) when the client is gone.
-bool pump_stream(SseState &st, HttpStream &sink) {
+bool pump_stream(StreamState &st, HttpStream &sink) {
     const auto give_up = [&] {
         st.stream->cancel();
         return false;
     };
     if (!st.started) {
         st.started = true;
-        if (st.meta.kind == ApiKind::chat &&
-            !sink_write(sink, sse_event(chunk_json(st.meta, "", /*role_first=*/true, nullptr, -1, {}))))
-            return give_up();
+        if (!sink_write(sink, st.format->open())) return give_up();
     }
     StreamEvent ev;
     for (;;) {
@@ -148,54 +100,75 @@ bool pump_stream(SseState &st, HttpStream &sink) {
         }
         if (ev.kind == StreamEvent::Kind::error) {
             st.finished = true;
-            sink_write(sink, sse_event(error_json(500, ev.error.message())));
-            sink_write(sink, sse_done());
+            sink_write(sink, st.format->error(ev.error));
             return true;
         }
-        if (!ev.text.empty() || !ev.logprobs.empty()) {
-            if (!sink_write(sink, sse_event(chunk_json(st.meta, ev.text, false, nullptr, st.n_logprobs,
-                                                       ev.logprobs))))
-                return give_up();
-        }
+        if ((!ev.text.empty() || !ev.logprobs.empty()) && !sink_write(sink, st.format->delta(ev)))
+            return give_up();
         if (ev.kind == StreamEvent::Kind::done) {
             st.finished = true;
-            const char *finish = ev.finish == FinishReason::length ? "length" : "stop";
-            std::string tail = sse_event(chunk_json(st.meta, "", false, finish, -1, {}));
-            if (st.include_usage) tail += sse_event(usage_chunk_json(st.meta, {ev.n_prompt, ev.n_generated}));
-            tail += sse_done();
-            return sink_write(sink, tail);
+            return sink_write(sink, st.format->done(ev));
         }
     }
 }
 
 }  // namespace
 
-// ---- generation -----------------------------------------------------------------------------------
+void reply_json(HttpResponse &res, int status, const json &body) {
+    res.status = status;
+    res.content_type = "application/json";
+    res.body = json_dump(body);
+}
 
-void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res, ApiKind kind) {
-    ServerBackend be;
-    if (!get_backend(be)) {
-        res.set_header("Retry-After", "5");
-        return reply_error(res, 503, "the model is still loading");
-    }
-    auto parsed = kind == ApiKind::chat ? parse_chat_request(req.body) : parse_completion_request(req.body);
-    if (!parsed.ok()) return reply_status(res, parsed.status());
-    ApiRequest &r = *parsed;
-    if (!r.model.empty() && r.model != params.model_id)
-        return reply_error(
-            res, 404, fmt::format("model '{}' not found; this server serves '{}'", r.model, params.model_id));
+// ---- shared by the APIs -----------------------------------------------------------------------------
 
-    std::shared_ptr<ClientSlot> slot = client_slot(req.peer);
+HttpServer::Impl::ClientSlot::~ClientSlot() {
+    if (impl == nullptr) return;
+    std::lock_guard lock(impl->mu);
+    if (--impl->per_client[peer] <= 0) impl->per_client.erase(peer);
+}
+
+std::shared_ptr<HttpServer::Impl::ClientSlot> HttpServer::Impl::client_slot(const std::string &peer) {
+    if (params.max_per_client <= 0) return std::make_shared<ClientSlot>();
+    std::lock_guard lock(mu);
+    int &n = per_client[peer];
+    if (n >= params.max_per_client) return nullptr;
+    ++n;
+    auto slot = std::make_shared<ClientSlot>();
+    slot->impl = this;
+    slot->peer = peer;
+    return slot;
+}
+
+bool HttpServer::Impl::get_backend(ServerBackend &out) {
+    std::lock_guard lock(mu);
+    if (!has_backend) return false;
+    out = backend;
+    return true;
+}
+
+void HttpServer::Impl::count(const std::string &path, int status) {
+    std::lock_guard lock(mu);
+    request_counts[{path, status}]++;
+}
+
+std::shared_ptr<RequestStream> HttpServer::Impl::start_generation(const HttpRequest &req, HttpResponse &res,
+                                                                  ApiRequest &r, const ServerBackend &be,
+                                                                  ErrorReply err,
+                                                                  std::shared_ptr<ClientSlot> &slot) {
+    slot = client_slot(req.peer);
     if (!slot) {
         res.set_header("Retry-After", "1");
-        return reply_error(res, 429,
-                           fmt::format("client {} already has {} requests open (the limit per client, "
-                                       "--max-per-client); retry when one has finished",
-                                       req.peer, params.max_per_client));
+        err(res, 429,
+            fmt::format(
+                "client {} already has {} requests open (the limit per client, --max-per-client); retry "
+                "when one has finished",
+                req.peer, params.max_per_client));
+        return nullptr;
     }
     const Tokenizer &tok = *be.tokenizer;
     GenerationJob job;
-    if (kind == ApiKind::chat) {
+    if (r.kind == ApiKind::chat) {
         // BOS once at the start, the template's text with its markers parsed as control tokens
         // (chat-template.h's BOS contract).
         const std::string text = chat_apply(be.chat_template, r.messages, /*add_assistant_prompt=*/true);
@@ -214,50 +187,95 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
     job.stop.insert(job.stop.end(), r.stop.begin(), r.stop.end());
 
     auto submitted = be.scheduler->submit(std::move(job));
-    if (!submitted.ok()) return reply_status(res, submitted.status());
-    std::shared_ptr<RequestStream> stream = std::move(submitted).value();
-    ResponseMeta meta = make_response_meta(kind, params.model_id);
+    if (!submitted.ok()) {
+        const int code = http_status_for(submitted.status());
+        if (code == 503) res.set_header("Retry-After", "1");
+        err(res, code, submitted.status().message());
+        return nullptr;
+    }
+    return std::move(submitted).value();
+}
 
-    if (!r.stream) {
-        // A client that goes away before the answer is ready cancels its request, which frees its slot.
-        std::string text;
-        std::vector<TokenLogprob> logprobs;
-        StreamEvent ev;
-        auto next_check = std::chrono::steady_clock::now();
-        for (;;) {
-            if (stopping.load()) {
-                stream->cancel();
-                return reply_error(res, 503, "the server is shutting down");
+std::optional<Answer> HttpServer::Impl::collect(const HttpRequest &req, HttpResponse &res,
+                                                RequestStream &stream, ErrorReply err) {
+    Answer a;
+    StreamEvent ev;
+    auto next_check = std::chrono::steady_clock::now();
+    for (;;) {
+        if (stopping.load()) {
+            stream.cancel();
+            err(res, 503, "the server is shutting down");
+            return std::nullopt;
+        }
+        const bool got = stream.next(ev, stream_poll);
+        if (const auto now = std::chrono::steady_clock::now(); now >= next_check) {
+            next_check = now + stream_poll / 4;
+            if (req.client_gone && req.client_gone()) {
+                stream.cancel();
+                err(res, 499, "the client closed the connection");
+                return std::nullopt;
             }
-            const bool got = stream->next(ev, stream_poll);
-            if (const auto now = std::chrono::steady_clock::now(); now >= next_check) {
-                next_check = now + stream_poll / 4;
-                if (req.client_gone && req.client_gone()) {
-                    stream->cancel();
-                    return reply_error(res, 499, "the client closed the connection");
-                }
-            }
-            if (!got) continue;
-            text += ev.text;
-            for (TokenLogprob &lp : ev.logprobs) logprobs.push_back(std::move(lp));
-            if (ev.kind == StreamEvent::Kind::error) return reply_error(res, 500, ev.error.message());
-            if (ev.kind == StreamEvent::Kind::done)
-                return reply_json(res, 200,
-                                  completion_json(meta, text, ev.finish, {ev.n_prompt, ev.n_generated},
-                                                  r.n_logprobs, logprobs));
+        }
+        if (!got) continue;
+        if (!ev.text.empty() && a.text.empty()) a.t_first = std::chrono::steady_clock::now();
+        a.text += ev.text;
+        for (TokenLogprob &lp : ev.logprobs) a.logprobs.push_back(std::move(lp));
+        if (ev.kind == StreamEvent::Kind::error) {
+            err(res, 500, ev.error.message());
+            return std::nullopt;
+        }
+        if (ev.kind == StreamEvent::Kind::done) {
+            a.done = std::move(ev);
+            return a;
         }
     }
+}
 
-    auto st = std::make_shared<SseState>();
+void HttpServer::Impl::stream_response(HttpResponse &res, std::shared_ptr<RequestStream> stream,
+                                       std::unique_ptr<StreamFormat> format, const char *content_type,
+                                       std::shared_ptr<ClientSlot> slot) {
+    auto st = std::make_shared<StreamState>();
     st->stream = std::move(stream);
-    st->meta = std::move(meta);
-    st->include_usage = r.include_usage;
-    st->n_logprobs = r.n_logprobs;
+    st->format = std::move(format);
+    st->slot = std::move(slot);
     st->stopping = &stopping;
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
-    res.content_type = "text/event-stream";
-    res.stream = [st, slot](HttpStream &sink) { pump_stream(*st, sink); };
+    res.content_type = content_type;
+    res.stream = [st](HttpStream &sink) { pump_stream(*st, sink); };
+}
+
+// ---- OpenAI's generation endpoints -------------------------------------------------------------------
+
+void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res, ApiKind kind) {
+    ServerBackend be;
+    if (!get_backend(be)) {
+        res.set_header("Retry-After", "5");
+        return reply_error(res, 503, "the model is still loading");
+    }
+    auto parsed = kind == ApiKind::chat ? parse_chat_request(req.body) : parse_completion_request(req.body);
+    if (!parsed.ok()) return reply_status(res, parsed.status());
+    ApiRequest &r = *parsed;
+    if (!r.model.empty() && r.model != params.model_id)
+        return reply_error(
+            res, 404, fmt::format("model '{}' not found; this server serves '{}'", r.model, params.model_id));
+
+    std::shared_ptr<ClientSlot> slot;
+    std::shared_ptr<RequestStream> stream = start_generation(req, res, r, be, reply_error, slot);
+    if (!stream) return;
+    ResponseMeta meta = make_response_meta(kind, params.model_id);
+    if (!r.stream) {
+        // A client that goes away before the answer is ready cancels its request, which frees its slot.
+        std::optional<Answer> a = collect(req, res, *stream, reply_error);
+        if (!a) return;
+        return reply_json(
+            res, 200,
+            completion_json(meta, a->text, a->done.finish, {a->done.n_prompt, a->done.n_generated},
+                            r.n_logprobs, a->logprobs));
+    }
+    stream_response(res, std::move(stream),
+                    std::make_unique<SseFormat>(std::move(meta), r.include_usage, r.n_logprobs),
+                    "text/event-stream", std::move(slot));
 }
 
 // ---- the other endpoints ----------------------------------------------------------------------------
@@ -266,11 +284,17 @@ void HttpServer::Impl::handle_health(HttpResponse &res) {
     ServerBackend be;
     if (!get_backend(be)) return reply_json(res, 503, {{"status", "loading"}});
     // A failed engine (a worker down) answers 503 with the cause until it works again.
+    json body = {{"status", "ok"}};
+    const EngineInfo info = be.scheduler->engine_info();
+    if (!info.layout.empty()) body["layout"] = info.layout;
+    if (!info.recoveries.empty()) body["recoveries"] = info.recoveries;
     if (Status h = be.scheduler->health(); !h.ok()) {
         res.set_header("Retry-After", "1");
-        return reply_json(res, 503, {{"status", "error"}, {"message", h.message()}});
+        body["status"] = "error";
+        body["message"] = h.message();
+        return reply_json(res, 503, body);
     }
-    reply_json(res, 200, {{"status", "ok"}});
+    reply_json(res, 200, body);
 }
 
 void HttpServer::Impl::handle_models(HttpResponse &res) {
@@ -417,6 +441,7 @@ void HttpServer::Impl::setup() {
     routes["/v1/completions"] = {"POST", [this](const HttpRequest &req, HttpResponse &res) {
                                      handle_generate(req, res, ApiKind::completion);
                                  }};
+    setup_ollama();
     core = std::make_unique<HttpCore>(
         params.limits, [this](const HttpRequest &req, HttpResponse &res) { handle(req, res); },
         [](int status, const std::string &message) {

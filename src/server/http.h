@@ -8,6 +8,7 @@
 //   GET  /metrics               Prometheus text
 //   POST /tokenize              {"content", "add_special"?} -> {"tokens"}
 //   POST /detokenize            {"tokens"} -> {"content"}
+//   /api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/version: Ollama's API (server/ollama.h)
 //
 // Streaming responses are Server-Sent Events ("data: {...}\n\n", then "data: [DONE]\n\n"). A stream whose
 // client goes away (a write fails) cancels its request, which frees its slot before the next step. A
@@ -29,9 +30,10 @@
 
 #include "core/status.h"
 #include "server/http-core.h"
+#include "server/model-card.h"
+#include "server/scheduler.h"
 #include "text/chat-template.h"
 #include "text/tokenizer.h"
-#include "server/scheduler.h"
 
 namespace td::server {
 
@@ -56,6 +58,7 @@ struct ServerBackend {
     ChatTemplateKind chat_template = ChatTemplateKind::chatml;
     // Extra Prometheus lines from the engine (a cluster's per-node and per-link latency); may be empty.
     std::function<std::string()> engine_metrics;
+    const ModelCard *card = nullptr;  // what Ollama's /api/tags and /api/show describe; null: not known
 };
 
 class HttpServer {

@@ -174,6 +174,18 @@ std::string Scheduler::engine_metrics() const {
     return engine_metrics_;
 }
 
+EngineInfo Scheduler::engine_info() const {
+    std::lock_guard lock(mu_);
+    return engine_info_;
+}
+
+void Scheduler::refresh_info() {
+    if (!params_.describe) return;
+    EngineInfo info = params_.describe(engine_);
+    std::lock_guard lock(mu_);
+    engine_info_ = std::move(info);
+}
+
 // Moves queued requests into free slots (engine thread, under mu_).
 void Scheduler::admit() {
     for (Slot &slot : slots_) {
@@ -186,6 +198,10 @@ void Scheduler::admit() {
             continue;
         }
         const bool want_logits = p.job.n_logprobs >= 0;
+        // A random seed is drawn here, not by the engine's sampler, so a stream resumed after a lost node
+        // continues with the same draws (seq_start with the tokens sampled so far).
+        if (p.job.sampling.seed == SamplerParams::seed_random && p.job.sampling.temperature > 0.0f)
+            p.job.sampling.seed = Sampler(p.job.sampling, 1).seed();
         // A ClusterEngine that failed reconnects here (seq_start), so the first request after a worker came
         // back pays for the reconnect.
         if (Status s = engine_.seq_start(slot.seq, p.job.sampling, want_logits); !s.ok()) {
@@ -228,6 +244,7 @@ void Scheduler::admit() {
 }
 
 void Scheduler::engine_main() {
+    refresh_info();
     for (;;) {
         const auto t_iter = Clock::now();
         {
@@ -263,7 +280,7 @@ void Scheduler::engine_main() {
                 continue;  // admit (or stop) on the next turn
             }
         }
-        if (in_flight_.empty()) resume_slots();
+        if (in_flight_.empty() && resume_slots()) refresh_info();
         double engine_seconds = 0.0;
         fill_pipeline(engine_seconds);
         // Nothing to run: every live slot was cancelled after the check above; the next turn frees them.
@@ -380,21 +397,30 @@ void Scheduler::on_step_failed(InFlight &step, const Status &status) {
 
 // The slots whose state a lost node took: started again and replayed, or ended with their failure when the
 // engine cannot start (engine thread, steps drained).
-void Scheduler::resume_slots() {
-    std::lock_guard lock(mu_);
+bool Scheduler::resume_slots() {
     Status down;  // set once a start failed: the others are not tried (each try may wait for a timeout)
+    bool any = false;
     for (Slot &slot : slots_) {
         if (!slot.resuming) continue;
+        any = true;
         slot.resuming = false;
-        if (!slot.live()) {
-            release_if_idle(slot);
-            continue;
+        {
+            std::lock_guard lock(mu_);
+            if (!slot.live()) {
+                release_if_idle(slot);
+                continue;
+            }
+            if (slot.stream->cancelled()) {
+                end(slot, FinishReason::cancelled);
+                continue;
+            }
         }
-        if (slot.stream->cancelled()) {
-            end(slot, FinishReason::cancelled);
-            continue;
-        }
-        if (down.ok()) down = engine_.seq_start(slot.seq, slot.job.sampling, slot.job.n_logprobs >= 0);
+        // The sampler continues where the lost one stopped: a seeded stream makes the draws it would have.
+        // Not under mu_: the engine may reconnect here, replace or drop a worker and load its stage, and
+        // /health and /metrics answer meanwhile.
+        if (down.ok())
+            down = engine_.seq_start(slot.seq, slot.job.sampling, slot.job.n_logprobs >= 0, slot.tokens);
+        std::lock_guard lock(mu_);
         if (!down.ok()) {
             log_warn("server: cannot resume request {} ({}); ending it", slot.seq, down.message());
             health_ = down;
@@ -413,6 +439,7 @@ void Scheduler::resume_slots() {
         log_info("server: resuming request in slot {} after {}: replaying {} prompt and {} generated tokens",
                  slot.seq, slot.resume_cause.message(), slot.n_prompt, slot.tokens.size());
     }
+    return any;
 }
 
 // Collects the oldest step's tokens and hands them to their requests.
@@ -467,6 +494,7 @@ void Scheduler::run_probe(bool idle) {
         health_ = s;
         if (s.ok()) log_info("server: the engine works again");
     }
+    refresh_info();
     if (!params_.probe) return;
     auto r = params_.probe(engine_);
     std::lock_guard lock(mu_);

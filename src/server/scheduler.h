@@ -113,6 +113,12 @@ private:
     std::function<void()> on_cancel_;  // wakes the engine thread; set before the stream is shared
 };
 
+// What the engine runs on, for /health (a ClusterEngine's layout and the lost nodes it recovered from).
+struct EngineInfo {
+    std::string layout;                   // "" for one machine
+    std::vector<std::string> recoveries;  // oldest first
+};
+
 struct SchedulerParams {
     int32_t n_batch = 512;   // rows per step (decode rows + prompt chunk); raised to n_seq + 1 if smaller
     int32_t max_queue = 16;  // requests waiting for a slot; 0: none wait (busy slots -> overloaded)
@@ -121,6 +127,9 @@ struct SchedulerParams {
     // An error of kind disconnected marks the engine unhealthy (a worker went away while idle). Optional.
     std::function<Result<std::string>(Engine &)> probe;
     std::chrono::milliseconds probe_interval{1000};
+    // The engine's layout and recoveries, read on the engine thread at start, with each probe and after a
+    // resume. Optional.
+    std::function<EngineInfo(Engine &)> describe;
     // Resuming after a lost node: when a step fails with kind disconnected, its requests do not end. Once the
     // steps in flight are drained, each affected sequence is started again (a ClusterEngine reconnects
     // there, onto the nodes it can reach) and its prompt plus every token it has generated is replayed as
@@ -173,6 +182,7 @@ public:
     Status health() const;
     // The probe's last answer ("" without a probe or before it ran).
     std::string engine_metrics() const;
+    EngineInfo engine_info() const;  // the last describe() (empty without one)
 
 private:
     struct Pending {
@@ -196,8 +206,9 @@ private:
     void fill_pipeline(double &engine_seconds);
     void complete_step(double &engine_seconds);
     void on_step_failed(InFlight &step, const Status &status);
-    void resume_slots();
+    bool resume_slots();  // true when some slot was due (started again or ended)
     void run_probe(bool idle);
+    void refresh_info();  // engine thread, without mu_
     void on_token(Slot &slot, const StepOutput &out);
     void finish(Slot &slot, FinishReason reason);
     void fail(Slot &slot, const Status &status);
@@ -230,6 +241,7 @@ private:
     uint64_t admit_counter_ = 0;
     Status health_;
     std::string engine_metrics_;
+    EngineInfo engine_info_;
 
     std::thread thread_;
 };

@@ -23,6 +23,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     TD_ASSIGN_OR_RETURN(Vocab vocab, Vocab::from_gguf(sm->model_->file()));
     TD_ASSIGN_OR_RETURN(sm->tokenizer_, Tokenizer::create(std::make_shared<const Vocab>(std::move(vocab))));
     TD_ASSIGN_OR_RETURN(sm->template_, chat_template_for_model(sm->model_->file(), params.chat_template));
+    sm->card_ = model_card(*sm->model_, sm->template_);
 
     int32_t n_ctx_slot = sm->model_->hparams().n_ctx_train;
     if (params.n_ctx > 0) {
@@ -64,6 +65,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
             TD_ASSIGN_OR_RETURN(cluster::ClusterStats st, cluster->stats());
             return cluster_metrics(*cluster, st);
         };
+        sp.describe = [cluster](Engine &) { return EngineInfo{cluster->layout(), cluster->recoveries()}; };
     }
     sm->scheduler_ = std::make_unique<Scheduler>(*sm->engine_, *sm->tokenizer_, sp);
     return sm;
@@ -80,6 +82,7 @@ ServerBackend ServedModel::backend() {
     be.chat_template = template_.kind;
     Scheduler *sched = scheduler_.get();
     be.engine_metrics = [sched] { return sched->engine_metrics(); };
+    be.card = &card_;
     return be;
 }
 
@@ -108,6 +111,16 @@ std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster:
     const auto family = [&](const char *name, const char *type, const char *help) {
         out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
     };
+    family("tandem_cluster_layout_info", "gauge",
+           "The stages in use (workers and their layers), as a label.");
+    out += fmt::format("tandem_cluster_layout_info{{layout=\"{}\"}} 1\n", label(engine.layout()));
+    family("tandem_cluster_workers", "gauge", "Workers in use.");
+    out += fmt::format("tandem_cluster_workers {}\n", nodes.size());
+    family("tandem_cluster_spares", "gauge", "Stand-by workers (--spare, and lost workers once replaced).");
+    out += fmt::format("tandem_cluster_spares {}\n", engine.spares().size());
+    family("tandem_cluster_recoveries_total", "counter",
+           "Lost workers replaced by a spare or re-planned around (see /health).");
+    out += fmt::format("tandem_cluster_recoveries_total {}\n", engine.recoveries().size());
     const auto node_label = [&](size_t i) {
         return fmt::format("node=\"{}\",layers=\"{}-{}\"", label(nodes[i].address), nodes[i].layers.first,
                            nodes[i].layers.second - 1);

@@ -10,13 +10,14 @@
 
 #include "core/status.h"
 #include "core/thread-pool.h"
-#include "text/chat-template.h"
 #include "model/engine.h"
 #include "model/kv-cache.h"
 #include "model/model.h"
-#include "text/tokenizer.h"
 #include "server/http.h"
+#include "server/model-card.h"
 #include "server/scheduler.h"
+#include "text/chat-template.h"
+#include "text/tokenizer.h"
 
 namespace td::server {
 
@@ -75,6 +76,7 @@ private:
     std::shared_ptr<Model> model_;
     std::unique_ptr<Tokenizer> tokenizer_;
     ChatTemplateChoice template_;
+    ModelCard card_;
     std::unique_ptr<Engine> engine_;
     std::unique_ptr<Scheduler> scheduler_;
     int32_t n_stages_ = 0;

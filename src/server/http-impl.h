@@ -1,0 +1,100 @@
+// The inside of HttpServer, shared by the files that serve its endpoints: http.cpp (OpenAI's API, health,
+// metrics, tokenize) and http-ollama.cpp (Ollama's API). Not part of the server's interface.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/http-core.h"
+#include "server/http.h"
+#include "server/openai.h"
+
+namespace td::server {
+
+// How an API answers an error before its stream starts: OpenAI's {"error": {"message", ...}} or Ollama's
+// {"error": "..."}, with the HTTP status.
+using ErrorReply = void (*)(HttpResponse &res, int status, std::string_view message);
+
+// How a stream's events become bytes (OpenAI's SSE, Ollama's NDJSON). Each returns what to write; "" for
+// nothing.
+class StreamFormat {
+public:
+    virtual ~StreamFormat() = default;
+    virtual std::string open() { return ""; }
+    virtual std::string delta(const StreamEvent &event) = 0;  // text or logprobs
+    virtual std::string done(const StreamEvent &event) = 0;   // the last event of a finished request
+    virtual std::string error(const Status &status) = 0;      // the request failed mid-stream
+};
+
+// A whole answer (a request that does not stream).
+struct Answer {
+    std::string text;
+    std::vector<TokenLogprob> logprobs;
+    StreamEvent done;                                 // kind done: the finish reason and the counts
+    std::chrono::steady_clock::time_point t_first{};  // when the first text arrived (unset: none did)
+};
+
+struct HttpServer::Impl {
+    HttpParams params;
+    std::unique_ptr<HttpCore> core;
+    std::atomic<bool> stopping{false};
+
+    std::mutex mu;  // guards backend, has_backend, request_counts, per_client
+    ServerBackend backend;
+    bool has_backend = false;
+    std::map<std::pair<std::string, int>, int64_t> request_counts;  // (path, status) -> count
+    std::map<std::string, int> per_client;  // client address -> generation requests open (max_per_client)
+
+    using Handler = std::function<void(const HttpRequest &, HttpResponse &)>;
+    std::map<std::string, std::pair<std::string, Handler>> routes;  // path -> (method, handler)
+
+    explicit Impl(HttpParams p) : params(std::move(p)) {}
+
+    // A generation request's place in its client's count, given back when the last copy goes (the answer
+    // sent or the stream ended).
+    struct ClientSlot {
+        Impl *impl = nullptr;  // null: no limit
+        std::string peer;
+        ~ClientSlot();
+    };
+    std::shared_ptr<ClientSlot> client_slot(const std::string &peer);  // null: the client has max_per_client
+
+    bool get_backend(ServerBackend &out);
+    void count(const std::string &path, int status);
+
+    // Takes the client's place, builds the job from `r` (a chat through the model's template, or a prompt)
+    // and submits it. On failure answers `res` with `err` and returns null. `slot` keeps the client's place.
+    std::shared_ptr<RequestStream> start_generation(const HttpRequest &req, HttpResponse &res, ApiRequest &r,
+                                                    const ServerBackend &be, ErrorReply err,
+                                                    std::shared_ptr<ClientSlot> &slot);
+    // Waits for the whole answer; a client that goes away or a server shutting down cancels the request.
+    // nullopt with `res` answered (by `err`) when it failed.
+    std::optional<Answer> collect(const HttpRequest &req, HttpResponse &res, RequestStream &stream,
+                                  ErrorReply err);
+    // Answers `res` with a chunked stream of `stream`'s events in `format` (the request is cancelled if the
+    // client goes away); `slot` is held until the stream ends.
+    void stream_response(HttpResponse &res, std::shared_ptr<RequestStream> stream,
+                         std::unique_ptr<StreamFormat> format, const char *content_type,
+                         std::shared_ptr<ClientSlot> slot);
+
+    void setup();
+    void setup_ollama();  // http-ollama.cpp
+    void handle(const HttpRequest &req, HttpResponse &res);
+    void handle_health(HttpResponse &res);
+    void handle_models(HttpResponse &res);
+    void handle_metrics(HttpResponse &res);
+    void handle_tokenize(const HttpRequest &req, HttpResponse &res);
+    void handle_detokenize(const HttpRequest &req, HttpResponse &res);
+    void handle_generate(const HttpRequest &req, HttpResponse &res, ApiKind kind);
+};
+
+void reply_json(HttpResponse &res, int status, const nlohmann::json &body);
+
+}  // namespace td::server

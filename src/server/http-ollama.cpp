@@ -1,0 +1,130 @@
+// Ollama's API (server/ollama.h) over the same scheduler, limits and API key as OpenAI's.
+#include <fmt/format.h>
+
+#include "server/http-impl.h"
+#include "server/ollama.h"
+
+namespace td::server {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void reply_ollama_error(HttpResponse &res, int status, std::string_view message) {
+    reply_json(res, status, ollama_error(message));
+}
+
+int64_t ns_between(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+}
+
+// The stats of Ollama's last line: the prompt's time runs to the first token, the rest is evaluation.
+OllamaStats stats_of(const StreamEvent &done, Clock::time_point t0, Clock::time_point t_first) {
+    const auto t_end = Clock::now();
+    if (t_first == Clock::time_point{}) t_first = t_end;
+    OllamaStats s;
+    s.n_prompt = done.n_prompt;
+    s.n_generated = done.n_generated;
+    s.total_ns = ns_between(t0, t_end);
+    s.prompt_ns = ns_between(t0, t_first);
+    s.eval_ns = ns_between(t_first, t_end);
+    return s;
+}
+
+// NDJSON: one object a line; the last one done: true with the stats, or {"error"} when the request failed.
+class NdjsonFormat : public StreamFormat {
+public:
+    NdjsonFormat(ApiKind kind, std::string model, Clock::time_point t0)
+        : kind_(kind), model_(std::move(model)), t0_(t0) {}
+    std::string delta(const StreamEvent &ev) override {
+        if (ev.text.empty()) return "";
+        if (t_first_ == Clock::time_point{}) t_first_ = Clock::now();
+        return line(ollama_chunk(kind_, model_, ev.text));
+    }
+    std::string done(const StreamEvent &ev) override {
+        return line(ollama_final(kind_, model_, "", ev.finish, stats_of(ev, t0_, t_first_)));
+    }
+    std::string error(const Status &status) override { return line(ollama_error(status.message())); }
+
+private:
+    static std::string line(const json &j) { return json_dump(j) + "\n"; }
+    ApiKind kind_;
+    std::string model_;
+    Clock::time_point t0_, t_first_{};
+};
+
+}  // namespace
+
+void HttpServer::Impl::setup_ollama() {
+    const auto generate = [this](const HttpRequest &req, HttpResponse &res, bool chat) {
+        const auto t0 = Clock::now();
+        ServerBackend be;
+        if (!get_backend(be) || be.card == nullptr) {
+            res.set_header("Retry-After", "5");
+            return reply_ollama_error(res, 503, "the model is still loading");
+        }
+        auto parsed =
+            chat ? parse_ollama_chat(req.body) : parse_ollama_generate(req.body, be.card->has_template);
+        if (!parsed.ok())
+            return reply_ollama_error(res, http_status_for(parsed.status()), parsed.status().message());
+        ApiRequest &r = *parsed;
+        if (!ollama_model_matches(r.model, params.model_id))
+            return reply_ollama_error(res, 404, fmt::format("model '{}' not found", r.model));
+        const std::string model = r.model.empty() ? params.model_id : r.model;
+        const ApiKind kind = chat ? ApiKind::chat : ApiKind::completion;   // the shape of the answer
+        if (!chat && r.kind == ApiKind::completion && r.prompt.empty()) {  // "load the model": it is loaded
+            json j = ollama_chunk(kind, model, "");
+            j["done"] = true;
+            j["done_reason"] = "load";
+            return reply_json(res, 200, j);
+        }
+        std::shared_ptr<ClientSlot> slot;
+        std::shared_ptr<RequestStream> stream = start_generation(req, res, r, be, reply_ollama_error, slot);
+        if (!stream) return;
+        if (!r.stream) {
+            std::optional<Answer> a = collect(req, res, *stream, reply_ollama_error);
+            if (!a) return;
+            return reply_json(
+                res, 200,
+                ollama_final(kind, model, a->text, a->done.finish, stats_of(a->done, t0, a->t_first)));
+        }
+        stream_response(res, std::move(stream), std::make_unique<NdjsonFormat>(kind, model, t0),
+                        "application/x-ndjson", std::move(slot));
+    };
+    routes["/api/chat"] = {
+        "POST", [generate](const HttpRequest &req, HttpResponse &res) { generate(req, res, true); }};
+    routes["/api/generate"] = {
+        "POST", [generate](const HttpRequest &req, HttpResponse &res) { generate(req, res, false); }};
+
+    // The model list and card: the one model this server was started with.
+    const auto with_card = [this](HttpResponse &res, auto &&fn) {
+        ServerBackend be;
+        if (!get_backend(be) || be.card == nullptr) {
+            res.set_header("Retry-After", "5");
+            return reply_ollama_error(res, 503, "the model is still loading");
+        }
+        fn(*be.card);
+    };
+    routes["/api/tags"] = {"GET", [this, with_card](const HttpRequest &, HttpResponse &res) {
+                               with_card(res, [&](const ModelCard &c) {
+                                   reply_json(res, 200, ollama_tags(c, params.model_id));
+                               });
+                           }};
+    routes["/api/ps"] = {
+        "GET", [this, with_card](const HttpRequest &, HttpResponse &res) {
+            with_card(res, [&](const ModelCard &c) { reply_json(res, 200, ollama_ps(c, params.model_id)); });
+        }};
+    routes["/api/show"] = {
+        "POST", [this, with_card](const HttpRequest &req, HttpResponse &res) {
+            auto name = parse_ollama_show(req.body);
+            if (!name.ok()) return reply_ollama_error(res, 400, name.status().message());
+            if (!ollama_model_matches(*name, params.model_id) || name->empty())
+                return reply_ollama_error(res, 404, fmt::format("model '{}' not found", *name));
+            with_card(res, [&](const ModelCard &c) { reply_json(res, 200, ollama_show(c)); });
+        }};
+    routes["/api/version"] = {
+        "GET", [](const HttpRequest &, HttpResponse &res) { reply_json(res, 200, ollama_version()); }};
+}
+
+}  // namespace td::server

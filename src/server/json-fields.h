@@ -1,0 +1,32 @@
+// Reading fields of a request's JSON body, for the API layers (openai.*, ollama.*): each reader leaves the
+// output alone when the field is absent or null, and returns invalid_input naming the field when it has the
+// wrong type ("'temperature' must be a number, got a string").
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace td::server {
+
+// "null", "an object", "a string", "an integer", ... for messages.
+const char *type_name(const nlohmann::json &v);
+
+// The field `key` of `obj`, or nullptr when absent or null.
+const nlohmann::json *field(const nlohmann::json &obj, const char *key);
+
+// A finite number.
+Status get_number(const nlohmann::json &obj, const char *key, float &out);
+// An integer; a float with an integral value (1.0) is accepted, as JavaScript clients send those.
+Status get_int(const nlohmann::json &obj, const char *key, int64_t &out, bool &present);
+Status get_bool(const nlohmann::json &obj, const char *key, bool &out);
+// A string or an array of at most `max` strings, appended to `out`.
+Status get_strings(const nlohmann::json &obj, const char *key, size_t max, std::vector<std::string> &out);
+// The body as a JSON object: "the request body is not valid JSON", "... must be a JSON object, got ...".
+Result<nlohmann::json> parse_object(std::string_view body);
+
+}  // namespace td::server
