@@ -26,7 +26,7 @@ if [[ ! -f $model ]]; then
 fi
 
 log=$(mktemp)
-"$bin" serve -m "$model" --port 0 --parallel "$streams" --ctx-size $((streams * 512)) -t "$threads" \
+"$bin" serve -m "$model" --port 0 --parallel "$streams" --ctx-size $((streams * 512)) --ctx-per-seq 512 -t "$threads" \
   --queue $((streams * 4)) ${EXTRA_ARGS:-} 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; rm -f "$log"' EXIT

@@ -234,7 +234,7 @@ def main():
         sys.exit(f"no model at {args.model}")
     log = tempfile.NamedTemporaryFile(prefix="tandem-soak-", suffix=".log", delete=False)
     cmd = [args.tandem, "serve", "-m", args.model, "--port", "0", "--parallel", str(args.clients),
-           "--ctx-size", str(args.clients * args.ctx_per_slot), "-t", str(args.threads),
+           "--ctx-size", str(args.clients * args.ctx_per_slot), "--ctx-per-seq", str(args.ctx_per_slot), "-t", str(args.threads),
            "--queue", str(args.clients * 4)] + args.serve_args
     proc = subprocess.Popen(cmd, stderr=log, stdout=subprocess.DEVNULL)
     try:

@@ -61,7 +61,8 @@ enum class Backend { local, cluster, tp };
 struct ServerOptions {
     Backend backend = Backend::local;
     int32_t n_parallel = 4;
-    int32_t n_ctx_slot = 256;
+    int32_t n_ctx_slot = 256;  // positions one request may use (--ctx-per-seq)
+    int32_t kv_pool = 0;       // --ctx-size; 0: n_ctx_slot for every slot
     int32_t max_queue = -1;
     std::string api_key;
     int max_per_client = 0;
@@ -134,7 +135,8 @@ public:
         ServeParams sp;
         sp.model_path = test::shared_path(k_model);
         sp.n_parallel = o.n_parallel;
-        sp.n_ctx = o.n_ctx_slot * o.n_parallel;
+        sp.n_ctx = o.kv_pool > 0 ? o.kv_pool : o.n_ctx_slot * o.n_parallel;
+        sp.n_ctx_per_seq = o.n_ctx_slot;
         sp.n_threads = 1;
         sp.max_queue = o.max_queue;
         sp.probe_interval_ms = 200;

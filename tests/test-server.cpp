@@ -690,5 +690,83 @@ TEST_P(ServerTest, ResumedStreamsContinueWithTheUndisturbedText) {
     EXPECT_GE(metric(m->body, "tandem_resumed_requests_total"), 1) << m->body;
 }
 
+// The KV pool (--ctx-size) is shared: an idle server gives one request 3,000 positions of a 4,096 pool, and
+// 8 requests share it at once, each with the text it gets alone.
+TEST_P(ServerTest, TheKvPoolServesOneLongRequestOrManyShortOnes) {
+    ServerOptions o = opts();
+    o.n_parallel = 8;
+    o.kv_pool = 4096;
+    o.n_ctx_slot = 4096;
+    TestServer s(o);
+    auto c = s.client();
+    auto t = post(c, "/tokenize", {{"content", "Once upon a time there was a little girl named Lily. "}});
+    ASSERT_TRUE(t);
+    const std::vector<int32_t> sentence = json::parse(t->body)["tokens"];
+    std::vector<int32_t> long_prompt;
+    while (long_prompt.size() < 3000) long_prompt.push_back(sentence[long_prompt.size() % sentence.size()]);
+    auto r = post(c, "/v1/completions", {{"prompt", long_prompt}, {"max_tokens", 8}, {"temperature", 0}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["usage"]["prompt_tokens"], 3000);
+
+    std::vector<json> requests;
+    std::vector<std::string> solo;
+    for (int i = 0; i < 8; ++i) {
+        std::vector<int32_t> p(300 + 10 * i);
+        for (size_t k = 0; k < p.size(); ++k) p[k] = sentence[(k + i) % sentence.size()];
+        requests.push_back({{"prompt", p}, {"max_tokens", 100}, {"temperature", 0}});
+        solo.push_back(completion_text(c, requests.back()));
+    }
+    const Streamed st = streams_through(s, requests, [] {});
+    for (size_t i = 0; i < requests.size(); ++i) {
+        bool done = false;
+        EXPECT_EQ(stream_text(parse_sse(st.bodies[i], &done)), solo[i]) << i;
+        EXPECT_TRUE(done);
+    }
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric(m->body, "tandem_kv_pool_positions"), 4096);
+    EXPECT_EQ(metric(m->body, "tandem_preemptions_total"), 0) << "8 x 400 positions fit the pool";
+    // A prompt longer than the whole pool is refused at once.
+    std::vector<int32_t> too_long(4096, sentence[0]);
+    r = post(c, "/v1/completions", {{"prompt", too_long}, {"max_tokens", 1}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+}
+
+// Four requests that need more than the pool together: the newest is preempted when it runs out and replayed
+// when there is room, so every request ends, and with the text it gets alone (greedy and seeded). No hang.
+TEST_P(ServerTest, AFullKvPoolPreemptsTheNewestAndNoTextChanges) {
+    ServerOptions o = opts();
+    o.n_parallel = 4;
+    o.kv_pool = 400;
+    o.n_ctx_slot = 400;
+    o.step_delay = std::chrono::milliseconds(3);  // the four streams overlap for certain
+    TestServer s(o);
+    auto c = s.client();
+    const std::vector<json> requests = {
+        {{"prompt", "Once upon a time"}, {"max_tokens", 180}, {"temperature", 0}},
+        {{"prompt", "The cat"}, {"max_tokens", 180}, {"temperature", 0}},
+        {{"prompt", "Lily and Ben"}, {"max_tokens", 180}, {"temperature", 0.8}, {"seed", 5}},
+        {{"prompt", "One day"}, {"max_tokens", 180}, {"temperature", 0}}};
+    std::vector<std::string> solo, solo_finish(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) solo.push_back(completion_text(c, requests[i], &solo_finish[i]));
+    const auto t0 = std::chrono::steady_clock::now();
+    const Streamed st = streams_through(s, requests, [] {});
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+    for (size_t i = 0; i < requests.size(); ++i) {
+        SCOPED_TRACE(requests[i].dump());
+        bool done = false;
+        std::string finish;
+        EXPECT_EQ(stream_text(parse_sse(st.bodies[i], &done), &finish), solo[i]);
+        EXPECT_EQ(finish, solo_finish[i]);
+        EXPECT_TRUE(done);
+    }
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_GE(metric(m->body, "tandem_preemptions_total"), 1) << m->body;
+    EXPECT_EQ(metric(m->body, "tandem_kv_pool_used"), 0) << m->body;
+}
+
 }  // namespace
 }  // namespace td::server

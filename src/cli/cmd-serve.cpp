@@ -43,6 +43,7 @@ struct ServeOptions {
     int port = 8080;
     int32_t n_parallel = 4;
     int32_t n_ctx = 0;
+    int32_t n_ctx_per_seq = 0;
     int32_t n_threads = 0;
     int32_t n_batch = 512;
     int32_t max_queue = -1;
@@ -80,6 +81,7 @@ int serve_main(const ServeOptions &opt) {
     if (!is_cluster) sp.pack_dir = pack_dir(opt.cluster.no_repack);
     sp.n_parallel = opt.n_parallel;
     sp.n_ctx = opt.n_ctx;
+    sp.n_ctx_per_seq = opt.n_ctx_per_seq;
     // A cluster head computes nothing: its pool has one thread and -t goes to the workers.
     sp.n_threads = is_cluster ? 1 : opt.n_threads;
     sp.n_micro_batches = opt.n_micro_batches;
@@ -182,9 +184,12 @@ void register_serve(CLI::App &app, Runners &runners) {
     cmd->add_option("--parallel", opt->n_parallel, "Requests computed together (sequence slots)")
         ->default_val(4)
         ->check(CLI::Range(1, 256));
-    cmd->add_option(
-           "-c,--ctx-size", opt->n_ctx,
-           "Context positions shared by all slots, each gets ctx-size/parallel (0: the model's per slot)")
+    cmd->add_option("-c,--ctx-size", opt->n_ctx,
+                    "The KV pool: positions all requests hold together; one may use all of them, the newest "
+                    "is preempted when it runs out (0: the model's context for each slot)")
+        ->default_val(0);
+    cmd->add_option("--ctx-per-seq", opt->n_ctx_per_seq,
+                    "Positions one request may use (0: the model's training context, at most --ctx-size)")
         ->default_val(0);
     cmd->add_option("-t,--threads", opt->n_threads,
                     "Compute threads (0: all cores); with --workers, threads per worker (0: its own -t)")

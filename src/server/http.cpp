@@ -330,6 +330,11 @@ void HttpServer::Impl::handle_metrics(HttpResponse &res) {
         metric("tandem_tokens_per_second", "gauge", "Generated tokens per second over the last 5 s.",
                s.tokens_per_second);
         metric("tandem_queue_depth", "gauge", "Requests waiting for a slot.", s.n_queued);
+        metric("tandem_kv_pool_positions", "gauge", "Positions in the KV pool (--ctx-size; 0: not bounded).",
+               s.kv_pool);
+        metric("tandem_kv_pool_used", "gauge", "Positions the requests hold in the KV pool.", s.kv_used);
+        metric("tandem_preemptions_total", "counter",
+               "Requests preempted (and replayed later) because the KV pool ran out.", s.n_preempted);
         metric("tandem_resumed_requests_total", "counter",
                "Requests replayed on the cluster after a node was lost (--max-resumes).", s.n_resumed);
         metric("tandem_slots_active", "gauge", "Slots holding a request.", s.n_active);

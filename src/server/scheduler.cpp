@@ -71,6 +71,7 @@ struct Scheduler::Slot {
     int32_t n_prompt = 0;     // the request's prompt (job.prompt grows by `tokens` when it is resumed)
     std::vector<int32_t> tokens;  // generated so far, replayed after the prompt on a resume
     bool resuming = false;        // its state was lost with a node: replay once the steps are drained
+    bool preempted = false;       // its positions were given back to the KV pool: replay once there is room
     int32_t n_resumes = 0;
     Status resume_cause;          // the failure, reported if the engine cannot start again
     std::unique_ptr<Detokenizer> detok;
@@ -93,6 +94,7 @@ Scheduler::Scheduler(Engine &engine, const Tokenizer &tokenizer, const Scheduler
     params_.max_queue = std::max(params_.max_queue, 0);
     if (params_.probe_interval.count() <= 0) params_.probe_interval = std::chrono::milliseconds(1000);
     stats_.n_slots = n_slots_;
+    stats_.kv_pool = std::max<int64_t>(params_.kv_pool, 0);
     slots_.resize(n_slots_);
     for (int32_t i = 0; i < n_slots_; ++i) slots_[i].seq = i;
     thread_ = std::thread([this] { engine_main(); });
@@ -118,6 +120,10 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(GenerationJob job) {
     if (n_prompt >= n_ctx_)
         return invalid_input("prompt ({} tokens) leaves no room to generate in the context size {}", n_prompt,
                              n_ctx_);
+    if (params_.kv_pool > 0 && n_prompt >= params_.kv_pool)
+        return invalid_input("prompt ({} tokens) leaves no room to generate in the KV pool of {} positions "
+                             "(--ctx-size)",
+                             n_prompt, params_.kv_pool);
 
     auto stream = std::make_shared<RequestStream>();
     stream->on_cancel_ = [this] {
@@ -188,9 +194,16 @@ void Scheduler::refresh_info() {
 
 // Moves queued requests into free slots (engine thread, under mu_).
 void Scheduler::admit() {
+    // Requests preempted for room go first: nothing new takes the pool while one waits.
+    for (const Slot &slot : slots_)
+        if (slot.live() && slot.preempted) return;
     for (Slot &slot : slots_) {
         if (queue_.empty()) break;
         if (slot.active()) continue;
+        // First come, first served: the oldest request waits for room in the pool, and so do those behind it.
+        if (!queue_.front().stream->cancelled() &&
+            static_cast<int64_t>(queue_.front().job.prompt.size()) + 1 > pool_free())
+            break;
         Pending p = std::move(queue_.front());
         queue_.pop_front();
         if (p.stream->cancelled()) {
@@ -229,6 +242,7 @@ void Scheduler::admit() {
         slot.n_prompt = n_prompt;
         slot.tokens.clear();
         slot.resuming = false;
+        slot.preempted = false;
         slot.n_resumes = 0;
         slot.detok = std::make_unique<Detokenizer>(tokenizer_, Detokenizer::Start::continuation);
         slot.stop = std::make_unique<StopStringMatcher>(slot.job.stop);
@@ -281,16 +295,23 @@ void Scheduler::engine_main() {
             }
         }
         if (in_flight_.empty() && resume_slots()) refresh_info();
+        resume_preempted();
         double engine_seconds = 0.0;
         fill_pipeline(engine_seconds);
-        // Nothing to run: every live slot was cancelled after the check above; the next turn frees them.
-        if (in_flight_.empty()) continue;
+        // Nothing to run: every live slot was cancelled after the check above (the next turn frees them), or
+        // waits for room in the KV pool that a finishing request gives back.
+        if (in_flight_.empty()) {
+            std::unique_lock lock(mu_);
+            cv_.wait_for(lock, std::chrono::milliseconds(1), [&] { return stopping_; });
+            continue;
+        }
         complete_step(engine_seconds);
         const auto t_end = Clock::now();
         {
             std::lock_guard lock(mu_);
             const double iter = std::chrono::duration<double>(t_end - t_iter).count();
             stats_.busy_seconds += iter;
+            stats_.kv_used = pool_used();
             stats_.overhead_seconds += std::max(0.0, iter - engine_seconds);
         }
         run_probe(/*idle=*/false);
@@ -310,8 +331,11 @@ bool Scheduler::build_step(InFlight &step) {
     int32_t n_decode = 0;
     for (Slot &slot : slots_) {
         if (n_decode >= quota) break;
-        if (!slot.live() || !slot.generating || slot.resuming || slot.n_in_flight > 0 || slot.stream->cancelled())
+        if (!slot.live() || !slot.generating || slot.resuming || slot.preempted || slot.n_in_flight > 0 ||
+            slot.stream->cancelled())
             continue;
+        if (pool_free() < 1 && !make_room(slot)) continue;  // waits for a step in flight to give room back
+        if (slot.preempted || !slot.live()) continue;       // it was the newest: it waits (or it cannot fit)
         batch_.add(slot.last_token, slot.n_past, slot.seq, true);
         slot.n_past++;
         slot.n_in_flight++;
@@ -321,7 +345,7 @@ bool Scheduler::build_step(InFlight &step) {
     // Prompt chunks fill the rest of the step, oldest request first.
     prefilling_.clear();
     for (Slot &slot : slots_)
-        if (slot.live() && !slot.generating && !slot.resuming && !slot.stream->cancelled() &&
+        if (slot.live() && !slot.generating && !slot.resuming && !slot.preempted && !slot.stream->cancelled() &&
             slot.n_prefilled < static_cast<int32_t>(slot.job.prompt.size()))
             prefilling_.push_back(&slot);
     std::sort(prefilling_.begin(), prefilling_.end(),
@@ -415,11 +439,9 @@ bool Scheduler::resume_slots() {
                 continue;
             }
         }
-        // The sampler continues where the lost one stopped: a seeded stream makes the draws it would have.
         // Not under mu_: the engine may reconnect here, replace or drop a worker and load its stage, and
         // /health and /metrics answer meanwhile.
-        if (down.ok())
-            down = engine_.seq_start(slot.seq, slot.job.sampling, slot.job.n_logprobs >= 0, slot.tokens);
+        if (down.ok()) down = restart(slot);
         std::lock_guard lock(mu_);
         if (!down.ok()) {
             log_warn("server: cannot resume request {} ({}); ending it", slot.seq, down.message());
@@ -427,19 +449,110 @@ bool Scheduler::resume_slots() {
             fail(slot, slot.resume_cause);
             continue;
         }
-        // The prompt and every token generated so far, as one prompt: the token sampled after it is the
-        // stream's next one. The detokenizer and stop matcher keep their state: nothing is sent twice.
-        slot.job.prompt.resize(static_cast<size_t>(slot.n_prompt));
-        slot.job.prompt.insert(slot.job.prompt.end(), slot.tokens.begin(), slot.tokens.end());
-        slot.n_prefilled = 0;
-        slot.n_past = 0;
-        slot.generating = false;
         slot.n_resumes++;
         stats_.n_resumed++;
         log_info("server: resuming request in slot {} after {}: replaying {} prompt and {} generated tokens",
                  slot.seq, slot.resume_cause.message(), slot.n_prompt, slot.tokens.size());
     }
     return any;
+}
+
+Status Scheduler::restart(Slot &slot) {
+    // The sampler continues where the old one stopped: a seeded stream makes the draws it would have.
+    TD_TRY(engine_.seq_start(slot.seq, slot.job.sampling, slot.job.n_logprobs >= 0, slot.tokens));
+    // The prompt and every token generated so far, as one prompt: the token sampled after it is the stream's
+    // next one. The detokenizer and stop matcher keep their state: nothing is sent twice.
+    slot.job.prompt.resize(static_cast<size_t>(slot.n_prompt));
+    slot.job.prompt.insert(slot.job.prompt.end(), slot.tokens.begin(), slot.tokens.end());
+    slot.n_prefilled = 0;
+    slot.n_past = 0;
+    slot.generating = false;
+    return {};
+}
+
+int64_t Scheduler::pool_held(const Slot &slot) const {
+    if (!slot.active() || slot.preempted) return 0;
+    return std::max<int64_t>(slot.n_past, static_cast<int64_t>(slot.job.prompt.size()));
+}
+
+int64_t Scheduler::pool_used() const {
+    int64_t used = 0;
+    for (const Slot &slot : slots_) used += pool_held(slot);
+    return used;
+}
+
+int64_t Scheduler::pool_free() const {
+    return params_.kv_pool <= 0 ? INT64_MAX : params_.kv_pool - pool_used();
+}
+
+bool Scheduler::make_room(Slot &slot) {
+    std::lock_guard lock(mu_);
+    Slot *victim = nullptr;
+    for (Slot &other : slots_)
+        if (other.live() && !other.preempted && other.n_in_flight == 0 && other.order >= slot.order &&
+            (victim == nullptr || other.order > victim->order))
+            victim = &other;
+    if (victim == nullptr) return false;  // the newer requests are in flight: their step gives room back
+    if (victim == &slot) {
+        bool others = false, newer_in_flight = false;
+        for (const Slot &other : slots_) {
+            others = others || (&other != &slot && pool_held(other) > 0);
+            newer_in_flight = newer_in_flight || (other.live() && other.order > slot.order && other.n_in_flight > 0);
+        }
+        if (newer_in_flight) return false;  // a newer request is preempted once its step is back
+        if (!others) {  // alone and still out of room: it can never fit
+            fail(slot, make_error(ErrorKind::overloaded,
+                                  "the KV pool is full: this request holds all {} positions (--ctx-size) and needs "
+                                  "more; raise --ctx-size or lower max_tokens",
+                                  params_.kv_pool));
+            return false;
+        }
+    }
+    log_info("server: the KV pool ({} positions) is full; preempting the request in slot {} ({} positions), to "
+             "be replayed when there is room",
+             params_.kv_pool, victim->seq, pool_held(*victim));
+    if (Status s = engine_.seq_clear(victim->seq); !s.ok())
+        log_warn("server: clearing slot {} failed: {}", victim->seq, s.message());
+    victim->preempted = true;
+    stats_.n_preempted++;
+    return pool_free() >= 1;
+}
+
+void Scheduler::resume_preempted() {
+    for (;;) {
+        Slot *next = nullptr;
+        for (Slot &slot : slots_)
+            if (slot.live() && slot.preempted && slot.n_in_flight == 0 && (next == nullptr || slot.order < next->order))
+                next = &slot;
+        if (next == nullptr) return;
+        {
+            std::lock_guard lock(mu_);
+            if (next->stream->cancelled()) {
+                next->preempted = false;
+                end(*next, FinishReason::cancelled);
+                continue;
+            }
+        }
+        const int64_t need = next->n_prompt + static_cast<int64_t>(next->tokens.size()) + 1;
+        if (need > params_.kv_pool) {
+            std::lock_guard lock(mu_);
+            next->preempted = false;
+            fail(*next, make_error(ErrorKind::overloaded,
+                                   "the KV pool is full: this request needs {} positions, the pool holds {} "
+                                   "(--ctx-size); raise --ctx-size or lower max_tokens",
+                                   need, params_.kv_pool));
+            continue;
+        }
+        if (need > pool_free()) return;  // the oldest waits first
+        next->preempted = false;
+        Status s = restart(*next);
+        std::lock_guard lock(mu_);
+        if (!s.ok()) {
+            fail(*next, s);
+            continue;
+        }
+        log_info("server: replaying the preempted request in slot {} ({} positions)", next->seq, need - 1);
+    }
 }
 
 // Collects the oldest step's tokens and hands them to their requests.

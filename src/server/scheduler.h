@@ -137,6 +137,13 @@ struct SchedulerParams {
     // undisturbed run. When the engine cannot start again, the requests end with the original error. A
     // request resumes at most max_resumes times (0: never; every failure ends its requests at once).
     int32_t max_resumes = 0;
+    // The KV pool: positions all slots may hold together (--ctx-size); 0: no bound beyond the slots. A request
+    // is admitted (first come, first served) while the pool has room for its prompt and one more token; a
+    // prompt longer than the whole pool is refused at submit. When the pool runs out mid-generation the newest
+    // request is preempted: its positions are freed and it waits, then its prompt and tokens so far are
+    // replayed (as a resume, so its text is what it would have been) once there is room again. A request
+    // that alone needs more than the pool ends with an error naming the pool: never a hang.
+    int64_t kv_pool = 0;
 };
 
 struct SchedulerStats {
@@ -154,6 +161,9 @@ struct SchedulerStats {
     double ttft_seconds_sum = 0.0;   // time to first token (from submit), summed over requests
     int64_t ttft_count = 0;
     int64_t n_resumed = 0;  // requests replayed after a lost node (max_resumes)
+    int64_t kv_pool = 0;       // positions in the KV pool (0: not bounded)
+    int64_t kv_used = 0;       // positions the slots hold now (a prompt's whole length from admission)
+    int64_t n_preempted = 0;   // requests preempted because the pool ran out
 };
 
 class Scheduler {
@@ -207,6 +217,16 @@ private:
     void complete_step(double &engine_seconds);
     void on_step_failed(InFlight &step, const Status &status);
     bool resume_slots();  // true when some slot was due (started again or ended)
+    // Starts a slot's sequence again with its prompt and tokens so far as the new prompt (engine thread,
+    // without mu_: the engine may reconnect).
+    Status restart(Slot &slot);
+    int64_t pool_held(const Slot &slot) const;  // positions a slot holds in the KV pool
+    int64_t pool_used() const;                  // positions all slots hold
+    int64_t pool_free() const;                  // room left in the pool (INT64_MAX without one)
+    // Makes room for one more position of `slot` by preempting the newest other request not in flight, or
+    // `slot` itself when it is the newest; false when nothing could be freed now.
+    bool make_room(Slot &slot);
+    void resume_preempted();  // engine thread, without mu_
     void run_probe(bool idle);
     void refresh_info();  // engine thread, without mu_
     void on_token(Slot &slot, const StepOutput &out);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "cluster/cluster-engine.h"
 #include "core/log.h"
 #include "text/vocab.h"
@@ -25,15 +27,18 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     TD_ASSIGN_OR_RETURN(sm->template_, chat_template_for_model(sm->model_->file(), params.chat_template));
     sm->card_ = model_card(*sm->model_, sm->template_);
 
+    if (params.n_ctx_per_seq < 0) return invalid_input("--ctx-per-seq must be >= 0, got {}", params.n_ctx_per_seq);
     int32_t n_ctx_slot = sm->model_->hparams().n_ctx_train;
-    if (params.n_ctx > 0) {
-        n_ctx_slot = params.n_ctx / params.n_parallel;
-        if (n_ctx_slot < min_ctx_slot)
-            return invalid_input(
-                "--ctx-size {} over --parallel {} leaves {} positions per slot; at least {} are "
-                "needed (the context is shared by the slots, as in llama-server)",
-                params.n_ctx, params.n_parallel, n_ctx_slot, min_ctx_slot);
+    if (params.n_ctx > 0) n_ctx_slot = std::min(n_ctx_slot, params.n_ctx);
+    if (params.n_ctx_per_seq > 0) {
+        if (params.n_ctx > 0 && params.n_ctx_per_seq > params.n_ctx)
+            return invalid_input("--ctx-per-seq {} is more than the whole KV pool, --ctx-size {}",
+                                 params.n_ctx_per_seq, params.n_ctx);
+        n_ctx_slot = params.n_ctx_per_seq;
     }
+    if (n_ctx_slot < min_ctx_slot)
+        return invalid_input("{} positions per request are too few; at least {} are needed (--ctx-size, --ctx-per-seq)",
+                             n_ctx_slot, min_ctx_slot);
     ContextParams cp;
     cp.n_ctx = n_ctx_slot;
     cp.n_seq = params.n_parallel;
@@ -54,6 +59,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     sp.n_micro_batches = params.n_micro_batches > 0 ? params.n_micro_batches : 1;
     sp.probe_interval = std::chrono::milliseconds(std::max(params.probe_interval_ms, 10));
     sp.max_resumes = std::max(params.max_resumes, 0);
+    sp.kv_pool = params.n_ctx;
     if (cluster != nullptr) {
         sm->n_stages_ = cluster->n_stages();  // the workers, plus the head when it runs layers
         sm->placement_ = cluster->placement_table();

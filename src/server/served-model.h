@@ -25,9 +25,11 @@ struct ServeParams {
     std::string model_path;
     std::string pack_dir;  // ModelLoadOptions::pack_dir ("" with --no-repack or through a cluster)
     int32_t n_parallel = 4;  // sequence slots
-    // Context: like llama-server, n_ctx is the total over all slots and each slot gets n_ctx / n_parallel
-    // positions. 0: each slot gets the model's training context.
+    // The KV pool: positions all slots hold together (SchedulerParams::kv_pool); 0: not bounded (each slot
+    // may hold n_ctx_per_seq). As in llama-server's unified KV cache, one request may use the whole pool.
     int32_t n_ctx = 0;
+    // Positions one request may use; 0: the model's training context, capped by the pool.
+    int32_t n_ctx_per_seq = 0;
     int32_t n_threads = 0;   // compute threads; 0: all cores
     int32_t n_batch = 512;   // rows per engine step
     int32_t max_queue = -1;  // requests waiting for a slot; -1: 4 * n_parallel
