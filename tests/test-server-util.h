@@ -33,10 +33,11 @@ public:
     int32_t n_seq() const override { return inner_->n_seq(); }
     int32_t n_vocab() const override { return inner_->n_vocab(); }
     int max_in_flight() const override { return inner_->max_in_flight(); }
-    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits,
-                     std::span<const int32_t> sampled) override {
-        return inner_->seq_start(seq, p, want_logits, sampled);
+    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits, std::span<const int32_t> sampled,
+                     int32_t keep) override {
+        return inner_->seq_start(seq, p, want_logits, sampled, keep);
     }
+    int32_t seq_cached(int32_t seq) const override { return inner_->seq_cached(seq); }
     Status seq_clear(int32_t seq) override { return inner_->seq_clear(seq); }
     Status submit(const Batch &batch) override {
         if (delay_.count() > 0) std::this_thread::sleep_for(delay_);

@@ -84,6 +84,7 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     e->started_.assign(options.context.n_seq, false);
     e->lost_.assign(options.context.n_seq, false);
     e->want_logits_.assign(options.context.n_seq, false);
+    e->cached_.assign(options.context.n_seq, 0);
     const int32_t n_stages = static_cast<int32_t>(e->groups_.size());
     if (options.head_layers < 0 || options.head_layers > hp.n_layer - n_stages)
         return invalid_input(
@@ -503,6 +504,7 @@ Status ClusterEngine::connect_once() {
     pending_.clear();
     tokens_done_ = 0;
     started_.assign(started_.size(), false);
+    cached_.assign(cached_.size(), 0);
     if (head_ctx_) head_ctx_->kv().clear();  // the workers start empty: so does the head's part
     if (options_.print_placement) std::fputs(placement_table().c_str(), stderr);
     return {};

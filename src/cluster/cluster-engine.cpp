@@ -66,13 +66,22 @@ Status ClusterEngine::enqueue_data(net::MsgType type, uint64_t request_id, std::
     return {};
 }
 
+int32_t ClusterEngine::seq_cached(int32_t seq) const {
+    if (seq < 0 || seq >= n_seq() || !connected_ || !broken().ok() || lost_[seq]) return 0;
+    return cached_[seq];
+}
+
 Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits,
-                                std::span<const int32_t> sampled) {
+                                std::span<const int32_t> sampled, int32_t keep) {
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
+    if (keep < 0 || keep > seq_cached(seq))
+        return invalid_input("sequence {} holds {} positions, cannot keep {}", seq, seq_cached(seq), keep);
     TD_TRY(ensure_connected(/*new_request=*/true));
+    if (keep > cached_[seq]) keep = 0;  // the reconnect cleared it
     net::SeqStart m;
+    m.keep = static_cast<uint32_t>(keep);
     m.seq = seq;
     m.want_logits = want_logits ? 1 : 0;
     m.temperature = params.temperature;
@@ -93,7 +102,13 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     buf_.clear();
     net::encode(m, buf_);
     TD_TRY(enqueue_data(net::MsgType::seq_start, 0, buf_));
-    if (head_ctx_) head_ctx_->seq_clear(seq);
+    if (head_ctx_) {
+        if (keep > 0)
+            head_ctx_->seq_keep(seq, keep);
+        else
+            head_ctx_->seq_clear(seq);
+    }
+    cached_[seq] = keep;
     started_[seq] = true;
     lost_[seq] = false;
     want_logits_[seq] = want_logits;
@@ -105,6 +120,7 @@ Status ClusterEngine::seq_clear(int32_t seq) {
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     if (head_ctx_) head_ctx_->seq_clear(seq);
     lost_[seq] = false;
+    cached_[seq] = 0;
     if (!connected_ || !broken().ok()) {  // the cluster lost every sequence already
         pending_.clear();
         started_[seq] = false;
@@ -185,6 +201,7 @@ Status ClusterEngine::submit(const Batch &batch) {
         ++step.n_parts;
     }
     pending_.push_back(step);
+    for (int32_t i = 0; i < n; ++i) cached_[batch.seq[i]] = batch.pos[i] + 1;
     return {};
 }
 

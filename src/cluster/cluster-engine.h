@@ -137,7 +137,8 @@ public:
     // Nodes per stage (tensor-parallel group sizes), workers only.
     std::vector<size_t> stage_sizes() const;
     Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
-                     std::span<const int32_t> sampled = {}) override;
+                     std::span<const int32_t> sampled = {}, int32_t keep = 0) override;
+    int32_t seq_cached(int32_t seq) const override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;
     Result<std::vector<StepOutput>> wait() override;
@@ -244,6 +245,7 @@ private:
     uint64_t tokens_done_ = 0;
     uint64_t next_stats_id_ = 1;
     std::vector<bool> started_, want_logits_;  // [n_seq]
+    std::vector<int32_t> cached_;              // [n_seq] positions the stages hold (0 after a reconnect)
     // [n_seq] sequences started before the cluster was reconnected: their KV state is gone, so any step
     // of theirs fails with lost_reason_ until seq_start (or seq_clear) begins them again.
     std::vector<bool> lost_;

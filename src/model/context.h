@@ -57,7 +57,9 @@ public:
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_seq() const { return kv_.n_seq(); }
     KvCache &kv() { return kv_; }
+    const KvCache &kv() const { return kv_; }
     void seq_clear(int32_t seq) { kv_.seq_clear(seq); }
+    void seq_keep(int32_t seq, int32_t n) { kv_.seq_keep(seq, n); }  // the first n positions stay
     int32_t seq_len(int32_t seq) const { return kv_.seq_len(seq); }
 
     // Rows a layer computes at once: a longer step runs its layers in micro-batches of this many rows.

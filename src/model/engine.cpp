@@ -36,8 +36,12 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::create(std::shared_ptr<const M
     return e;
 }
 
+int32_t LocalEngine::seq_cached(int32_t seq) const {
+    return seq >= 0 && seq < n_seq() ? ctx_->kv().seq_len(seq) : 0;
+}
+
 Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits,
-                              std::span<const int32_t> sampled) {
+                              std::span<const int32_t> sampled, int32_t keep) {
     if (seq < 0 || seq >= n_seq()) return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
     for (int32_t t : sampled)
@@ -46,7 +50,10 @@ Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool wan
     slots_[seq].sampler = std::make_unique<Sampler>(params, n_vocab());
     if (!sampled.empty()) slots_[seq].sampler->restore(sampled.size(), sampler_history_tail(params, sampled));
     slots_[seq].want_logits = want_logits;
-    ctx_->seq_clear(seq);
+    if (keep > 0)
+        ctx_->seq_keep(seq, keep);
+    else
+        ctx_->seq_clear(seq);
     return {};
 }
 

@@ -40,8 +40,13 @@ public:
     // sampled: a stream that continues (resumed after a lost node): the tokens it has sampled so far, which
     // its sampler counts as drawn and accepted (Sampler::restore), so a seeded stream goes on with the draws
     // it would have made. Empty: a new stream.
+    // keep: the first `keep` positions the slot holds stay (its new prompt starts with the tokens they were
+    // computed from: a prefix-cache hit), at most seq_cached(seq); 0 clears the slot.
     virtual Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
-                             std::span<const int32_t> sampled = {}) = 0;
+                             std::span<const int32_t> sampled = {}, int32_t keep = 0) = 0;
+    // Positions the slot holds now (what seq_start may keep): 0 after seq_clear, or when the engine lost its
+    // state (a cluster that reconnected).
+    virtual int32_t seq_cached(int32_t seq) const = 0;
     virtual Status seq_clear(int32_t seq) = 0;
 
     // Queues one step. Rows with want_logits produce one StepOutput each, in row order.
@@ -61,7 +66,8 @@ public:
     int32_t n_vocab() const override { return ctx_->model().hparams().n_vocab; }
     int max_in_flight() const override { return 1; }
     Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
-                     std::span<const int32_t> sampled = {}) override;
+                     std::span<const int32_t> sampled = {}, int32_t keep = 0) override;
+    int32_t seq_cached(int32_t seq) const override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;
     Result<std::vector<StepOutput>> wait() override;

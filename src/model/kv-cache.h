@@ -9,6 +9,7 @@
 // the server's scheduler bounds the positions all slots hold together (its KV pool, --ctx-size).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -45,6 +46,8 @@ public:
         len_[seq] = len;
         if (len > high_[seq]) high_[seq] = len;
     }
+    // Keeps the first n positions of a sequence (a new prompt that starts with the tokens they hold).
+    void seq_keep(int32_t seq, int32_t n) { len_[seq] = std::min(len_[seq], std::max(n, 0)); }
     // Forgets a sequence (its slot can be reused at once) and gives its pages back.
     void seq_clear(int32_t seq);
     void clear();

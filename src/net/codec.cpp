@@ -532,7 +532,8 @@ Status seq_start_fields(Io &io, M &m) {
     TD_TRY(io.finite(m.frequency_penalty, "frequency_penalty"));
     TD_TRY(io.field(m.seed, "seed"));
     TD_TRY(io.field(m.n_sampled, "n_sampled"));
-    return io.list(m.history, kMaxSeqHistory, "history", [&](auto &t) { return io.field(t, "history"); });
+    TD_TRY(io.list(m.history, kMaxSeqHistory, "history", [&](auto &t) { return io.field(t, "history"); }));
+    return io.field(m.keep, "keep");
 }
 
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {

@@ -260,6 +260,8 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     // greedy) and accepts `history` (the last of them, what the penalties read) before its first sample.
     uint64_t n_sampled = 0;
     std::vector<int32_t> history;  // [<= kMaxSeqHistory, <= n_sampled], each >= 0
+    // v5: positions of the sequence every stage keeps (a prefix-cache hit); 0 clears it.
+    uint32_t keep = 0;
 };
 
 struct SeqClear {

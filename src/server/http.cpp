@@ -49,7 +49,8 @@ public:
     std::string done(const StreamEvent &ev) override {
         const char *finish = ev.finish == FinishReason::length ? "length" : "stop";
         std::string tail = sse_event(chunk_json(meta_, "", false, finish, -1, {}));
-        if (include_usage_) tail += sse_event(usage_chunk_json(meta_, {ev.n_prompt, ev.n_generated}));
+        if (include_usage_)
+            tail += sse_event(usage_chunk_json(meta_, {ev.n_prompt, ev.n_generated, ev.n_cached}));
         return tail + sse_done();
     }
     std::string error(const Status &status) override {
@@ -185,6 +186,7 @@ std::shared_ptr<RequestStream> HttpServer::Impl::start_generation(const HttpRequ
     job.max_tokens = r.max_tokens;
     job.n_logprobs = r.n_logprobs;
     job.stop.insert(job.stop.end(), r.stop.begin(), r.stop.end());
+    job.cache_prompt = r.cache_prompt;
 
     auto submitted = be.scheduler->submit(std::move(job));
     if (!submitted.ok()) {
@@ -268,10 +270,10 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
         // A client that goes away before the answer is ready cancels its request, which frees its slot.
         std::optional<Answer> a = collect(req, res, *stream, reply_error);
         if (!a) return;
-        return reply_json(
-            res, 200,
-            completion_json(meta, a->text, a->done.finish, {a->done.n_prompt, a->done.n_generated},
-                            r.n_logprobs, a->logprobs));
+        return reply_json(res, 200,
+                          completion_json(meta, a->text, a->done.finish,
+                                          {a->done.n_prompt, a->done.n_generated, a->done.n_cached},
+                                          r.n_logprobs, a->logprobs));
     }
     stream_response(res, std::move(stream),
                     std::make_unique<SseFormat>(std::move(meta), r.include_usage, r.n_logprobs),
@@ -330,6 +332,14 @@ void HttpServer::Impl::handle_metrics(HttpResponse &res) {
         metric("tandem_tokens_per_second", "gauge", "Generated tokens per second over the last 5 s.",
                s.tokens_per_second);
         metric("tandem_queue_depth", "gauge", "Requests waiting for a slot.", s.n_queued);
+        metric("tandem_prompt_tokens_cached_total", "counter",
+               "Prompt tokens found in the prefix cache (not computed).", s.n_prompt_cached);
+        metric("tandem_prefix_cache_hit_ratio", "gauge",
+               "Share of all prompt tokens found in the prefix cache.",
+               s.n_prompt_cached + s.n_prompt_tokens > 0
+                   ? static_cast<double>(s.n_prompt_cached) /
+                         static_cast<double>(s.n_prompt_cached + s.n_prompt_tokens)
+                   : 0.0);
         metric("tandem_kv_pool_positions", "gauge", "Positions in the KV pool (--ctx-size; 0: not bounded).",
                s.kv_pool);
         metric("tandem_kv_pool_used", "gauge", "Positions the requests hold in the KV pool.", s.kv_used);

@@ -69,6 +69,7 @@ Status parse_common(const json &j, ApiRequest &r) {
     TD_TRY(get_strings(j, "stop", max_stop_strings, r.stop));
 
     TD_TRY(get_bool(j, "stream", r.stream));
+    TD_TRY(get_bool(j, "cache_prompt", r.cache_prompt));
     if (const json *v = field(j, "stream_options")) {
         if (!v->is_object())
             return invalid_input("'stream_options' must be an object, got {}", type_name(*v));
@@ -153,7 +154,8 @@ json completion_logprobs_json(const std::vector<TokenLogprob> &lps, size_t offse
 json usage_json(const Usage &u) {
     return {{"prompt_tokens", u.n_prompt},
             {"completion_tokens", u.n_generated},
-            {"total_tokens", u.n_prompt + u.n_generated}};
+            {"total_tokens", u.n_prompt + u.n_generated},
+            {"prompt_tokens_details", {{"cached_tokens", u.n_cached}}}};
 }
 
 const char *finish_name(FinishReason f) {

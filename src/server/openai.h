@@ -11,6 +11,8 @@
 //   logprobs, top_logprobs   chat: logprobs bool + top_logprobs 0..20; completions: logprobs integer 0..20
 //   stream, stream_options.include_usage
 //   n                        only 1
+//   cache_prompt             bool (llama-server's): false computes the whole prompt, not reusing a cached
+//   prefix
 // Unknown fields are ignored, as OpenAI clients expect; null counts as absent. A field of the wrong type
 // or out of range is invalid_input naming it ("'temperature' must be a number, got a string").
 // Defaults for fields not given are llama.cpp's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), so a
@@ -45,6 +47,7 @@ struct ApiRequest {
     bool stream = false;
     bool include_usage = false;
     int32_t n_logprobs = -1;  // -1: no logprobs
+    bool cache_prompt = true;  // llama-server's cache_prompt: false computes the whole prompt again
 };
 
 // Parses and validates a request body. Errors are invalid_input with a message for the client:
@@ -64,6 +67,8 @@ ResponseMeta make_response_meta(ApiKind kind, std::string model);
 struct Usage {
     int32_t n_prompt = 0;
     int32_t n_generated = 0;
+    int32_t n_cached =
+        0;  // prompt tokens found in the prefix cache (usage.prompt_tokens_details.cached_tokens)
 };
 
 // Non-streaming response: chat.completion or text_completion. logprobs (when n_logprobs >= 0) for every

@@ -72,6 +72,12 @@ struct Scheduler::Slot {
     std::vector<int32_t> tokens;  // generated so far, replayed after the prompt on a resume
     bool resuming = false;        // its state was lost with a node: replay once the steps are drained
     bool preempted = false;       // its positions were given back to the KV pool: replay once there is room
+    bool failed = false;          // ended with an error: what the engine holds for it is not trusted
+    // Tokens whose KV the slot holds, by position: what it has been fed while active; its prompt cache while
+    // idle (reused by the next request with the same prefix).
+    std::vector<int32_t> fed;
+    Clock::time_point t_idle{};  // when it was freed (the least recently freed cache goes first)
+    int32_t n_cached = 0;        // prompt tokens this request took from the cache
     int32_t n_resumes = 0;
     Status resume_cause;          // the failure, reported if the engine cannot start again
     std::unique_ptr<Detokenizer> detok;
@@ -192,52 +198,78 @@ void Scheduler::refresh_info() {
     engine_info_ = std::move(info);
 }
 
-// Moves queued requests into free slots (engine thread, under mu_).
+// Moves queued requests into free slots (engine thread, under mu_): each to the free slot whose cache holds
+// the longest prefix of its prompt, first come first served while the KV pool has room.
 void Scheduler::admit() {
     // Requests preempted for room go first: nothing new takes the pool while one waits.
     for (const Slot &slot : slots_)
         if (slot.live() && slot.preempted) return;
-    for (Slot &slot : slots_) {
-        if (queue_.empty()) break;
-        if (slot.active()) continue;
-        // First come, first served: the oldest request waits for room in the pool, and so do those behind it.
-        if (!queue_.front().stream->cancelled() &&
-            static_cast<int64_t>(queue_.front().job.prompt.size()) + 1 > pool_free())
-            break;
-        Pending p = std::move(queue_.front());
-        queue_.pop_front();
+    while (!queue_.empty()) {
+        Pending &p = queue_.front();
         if (p.stream->cancelled()) {
             stats_.n_finished[static_cast<int>(FinishReason::cancelled)]++;
+            queue_.pop_front();
             continue;
         }
-        const bool want_logits = p.job.n_logprobs >= 0;
+        Slot *best = nullptr;
+        size_t best_k = 0;
+        for (Slot &slot : slots_) {
+            if (slot.active()) continue;
+            size_t k = 0;
+            if (p.job.cache_prompt) {
+                const size_t n = std::min({slot.fed.size(), p.job.prompt.size() - 1,
+                                           static_cast<size_t>(std::max(engine_.seq_cached(slot.seq), 0))});
+                while (k < n && slot.fed[k] == p.job.prompt[k]) ++k;
+            }
+            if (best == nullptr || k > best_k || (k == best_k && slot.t_idle < best->t_idle)) {
+                best = &slot;
+                best_k = k;
+            }
+        }
+        if (best == nullptr) break;  // every slot is busy
+        // Room for the prompt and one more token; idle caches give theirs back first (least recent first).
+        const int64_t need =
+            static_cast<int64_t>(p.job.prompt.size()) + 1 - static_cast<int64_t>(best->fed.size());
+        while (need > pool_free() && evict_idle(best)) {
+        }
+        if (need > pool_free()) break;  // the oldest request waits for room, and those behind it with it
+
+        Pending job = std::move(queue_.front());
+        queue_.pop_front();
+        Slot &slot = *best;
+        const int32_t keep = static_cast<int32_t>(best_k);
+        const bool want_logits = job.job.n_logprobs >= 0;
         // A random seed is drawn here, not by the engine's sampler, so a stream resumed after a lost node
         // continues with the same draws (seq_start with the tokens sampled so far).
-        if (p.job.sampling.seed == SamplerParams::seed_random && p.job.sampling.temperature > 0.0f)
-            p.job.sampling.seed = Sampler(p.job.sampling, 1).seed();
+        if (job.job.sampling.seed == SamplerParams::seed_random && job.job.sampling.temperature > 0.0f)
+            job.job.sampling.seed = Sampler(job.job.sampling, 1).seed();
         // A ClusterEngine that failed reconnects here (seq_start), so the first request after a worker came
         // back pays for the reconnect.
-        if (Status s = engine_.seq_start(slot.seq, p.job.sampling, want_logits); !s.ok()) {
+        if (Status s = engine_.seq_start(slot.seq, job.job.sampling, want_logits, {}, keep); !s.ok()) {
             StreamEvent ev;
             ev.kind = StreamEvent::Kind::error;
             ev.error = s;
-            p.stream->push(std::move(ev));
+            job.stream->push(std::move(ev));
             stats_.n_finished[static_cast<int>(FinishReason::error)]++;
             if (s.kind() != ErrorKind::invalid_input) health_ = s;
+            slot.fed.clear();
             continue;
         }
-        const int32_t n_prompt = static_cast<int32_t>(p.job.prompt.size());
-        slot.stream = std::move(p.stream);
-        slot.job = std::move(p.job);
-        slot.t_submit = p.t_submit;
+        const int32_t n_prompt = static_cast<int32_t>(job.job.prompt.size());
+        slot.stream = std::move(job.stream);
+        slot.job = std::move(job.job);
+        slot.t_submit = job.t_submit;
         slot.order = admit_counter_++;
-        slot.n_prefilled = 0;
-        slot.n_past = 0;
+        slot.fed.resize(static_cast<size_t>(keep));
+        slot.n_cached = keep;
+        slot.n_prefilled = keep;
+        slot.n_past = keep;
         slot.n_generated = 0;
         slot.limit = slot.job.max_tokens > 0 ? slot.job.max_tokens : n_ctx_ - n_prompt;
         slot.last_token = -1;
         slot.generating = false;
         slot.ended = false;
+        slot.failed = false;
         slot.n_in_flight = 0;
         slot.n_prompt = n_prompt;
         slot.tokens.clear();
@@ -248,6 +280,7 @@ void Scheduler::admit() {
         slot.stop = std::make_unique<StopStringMatcher>(slot.job.stop);
         slot.pending_lp.clear();
         stats_.n_active++;
+        stats_.n_prompt_cached += keep;
     }
     // Requests cancelled while waiting leave the queue now, not when they reach its head.
     const size_t before = queue_.size();
@@ -337,6 +370,7 @@ bool Scheduler::build_step(InFlight &step) {
         if (pool_free() < 1 && !make_room(slot)) continue;  // waits for a step in flight to give room back
         if (slot.preempted || !slot.live()) continue;       // it was the newest: it waits (or it cannot fit)
         batch_.add(slot.last_token, slot.n_past, slot.seq, true);
+        slot.fed.push_back(slot.last_token);
         slot.n_past++;
         slot.n_in_flight++;
         step.seqs.push_back(slot.seq);
@@ -358,6 +392,7 @@ bool Scheduler::build_step(InFlight &step) {
         for (int32_t i = 0; i < n; ++i) {
             const int32_t p = slot->n_prefilled + i;
             batch_.add(slot->job.prompt[p], p, slot->seq, p == n_prompt - 1);
+            slot->fed.push_back(slot->job.prompt[p]);
         }
         slot->n_prefilled += n;
         slot->n_past += n;
@@ -466,13 +501,28 @@ Status Scheduler::restart(Slot &slot) {
     slot.job.prompt.insert(slot.job.prompt.end(), slot.tokens.begin(), slot.tokens.end());
     slot.n_prefilled = 0;
     slot.n_past = 0;
+    slot.fed.clear();
     slot.generating = false;
     return {};
 }
 
 int64_t Scheduler::pool_held(const Slot &slot) const {
-    if (!slot.active() || slot.preempted) return 0;
+    if (!slot.active()) return static_cast<int64_t>(slot.fed.size());  // its prompt cache
+    if (slot.preempted) return 0;
     return std::max<int64_t>(slot.n_past, static_cast<int64_t>(slot.job.prompt.size()));
+}
+
+bool Scheduler::evict_idle(const Slot *except) {
+    Slot *lru = nullptr;
+    for (Slot &slot : slots_)
+        if (!slot.active() && !slot.fed.empty() && &slot != except &&
+            (lru == nullptr || slot.t_idle < lru->t_idle))
+            lru = &slot;
+    if (lru == nullptr) return false;
+    if (Status s = engine_.seq_clear(lru->seq); !s.ok())
+        log_warn("server: clearing slot {} failed: {}", lru->seq, s.message());
+    lru->fed.clear();
+    return true;
 }
 
 int64_t Scheduler::pool_used() const {
@@ -487,6 +537,9 @@ int64_t Scheduler::pool_free() const {
 
 bool Scheduler::make_room(Slot &slot) {
     std::lock_guard lock(mu_);
+    while (pool_free() < 1 && evict_idle(nullptr)) {
+    }
+    if (pool_free() >= 1) return true;
     Slot *victim = nullptr;
     for (Slot &other : slots_)
         if (other.live() && !other.preempted && other.n_in_flight == 0 && other.order >= slot.order &&
@@ -514,6 +567,7 @@ bool Scheduler::make_room(Slot &slot) {
     if (Status s = engine_.seq_clear(victim->seq); !s.ok())
         log_warn("server: clearing slot {} failed: {}", victim->seq, s.message());
     victim->preempted = true;
+    victim->fed.clear();
     stats_.n_preempted++;
     return pool_free() >= 1;
 }
@@ -542,6 +596,8 @@ void Scheduler::resume_preempted() {
                                    "(--ctx-size); raise --ctx-size or lower max_tokens",
                                    need, params_.kv_pool));
             continue;
+        }
+        while (need > pool_free() && evict_idle(nullptr)) {
         }
         if (need > pool_free()) return;  // the oldest waits first
         next->preempted = false;
@@ -672,6 +728,7 @@ void Scheduler::finish(Slot &slot, FinishReason reason) {
     ev.finish = reason;
     ev.n_prompt = slot.n_prompt;
     ev.n_generated = slot.n_generated;
+    ev.n_cached = slot.n_cached;
     if (reason == FinishReason::stop && !slot.stop->stopped()) {
         // An end-of-generation token: release what the detokenizer held back (an unfinished character).
         ev.text = slot.stop->push(slot.detok->flush());
@@ -683,6 +740,7 @@ void Scheduler::finish(Slot &slot, FinishReason reason) {
 }
 
 void Scheduler::fail(Slot &slot, const Status &status) {
+    slot.failed = true;
     StreamEvent ev;
     ev.kind = StreamEvent::Kind::error;
     ev.error = status;
@@ -699,9 +757,16 @@ void Scheduler::end(Slot &slot, FinishReason reason) {
 
 void Scheduler::release_if_idle(Slot &slot) {
     if (!slot.active() || !slot.ended || slot.n_in_flight > 0) return;
-    // The cache is cleared again by the next seq_start; clearing now returns the memory's meaning at once.
-    if (Status s = engine_.seq_clear(slot.seq); !s.ok())
-        log_warn("server: clearing slot {} failed: {}", slot.seq, s.message());
+    // What the slot holds stays as its prompt cache, unless the request failed (the engine's state is then
+    // not trusted) or did not want it cached.
+    if (slot.failed || !slot.job.cache_prompt || slot.preempted ||
+        static_cast<int32_t>(slot.fed.size()) != slot.n_past) {
+        if (Status s = engine_.seq_clear(slot.seq); !s.ok())
+            log_warn("server: clearing slot {} failed: {}", slot.seq, s.message());
+        slot.fed.clear();
+    }
+    slot.t_idle = Clock::now();
+    slot.preempted = false;
     slot.stream.reset();
     slot.detok.reset();
     slot.stop.reset();

@@ -25,6 +25,12 @@
 // submitted; the others keep running and new requests are served again once the engine works (a
 // ClusterEngine reconnects on the next seq_start).
 //
+// Prefix cache (llama-server's prompt cache): a slot keeps the KV of its last request when it is freed. A new
+// request goes to the free slot whose cached tokens share the longest prefix with its prompt and computes
+// only the rest (engine seq_start with keep); the least recently freed slot otherwise. Idle caches count in
+// the KV pool and are the first thing given back when it runs out. Batch-invariant kernels make a hit change
+// nothing in the output.
+//
 // Health: after a failure health() returns it until a step succeeds again; while idle and unhealthy the
 // engine thread tries seq_start/seq_clear on a free slot every probe_interval, which is how a ClusterEngine
 // reconnects without traffic. The optional probe (a cluster's per-node stats) runs on the engine thread
@@ -62,6 +68,7 @@ struct GenerationJob {
     int32_t max_tokens = -1;        // > 0; -1: until the context is full
     std::vector<std::string> stop;  // the reply ends before the first of these texts (empty ones ignored)
     int32_t n_logprobs = -1;  // -1: no logprobs; 0..20: the sampled token's logprob + that many top ones
+    bool cache_prompt = true;  // reuse a slot's cached prefix of this prompt (llama-server's cache_prompt)
 };
 
 enum class FinishReason { stop, length, cancelled, error };
@@ -88,6 +95,7 @@ struct StreamEvent {
     FinishReason finish = FinishReason::stop;  // done
     int32_t n_prompt = 0;                      // done: usage
     int32_t n_generated = 0;
+    int32_t n_cached = 0;  // done: prompt tokens taken from the prefix cache (not computed)
     Status error;  // error: what failed
 };
 
@@ -151,6 +159,7 @@ struct SchedulerStats {
     int32_t n_active = 0;  // slots holding a request
     int32_t n_queued = 0;
     int64_t n_prompt_tokens = 0;     // prompt tokens computed
+    int64_t n_prompt_cached = 0;     // prompt tokens a request found in the prefix cache (not computed)
     int64_t n_generated_tokens = 0;  // tokens sampled
     int64_t n_steps = 0;
     double step_seconds = 0.0;      // total time from each step's submit to its outputs (overlaps when D > 1)
@@ -226,6 +235,8 @@ private:
     // Makes room for one more position of `slot` by preempting the newest other request not in flight, or
     // `slot` itself when it is the newest; false when nothing could be freed now.
     bool make_room(Slot &slot);
+    // Clears the least recently used idle slot's cached prompt (not `except`); false when none holds one.
+    bool evict_idle(const Slot *except);
     void resume_preempted();  // engine thread, without mu_
     void run_probe(bool idle);
     void refresh_info();  // engine thread, without mu_
