@@ -82,8 +82,12 @@ TEST(OllamaParse, WhatIsNotSupportedIsNamed) {
         return r.ok() ? std::string() : r.status().message();
     };
     const std::string m = R"("messages": [{"role": "user", "content": "x"}])";
-    EXPECT_NE(error("{" + m + R"(, "format": "json"})").find("'format'"), std::string::npos);
-    EXPECT_NE(error("{" + m + R"(, "format": {"type": "object"}})").find("'format'"), std::string::npos);
+    EXPECT_EQ(error("{" + m + R"(, "format": "json"})"), "");
+    EXPECT_EQ(error("{" + m + R"(, "format": {"type": "object"}})"), "");
+    EXPECT_NE(error("{" + m + R"(, "format": "yaml"})").find("'format'"), std::string::npos);
+    EXPECT_NE(error("{" + m + R"(, "format": {"type": "object", "properties": {"a": {"pattern": "x"}}}})")
+                  .find("'pattern'"),
+              std::string::npos);
     EXPECT_EQ(error("{" + m + R"(, "format": ""})"), "");
     EXPECT_NE(error("{" + m + R"(, "tools": [{"type": "function"}]})").find("'tools'"), std::string::npos);
     EXPECT_EQ(error("{" + m + R"(, "tools": []})"), "");
@@ -275,10 +279,11 @@ TEST_F(OllamaServer, ErrorsAreOllamaShaped) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 404);
     EXPECT_EQ(json::parse(r->body), json({{"error", "model 'llama3:8b' not found"}}));
-    r = post(c, "/api/chat", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"format", "json"}});
+    r = post(c, "/api/chat",
+             {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", {{{"type", "function"}}}}});
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400);
-    EXPECT_NE(json::parse(r->body)["error"].get<std::string>().find("'format'"), std::string::npos);
+    EXPECT_NE(json::parse(r->body)["error"].get<std::string>().find("'tools'"), std::string::npos);
     // A prompt longer than the slot's context: 400 naming both numbers, as on OpenAI's endpoints.
     std::string long_prompt;
     for (int i = 0; i < 200; ++i) long_prompt += "Once upon a time. ";

@@ -253,15 +253,16 @@ inline std::string completion_text(httplib::Client &c, const json &body, std::st
     return j["choices"][0]["text"].get<std::string>();
 }
 
-// Streams every request body at once ("stream" is set); once each stream has sent its first bytes and
-// `settle` has passed, calls `fault`. Returns the raw SSE bodies once all have ended, and the seconds from
-// the fault to the last end.
+// Streams every request body to `path` at once ("stream" is set); once each stream has sent its first bytes
+// and `settle` has passed, calls `fault`. Returns the raw SSE bodies once all have ended, and the seconds
+// from the fault to the last end.
 struct Streamed {
     std::vector<std::string> bodies;
     double seconds_after_fault = 0.0;
 };
 inline Streamed streams_through(const TestServer &s, const std::vector<json> &requests,
-                                const std::function<void()> &fault, std::chrono::milliseconds settle = 0ms) {
+                                const std::function<void()> &fault, std::chrono::milliseconds settle = 0ms,
+                                const std::string &path = "/v1/completions") {
     std::atomic<int> n_flowing{0};
     Streamed out;
     out.bodies.resize(requests.size());
@@ -271,7 +272,7 @@ inline Streamed streams_through(const TestServer &s, const std::vector<json> &re
             auto cc = s.client();
             httplib::Request req;
             req.method = "POST";
-            req.path = "/v1/completions";
+            req.path = path;
             req.headers = {{"Content-Type", "application/json"}};
             json body = requests[i];
             body["stream"] = true;

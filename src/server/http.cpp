@@ -187,6 +187,7 @@ std::shared_ptr<RequestStream> HttpServer::Impl::start_generation(const HttpRequ
     job.n_logprobs = r.n_logprobs;
     job.stop.insert(job.stop.end(), r.stop.begin(), r.stop.end());
     job.cache_prompt = r.cache_prompt;
+    job.schema = r.schema;
 
     auto submitted = be.scheduler->submit(std::move(job));
     if (!submitted.ok()) {

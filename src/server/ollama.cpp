@@ -32,8 +32,15 @@ Status parse_common(const json &j, ApiRequest &r) {
     r.stream = true;  // Ollama streams unless told not to
     TD_TRY(get_bool(j, "stream", r.stream));
     if (const json *v = field(j, "format");
-        v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
-        return invalid_input("'format' (structured output) is not supported yet");
+        v != nullptr && !(v->is_string() && v->get<std::string>().empty())) {
+        if (v->is_string() && v->get<std::string>() == "json") {
+            r.schema = JsonSchema::any_object();
+        } else if (v->is_object()) {
+            TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(v->dump()));
+        } else {
+            return invalid_input("'format' must be \"json\" or a JSON schema object");
+        }
+    }
     if (const json *v = field(j, "tools"); v != nullptr && !(v->is_array() && v->empty()))
         return invalid_input("'tools' are not supported yet");
 

@@ -70,6 +70,24 @@ Status parse_common(const json &j, ApiRequest &r) {
 
     TD_TRY(get_bool(j, "stream", r.stream));
     TD_TRY(get_bool(j, "cache_prompt", r.cache_prompt));
+    if (const json *rf = field(j, "response_format")) {
+        const json *type = rf->is_object() ? field(*rf, "type") : nullptr;
+        if (type == nullptr || !type->is_string())
+            return invalid_input("'response_format' must be an object with a 'type'");
+        const std::string t = type->get<std::string>();
+        if (t == "json_object") {
+            r.schema = JsonSchema::any_object();
+        } else if (t == "json_schema") {
+            const json *js = field(*rf, "json_schema");
+            const json *schema = js != nullptr && js->is_object() ? field(*js, "schema") : nullptr;
+            if (schema == nullptr)
+                return invalid_input("'response_format.json_schema.schema' is required for type json_schema");
+            TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(schema->dump()));
+        } else if (t != "text") {
+            return invalid_input("'response_format.type' must be text, json_object or json_schema, got '{}'",
+                                 t);
+        }
+    }
     if (const json *v = field(j, "stream_options")) {
         if (!v->is_object())
             return invalid_input("'stream_options' must be an object, got {}", type_name(*v));

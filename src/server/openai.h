@@ -20,15 +20,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/status.h"
-#include "text/chat-template.h"
 #include "model/sampler.h"
 #include "server/scheduler.h"
+#include "text/chat-template.h"
+#include "text/json-schema.h"
 
 namespace td::server {
 
@@ -48,6 +50,7 @@ struct ApiRequest {
     bool include_usage = false;
     int32_t n_logprobs = -1;  // -1: no logprobs
     bool cache_prompt = true;  // llama-server's cache_prompt: false computes the whole prompt again
+    std::shared_ptr<const JsonSchema> schema;  // response_format json_object / json_schema; null: text
 };
 
 // Parses and validates a request body. Errors are invalid_input with a message for the client:

@@ -1,6 +1,8 @@
 #include "server/scheduler.h"
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -83,6 +85,8 @@ struct Scheduler::Slot {
     std::unique_ptr<Detokenizer> detok;
     std::unique_ptr<StopStringMatcher> stop;
     std::vector<TokenLogprob> pending_lp;
+    std::optional<JsonMatcher> matcher;  // structured output: where the reply is in its document
+    std::unique_ptr<Sampler> sampler;    // structured output: the request's own sampler
 
     bool active() const { return stream != nullptr; }
     bool live() const { return active() && !ended; }
@@ -238,14 +242,15 @@ void Scheduler::admit() {
         queue_.pop_front();
         Slot &slot = *best;
         const int32_t keep = static_cast<int32_t>(best_k);
-        const bool want_logits = job.job.n_logprobs >= 0;
+        const bool want_logits = engine_logits(job.job);
         // A random seed is drawn here, not by the engine's sampler, so a stream resumed after a lost node
         // continues with the same draws (seq_start with the tokens sampled so far).
         if (job.job.sampling.seed == SamplerParams::seed_random && job.job.sampling.temperature > 0.0f)
             job.job.sampling.seed = Sampler(job.job.sampling, 1).seed();
         // A ClusterEngine that failed reconnects here (seq_start), so the first request after a worker came
         // back pays for the reconnect.
-        if (Status s = engine_.seq_start(slot.seq, job.job.sampling, want_logits, {}, keep); !s.ok()) {
+        if (Status s = engine_.seq_start(slot.seq, engine_sampling(job.job), want_logits, {}, keep);
+            !s.ok()) {
             StreamEvent ev;
             ev.kind = StreamEvent::Kind::error;
             ev.error = s;
@@ -279,6 +284,20 @@ void Scheduler::admit() {
         slot.detok = std::make_unique<Detokenizer>(tokenizer_, Detokenizer::Start::continuation);
         slot.stop = std::make_unique<StopStringMatcher>(slot.job.stop);
         slot.pending_lp.clear();
+        slot.matcher.reset();
+        slot.sampler.reset();
+        if (slot.job.schema) {
+            if (!json_filter_) {
+                std::vector<std::string> pieces(static_cast<size_t>(engine_.n_vocab()));
+                const Vocab &vocab = tokenizer_.vocab();
+                for (int32_t id = 0; id < engine_.n_vocab() && id < vocab.n_tokens(); ++id)
+                    if (!vocab.is_control(id) && !vocab.is_eog(id))
+                        pieces[static_cast<size_t>(id)] = tokenizer_.token_to_piece(id);
+                json_filter_ = std::make_unique<JsonTokenFilter>(pieces);
+            }
+            slot.matcher.emplace(slot.job.schema);
+            slot.sampler = std::make_unique<Sampler>(slot.job.sampling, engine_.n_vocab());
+        }
         stats_.n_active++;
         stats_.n_prompt_cached += keep;
     }
@@ -492,9 +511,43 @@ bool Scheduler::resume_slots() {
     return any;
 }
 
+SamplerParams Scheduler::engine_sampling(const GenerationJob &job) const {
+    if (!job.schema) return job.sampling;
+    SamplerParams greedy;  // the engine's draw is not used: the cheapest one
+    greedy.temperature = 0.0f;
+    greedy.repeat_penalty = 1.0f;
+    greedy.presence_penalty = 0.0f;
+    greedy.frequency_penalty = 0.0f;
+    return greedy;
+}
+
+int32_t Scheduler::sample_constrained(Slot &slot, const StepOutput &out) {
+    if (static_cast<int32_t>(out.logits.size()) != engine_.n_vocab()) {
+        fail(slot,
+             make_error(ErrorKind::failed, "the engine returned no logits for a structured-output request"));
+        return -1;
+    }
+    if (json_filter_->allowed(*slot.matcher, allowed_) == 0) {
+        fail(slot, make_error(ErrorKind::failed,
+                              "no token of the vocabulary continues the JSON document here (after {} tokens)",
+                              slot.n_generated - 1));
+        return -1;
+    }
+    masked_.assign(out.logits.begin(), out.logits.end());
+    for (size_t i = 0; i < masked_.size(); ++i)
+        if (!allowed_[i]) masked_[i] = -std::numeric_limits<float>::infinity();
+    const int32_t token = slot.sampler->sample(masked_.data());
+    slot.sampler->accept(token);
+    const bool ok = slot.matcher->feed(tokenizer_.token_to_piece(token));
+    TD_ASSERT(ok, "token {} was allowed but the JSON matcher refused it", token);
+    return token;
+}
+
 Status Scheduler::restart(Slot &slot) {
     // The sampler continues where the old one stopped: a seeded stream makes the draws it would have.
-    TD_TRY(engine_.seq_start(slot.seq, slot.job.sampling, slot.job.n_logprobs >= 0, slot.tokens));
+    TD_TRY(engine_.seq_start(
+        slot.seq, engine_sampling(slot.job), engine_logits(slot.job),
+        slot.job.schema ? std::span<const int32_t>() : std::span<const int32_t>(slot.tokens)));
     // The prompt and every token generated so far, as one prompt: the token sampled after it is the stream's
     // next one. The detokenizer and stop matcher keep their state: nothing is sent twice.
     slot.job.prompt.resize(static_cast<size_t>(slot.n_prompt));
@@ -681,7 +734,8 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
         stats_.ttft_count++;
     }
     slot.n_generated++;
-    const int32_t token = out.token;
+    const int32_t token = slot.matcher ? sample_constrained(slot, out) : out.token;
+    if (token < 0) return;  // failed: no token continues the document
     slot.tokens.push_back(token);
     const Vocab &vocab = tokenizer_.vocab();
     if (!vocab.is_valid(token)) {
@@ -703,7 +757,8 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
         slot.pending_lp.push_back(std::move(lp));
     }
     std::string text = slot.stop->push(slot.detok->push(token));
-    const bool stopped = slot.stop->stopped();
+    // A structured reply ends when its document closes.
+    const bool stopped = slot.stop->stopped() || (slot.matcher && slot.matcher->complete());
     const bool at_limit = slot.n_generated >= slot.limit;
     if (at_limit && !stopped) text += slot.stop->push(slot.detok->flush()) + slot.stop->flush();
     if (!text.empty() || !slot.pending_lp.empty()) {

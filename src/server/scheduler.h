@@ -25,6 +25,11 @@
 // submitted; the others keep running and new requests are served again once the engine works (a
 // ClusterEngine reconnects on the next seq_start).
 //
+// Structured output: a request with a schema asks the engine for its logits (the engine samples greedily
+// and its token is not used); the engine thread masks the logits with the schema's allowed tokens and draws
+// with the request's own sampler, so a seeded request gives the same document on any engine, and a resumed
+// one continues it (the matcher and the sampler live in the slot, not in the engine).
+//
 // Prefix cache (llama-server's prompt cache): a slot keeps the KV of its last request when it is freed. A new
 // request goes to the free slot whose cached tokens share the longest prefix with its prompt and computes
 // only the rest (engine seq_start with keep); the least recently freed slot otherwise. Idle caches count in
@@ -57,6 +62,7 @@
 #include "core/status.h"
 #include "model/engine.h"
 #include "model/sampler.h"
+#include "text/json-schema.h"
 #include "text/tokenizer.h"
 
 namespace td::server {
@@ -69,6 +75,9 @@ struct GenerationJob {
     std::vector<std::string> stop;  // the reply ends before the first of these texts (empty ones ignored)
     int32_t n_logprobs = -1;  // -1: no logprobs; 0..20: the sampled token's logprob + that many top ones
     bool cache_prompt = true;  // reuse a slot's cached prefix of this prompt (llama-server's cache_prompt)
+    // Structured output: the reply is a JSON document this schema accepts (constrained sampling: only tokens
+    // that keep it possible are drawn, and the reply ends when the document closes). Null: free text.
+    std::shared_ptr<const JsonSchema> schema;
 };
 
 enum class FinishReason { stop, length, cancelled, error };
@@ -238,6 +247,15 @@ private:
     // Clears the least recently used idle slot's cached prompt (not `except`); false when none holds one.
     bool evict_idle(const Slot *except);
     void resume_preempted();  // engine thread, without mu_
+    // What the engine samples with for a slot: the request's parameters, or greedy with logits for a request
+    // that the scheduler samples itself (structured output).
+    SamplerParams engine_sampling(const GenerationJob &job) const;
+    bool engine_logits(const GenerationJob &job) const {
+        return job.n_logprobs >= 0 || job.schema != nullptr;
+    }
+    // Structured output: the token the request's own sampler draws from the masked logits; -1 (and the slot
+    // failed) when no token of the vocabulary continues the document.
+    int32_t sample_constrained(Slot &slot, const StepOutput &out);
     void run_probe(bool idle);
     void refresh_info();  // engine thread, without mu_
     void on_token(Slot &slot, const StepOutput &out);
@@ -253,6 +271,9 @@ private:
     int32_t n_slots_ = 0;
     int32_t depth_ = 1;   // steps kept in flight
     Sampler lp_sampler_;  // only for its const logprob helpers
+    std::unique_ptr<JsonTokenFilter> json_filter_;  // built at the first structured-output request
+    std::vector<uint8_t> allowed_;                  // [n_vocab] scratch of sample_constrained
+    std::vector<float> masked_;                     // [n_vocab] scratch of sample_constrained
 
     // Engine-thread state.
     std::vector<Slot> slots_;         // [n_slots]

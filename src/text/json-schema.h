@@ -1,0 +1,94 @@
+// Structured output: a JSON Schema (a subset) compiled into a matcher that says, byte by byte, whether a text
+// can still become a JSON document the schema accepts, and from it which tokens of a vocabulary may come
+// next (the allowed-token mask of constrained sampling). Knows nothing about the server or sampling.
+//
+// The subset (what structured-output clients send): type object (properties, required, additionalProperties
+// false or absent: only the listed properties are generated), array (items, minItems, maxItems), string
+// (enum, minLength, maxLength), integer, number, boolean, null, enum and const of strings, numbers, booleans
+// or null, a list of types ("type": ["string", "null"]), and the annotations that change nothing (title,
+// description, $schema, default, examples). Anything else (pattern, format, anyOf, $ref, ...) is refused by
+// compile with the keyword named, never silently ignored. An empty schema or "json_object" is any JSON
+// object.
+//
+// What the matcher lets through is valid JSON for the schema: properties in any order, each at most once, the
+// required ones before the object closes; up to 4 whitespace characters between tokens; numbers of at most 16
+// digits before and after the point. A document is complete once its top-level value is closed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace td {
+
+struct JsonSchemaNode;
+
+class JsonSchema {
+public:
+    // schema_json: the schema as JSON text. Errors (invalid_input) name the keyword: "json_schema: 'pattern'
+    // is not supported", "json_schema: 'required' names 'x', which is not in 'properties'".
+    static Result<std::shared_ptr<const JsonSchema>> compile(std::string_view schema_json);
+    // Any JSON object (OpenAI's response_format json_object).
+    static std::shared_ptr<const JsonSchema> any_object();
+    ~JsonSchema();
+    const JsonSchemaNode &root() const { return *root_; }
+
+private:
+    JsonSchema() = default;
+    std::vector<std::unique_ptr<JsonSchemaNode>> nodes_;
+    const JsonSchemaNode *root_ = nullptr;
+    friend struct JsonSchemaBuilder;
+};
+
+// The incremental matcher. Copyable and small (a fixed stack): the mask tries each token on a copy.
+class JsonMatcher {
+public:
+    explicit JsonMatcher(std::shared_ptr<const JsonSchema> schema);
+    // Feeds one byte; false (and the matcher unchanged in meaning: do not use it further) when no document
+    // the schema accepts continues this way.
+    bool feed(uint8_t c);
+    bool feed(std::string_view bytes);
+    // The top-level value is closed: nothing more may follow (the generation ends).
+    bool complete() const { return depth_ == 0 && started_; }
+
+    static constexpr int kMaxDepth = 24;
+
+private:
+    struct Frame {
+        const JsonSchemaNode *node = nullptr;  // nullptr: any JSON value
+        uint8_t kind = 0;                      // what this frame parses (Kind in the .cpp)
+        uint8_t state = 0;                     // where it is in it
+        uint16_t count = 0;                    // array items, string bytes, number digits, literal position
+        uint32_t seen = 0;  // object: properties emitted (bit i: property i); key/enum: candidates left
+        int32_t prop = -1;  // object: the property whose value is being read
+    };
+    bool push(const JsonSchemaNode *node, uint8_t kind);
+    bool start_value(const JsonSchemaNode *node, uint8_t c);
+    bool value_done();  // the top frame's value is complete: pop it and tell the parent
+
+    std::shared_ptr<const JsonSchema> schema_;
+    Frame stack_[kMaxDepth];
+    int depth_ = 0;
+    bool started_ = false;
+    uint8_t ws_run_ = 0;  // whitespace bytes in a row
+};
+
+// The tokens a matcher allows next, for a vocabulary given as each token's bytes (pieces): computed once per
+// vocabulary for the first-byte index, then per step by trying each token whose first byte the matcher
+// accepts on a copy of it.
+class JsonTokenFilter {
+public:
+    explicit JsonTokenFilter(const std::vector<std::string> &pieces);  // [n_vocab]; "" = never allowed
+    // allowed[id] = 1 when the matcher accepts all of token id's bytes; returns how many are allowed.
+    size_t allowed(const JsonMatcher &m, std::vector<uint8_t> &allowed) const;
+
+private:
+    std::vector<std::string> pieces_;
+    std::vector<std::vector<int32_t>> by_first_;  // [256] token ids by first byte
+};
+
+}  // namespace td
