@@ -128,26 +128,6 @@ TEST_F(ServerCluster, AWorkerAnsweringGarbageEndsStreamsAndServingResumes) {
     EXPECT_TRUE(s.workers().second().running());
 }
 
-// Streams of `requests` when `fault` strikes (200 ms after they began: some tokens out, most to come): each
-// continues with exactly the text and finish reason it has undisturbed (asked first, one at a time).
-void expect_streams_continue(TestServer &s, const std::vector<json> &requests,
-                             const std::function<void()> &fault) {
-    auto c = s.client();
-    std::vector<std::string> expected, expected_finish(requests.size());
-    for (size_t i = 0; i < requests.size(); ++i)
-        expected.push_back(completion_text(c, requests[i], &expected_finish[i]));
-    const Streamed st = streams_through(s, requests, fault, 200ms);
-    for (size_t i = 0; i < requests.size(); ++i) {
-        SCOPED_TRACE(requests[i].dump());
-        bool done = false;
-        const auto events = parse_sse(st.bodies[i], &done);
-        EXPECT_TRUE(done);
-        std::string finish;
-        EXPECT_EQ(stream_text(events, &finish), expected[i]);
-        EXPECT_EQ(finish, expected_finish[i]);
-    }
-}
-
 // Streams that must continue across a fault exactly as undisturbed: greedy, and seeded with a repeat penalty
 // (the resumed sampler skips the draws it made and holds the tokens the penalty sees). 80 tokens at 20 ms a
 // step: the fault lands mid-stream.

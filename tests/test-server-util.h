@@ -298,6 +298,25 @@ inline Streamed streams_through(const TestServer &s, const std::vector<json> &re
     return out;
 }
 
+// Streams of `requests` when `fault` strikes (`settle` after they began: some tokens out, most to come): each
+// continues with exactly the text and finish reason it has undisturbed (asked first, one at a time).
+inline void expect_streams_continue(TestServer &s, const std::vector<json> &requests, const std::function<void()> &fault,
+                                    std::chrono::milliseconds settle = 200ms) {
+    auto c = s.client();
+    std::vector<std::string> expected, expected_finish(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) expected.push_back(completion_text(c, requests[i], &expected_finish[i]));
+    const Streamed st = streams_through(s, requests, fault, settle);
+    for (size_t i = 0; i < requests.size(); ++i) {
+        SCOPED_TRACE(requests[i].dump());
+        bool done = false;
+        const auto events = parse_sse(st.bodies[i], &done);
+        EXPECT_TRUE(done);
+        std::string finish;
+        EXPECT_EQ(stream_text(events, &finish), expected[i]);
+        EXPECT_EQ(finish, expected_finish[i]);
+    }
+}
+
 inline int64_t metric(const std::string &text, const std::string &name) {
     size_t pos = text.find("\n" + name + " ");
     if (pos == std::string::npos) return -1;

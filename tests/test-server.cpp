@@ -672,20 +672,7 @@ TEST_P(ServerTest, ResumedStreamsContinueWithTheUndisturbedText) {
          {"temperature", 0.9},
          {"seed", 7},
          {"repeat_penalty", 1.3}}};
-    std::vector<std::string> expected, expected_finish(requests.size());
-    for (size_t i = 0; i < requests.size(); ++i)
-        expected.push_back(completion_text(c, requests[i], &expected_finish[i]));
-    const Streamed st = streams_through(
-        s, requests, [&] { fail_steps = 1; }, std::chrono::milliseconds(150));
-    for (size_t i = 0; i < requests.size(); ++i) {
-        SCOPED_TRACE(requests[i].dump());
-        bool done = false;
-        const auto events = parse_sse(st.bodies[i], &done);
-        EXPECT_TRUE(done);
-        std::string finish;
-        EXPECT_EQ(stream_text(events, &finish), expected[i]);
-        EXPECT_EQ(finish, expected_finish[i]);
-    }
+    expect_streams_continue(s, requests, [&] { fail_steps = 1; }, std::chrono::milliseconds(150));
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
     EXPECT_GE(metric(m->body, "tandem_resumed_requests_total"), 1) << m->body;

@@ -88,6 +88,25 @@ Status get_strings(const json &obj, const char *key, size_t max, std::vector<std
     return {};
 }
 
+Status get_messages(const json &obj, std::vector<ChatMessage> &out,
+                    const std::function<Status(const json &, size_t, ChatMessage &)> &content) {
+    const json *msgs = field(obj, "messages");
+    if (msgs == nullptr) return invalid_input("'messages' is required");
+    if (!msgs->is_array()) return invalid_input("'messages' must be an array, got {}", type_name(*msgs));
+    if (msgs->empty()) return invalid_input("'messages' must hold at least one message");
+    for (size_t i = 0; i < msgs->size(); ++i) {
+        const json &m = (*msgs)[i];
+        if (!m.is_object()) return invalid_input("'messages[{}]' must be an object, got {}", i, type_name(m));
+        const json *role = field(m, "role");
+        if (role == nullptr || !role->is_string()) return invalid_input("'messages[{}].role' must be a string", i);
+        ChatMessage cm;
+        cm.role = role->get<std::string>();
+        TD_TRY(content(m, i, cm));
+        out.push_back(std::move(cm));
+    }
+    return {};
+}
+
 Result<json> parse_object(std::string_view body) {
     json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return invalid_input("the request body is not valid JSON");

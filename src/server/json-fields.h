@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/status.h"
+#include "text/chat-template.h"
 
 namespace td::server {
 
@@ -26,6 +28,10 @@ Status get_int(const nlohmann::json &obj, const char *key, int64_t &out, bool &p
 Status get_bool(const nlohmann::json &obj, const char *key, bool &out);
 // A string or an array of at most `max` strings, appended to `out`.
 Status get_strings(const nlohmann::json &obj, const char *key, size_t max, std::vector<std::string> &out);
+// 'messages': a non-empty array of objects, each with a string 'role'; `content` reads the rest of message i
+// (its content, what the API allows beside it) into the ChatMessage whose role is set.
+Status get_messages(const nlohmann::json &obj, std::vector<ChatMessage> &out,
+                    const std::function<Status(const nlohmann::json &, size_t, ChatMessage &)> &content);
 // The body as a JSON object: "the request body is not valid JSON", "... must be a JSON object, got ...".
 Result<nlohmann::json> parse_object(std::string_view body);
 

@@ -127,27 +127,15 @@ Result<ApiRequest> parse_ollama_chat(std::string_view body) {
     ApiRequest r;
     r.kind = ApiKind::chat;
     TD_TRY(parse_common(j, r));
-    const json *msgs = field(j, "messages");
-    if (msgs == nullptr) return invalid_input("'messages' is required");
-    if (!msgs->is_array()) return invalid_input("'messages' must be an array, got {}", type_name(*msgs));
-    if (msgs->empty()) return invalid_input("'messages' must hold at least one message");
-    for (size_t i = 0; i < msgs->size(); ++i) {
-        const json &m = (*msgs)[i];
-        if (!m.is_object()) return invalid_input("'messages[{}]' must be an object, got {}", i, type_name(m));
-        const json *role = field(m, "role");
-        if (role == nullptr || !role->is_string())
-            return invalid_input("'messages[{}].role' must be a string", i);
+    TD_TRY(get_messages(j, r.messages, [](const json &m, size_t i, ChatMessage &cm) -> Status {
         TD_TRY(refuse_images(m, fmt::format("messages[{}].", i)));
-        ChatMessage cm;
-        cm.role = role->get<std::string>();
         if (const json *content = field(m, "content")) {
             if (!content->is_string())
-                return invalid_input("'messages[{}].content' must be a string, got {}", i,
-                                     type_name(*content));
+                return invalid_input("'messages[{}].content' must be a string, got {}", i, type_name(*content));
             cm.content = content->get<std::string>();
         }
-        r.messages.push_back(std::move(cm));
-    }
+        return {};
+    }));
     return r;
 }
 

@@ -187,22 +187,10 @@ Result<ApiRequest> parse_chat_request(std::string_view body) {
     ApiRequest r;
     r.kind = ApiKind::chat;
     TD_TRY(parse_common(j, r));
-    const json *msgs = field(j, "messages");
-    if (msgs == nullptr) return invalid_input("'messages' is required");
-    if (!msgs->is_array()) return invalid_input("'messages' must be an array, got {}", type_name(*msgs));
-    if (msgs->empty()) return invalid_input("'messages' must hold at least one message");
-    for (size_t i = 0; i < msgs->size(); ++i) {
-        const json &m = (*msgs)[i];
-        if (!m.is_object()) return invalid_input("'messages[{}]' must be an object, got {}", i, type_name(m));
-        const json *role = field(m, "role");
-        if (role == nullptr || !role->is_string())
-            return invalid_input("'messages[{}].role' must be a string", i);
-        ChatMessage cm;
-        cm.role = role->get<std::string>();
+    TD_TRY(get_messages(j, r.messages, [](const json &m, size_t i, ChatMessage &cm) -> Status {
         auto content = m.find("content");
-        if (content != m.end()) TD_TRY(parse_content(*content, i, cm.content));
-        r.messages.push_back(std::move(cm));
-    }
+        return content != m.end() ? parse_content(*content, i, cm.content) : Status();
+    }));
     bool want_lp = false;
     TD_TRY(get_bool(j, "logprobs", want_lp));
     int64_t top = 0;
