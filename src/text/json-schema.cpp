@@ -85,10 +85,12 @@ struct JsonSchemaBuilder {
                                             "maxLength",   "enum",       "const",    "title",
                                             "description", "$schema",    "default",  "examples",
                                             "strict"};
-        for (const auto &[key, v] : j.items())
+        for (const auto &item : j.items()) {
+            const std::string &key = item.key();
             if (std::find_if(std::begin(known), std::end(known), [&](const char *k) { return key == k; }) ==
                 std::end(known))
                 return invalid_input("json_schema: '{}' ({}) is not supported", key, where);
+        }
         if (auto t = j.find("type"); t != j.end()) {
             n->types = 0;
             const auto add = [&](const json &name) -> Status {
