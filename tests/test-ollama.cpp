@@ -89,8 +89,19 @@ TEST(OllamaParse, WhatIsNotSupportedIsNamed) {
                   .find("'pattern'"),
               std::string::npos);
     EXPECT_EQ(error("{" + m + R"(, "format": ""})"), "");
-    EXPECT_NE(error("{" + m + R"(, "tools": [{"type": "function"}]})").find("'tools'"), std::string::npos);
+    EXPECT_NE(error("{" + m + R"(, "tools": [{"type": "function"}]})").find("'tools[0].function'"),
+              std::string::npos);
     EXPECT_EQ(error("{" + m + R"(, "tools": []})"), "");
+    EXPECT_EQ(error("{" + m + R"(, "tools": [{"type": "function", "function": {"name": "f"}}]})"), "");
+    // Tool calls (arguments an object, as Ollama sends them) and results.
+    auto chat = parse_ollama_chat(R"({"messages": [{"role": "user", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "content": "2", "tool_name": "f"}]})");
+    ASSERT_TRUE(chat.ok()) << chat.status().message();
+    ASSERT_EQ(chat->messages[1].tool_calls.size(), 1u);
+    EXPECT_EQ(chat->messages[1].tool_calls[0].name, "f");
+    EXPECT_EQ(chat->messages[1].tool_calls[0].arguments, R"({"a":1})");
+    EXPECT_EQ(chat->messages[2].name, "f");
     EXPECT_NE(error(R"({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})").find("images"),
               std::string::npos);
     EXPECT_NE(error("{" + m + R"(, "options": {"mirostat": 2}})").find("'options.mirostat'"),
@@ -283,7 +294,8 @@ TEST_F(OllamaServer, ErrorsAreOllamaShaped) {
              {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"tools", {{{"type", "function"}}}}});
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400);
-    EXPECT_NE(json::parse(r->body)["error"].get<std::string>().find("'tools'"), std::string::npos);
+    EXPECT_NE(json::parse(r->body)["error"].get<std::string>().find("'tools[0].function'"),
+              std::string::npos);
     // A prompt longer than the slot's context: 400 naming both numbers, as on OpenAI's endpoints.
     std::string long_prompt;
     for (int i = 0; i < 200; ++i) long_prompt += "Once upon a time. ";

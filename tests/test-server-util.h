@@ -74,6 +74,8 @@ struct ServerOptions {
     bool relay_second = false;  // cluster backends: the second worker behind a relay (TwoWorkers)
     std::string spares;         // cluster backends: ClusterOptions::spares
     bool replan = false;        // cluster backends: ClusterOptions::replan (placement by speed, not --layers)
+    std::string model_path;     // "" = stories260K from ../shared
+    std::string chat_template;  // ServeParams::chat_template
 };
 
 // Two `tandem worker`s with their own weight caches; stories260K's 5 layers split 0-1 | 2-4. With
@@ -134,7 +136,8 @@ class TestServer {
 public:
     explicit TestServer(const ServerOptions &o = {}) {
         ServeParams sp;
-        sp.model_path = test::shared_path(k_model);
+        sp.model_path = o.model_path.empty() ? test::shared_path(k_model) : o.model_path;
+        sp.chat_template = o.chat_template;
         sp.n_parallel = o.n_parallel;
         sp.n_ctx = o.kv_pool > 0 ? o.kv_pool : o.n_ctx_slot * o.n_parallel;
         sp.n_ctx_per_seq = o.n_ctx_slot;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "cli/common.h"
-#include "text/chat-template.h"
+#include "text/chat-formatter.h"
 #include "text/detokenizer.h"
 
 namespace td::cli {
@@ -23,14 +23,14 @@ struct TurnStats {
 class ChatSession {
 public:
     ChatSession(Engine &engine, const Tokenizer &tokenizer, const SamplerParams &sampling,
-                ChatTemplateKind kind, const ChatReplParams &params)
+                const ChatFormatter &chat, const ChatReplParams &params)
         : engine_(engine),
           tokenizer_(tokenizer),
           vocab_(tokenizer.vocab()),
           sampling_(sampling),
-          kind_(kind),
+          chat_(chat),
           params_(params) {
-        for (std::string_view s : chat_template_stop_strings(kind)) stops_.emplace_back(s);
+        stops_ = chat.stop_strings();
     }
 
     // Starts a new conversation: empty cache, fresh sampler (the same seed repeats the same replies).
@@ -47,7 +47,12 @@ public:
     Result<TurnStats> turn(const std::string &user, std::FILE *out) {
         TurnStats st;
         messages_.push_back({"user", user});
-        const std::string full = chat_apply(kind_, messages_, /*add_assistant_prompt=*/true);
+        auto rendered = chat_.apply(messages_, nlohmann::json(), /*add_generation_prompt=*/true);
+        if (!rendered.ok()) {
+            messages_.pop_back();
+            return rendered.status();
+        }
+        const std::string full = std::move(rendered).value();
 
         // The tokens to decode after the first n_keep tokens of the cache.
         std::vector<int32_t> fresh;
@@ -163,7 +168,7 @@ private:
     const Tokenizer &tokenizer_;
     const Vocab &vocab_;
     SamplerParams sampling_;
-    ChatTemplateKind kind_;
+    const ChatFormatter &chat_;
     ChatReplParams params_;
     std::vector<std::string> stops_;
 
@@ -197,15 +202,14 @@ std::string_view trim_view(std::string_view s) {
 
 int chat_repl(Engine &engine, const gguf::File &file, const Tokenizer &tokenizer,
               const SamplerParams &sampling, const ChatReplParams &params, std::FILE *in, std::FILE *out) {
-    auto choice = chat_template_for_model(file, params.template_name);
-    if (!choice.ok()) return fail(choice.status());
-    const std::string name(chat_template_name(choice->kind));
-    std::fprintf(stderr, "tandem: chat template %s (%s)\n", name.c_str(), choice->reason.c_str());
+    auto chat = ChatFormatter::for_model(file, tokenizer.vocab(), params.template_name);
+    if (!chat.ok()) return fail(chat.status());
+    std::fprintf(stderr, "tandem: chat template %s (%s)\n", chat->name().c_str(), chat->reason().c_str());
     std::fprintf(stderr,
                  "tandem: type a message and Enter ('\\' at the end continues the line); /reset starts "
                  "over, /exit or Ctrl-D ends\n");
 
-    ChatSession session(engine, tokenizer, sampling, choice->kind, params);
+    ChatSession session(engine, tokenizer, sampling, *chat, params);
     if (Status s = session.reset(); !s.ok()) return fail(s);
     int32_t n_turn = 0;
     std::string line, message;

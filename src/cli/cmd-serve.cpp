@@ -157,8 +157,8 @@ int serve_main(const ServeOptions &opt) {
                                   : fmt::format("{} threads", (*model)->n_threads());
     std::fprintf(stderr, "tandem serve: model '%s' ready: %d slots of %d positions, %s, chat template %s%s\n",
                  hp.model_id.c_str(), opt.n_parallel, (*model)->n_ctx_slot(), where.c_str(),
-                 std::string(chat_template_name((*model)->chat_template().kind)).c_str(),
-                 (*model)->chat_template().fallback ? " (fallback)" : "");
+                 (*model)->chat_template().name().c_str(),
+                 (*model)->chat_template().fallback() ? " (fallback)" : "");
     std::fflush(stderr);
 
     listener.join();
@@ -220,7 +220,10 @@ void register_serve(CLI::App &app, Runners &runners) {
     cmd->add_option("--ssl-key,--ssl-key-file", opt->ssl_key, "The PEM private key of --ssl-cert");
     cmd->add_option("--alias", opt->alias, "Model id in the API (default: the file name without .gguf)");
     cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
-    cmd->add_option("--chat-template", opt->chat_template, "Chat template name (default: the model's)");
+    cmd->add_option(
+        "--chat-template", opt->chat_template,
+        "Chat template: a family name (chatml, llama3, ...) or a .jinja file (default: the model's own "
+        "Jinja template)");
     cmd->add_option("--micro-batches", opt->n_micro_batches,
                     "Steps kept in flight through a pipeline (0: one per worker)")
         ->default_val(0);

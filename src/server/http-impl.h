@@ -92,6 +92,7 @@ struct HttpServer::Impl {
     void handle_metrics(HttpResponse &res);
     void handle_tokenize(const HttpRequest &req, HttpResponse &res);
     void handle_detokenize(const HttpRequest &req, HttpResponse &res);
+    void handle_apply_template(const HttpRequest &req, HttpResponse &res);
     void handle_generate(const HttpRequest &req, HttpResponse &res, ApiKind kind);
 };
 

@@ -37,13 +37,36 @@ class NdjsonFormat : public StreamFormat {
 public:
     NdjsonFormat(ApiKind kind, std::string model, Clock::time_point t0)
         : kind_(kind), model_(std::move(model)), t0_(t0) {}
+    // Tool calls (chat with tools): text that is or may become a call is held back and sent, parsed, in a
+    // message.tool_calls line before the last one (as Ollama does); the rest streams as content.
+    void enable_tool_calls(bool parallel) {
+        tools_ = true;
+        parallel_ = parallel;
+    }
     std::string delta(const StreamEvent &ev) override {
         if (ev.text.empty()) return "";
         if (t_first_ == Clock::time_point{}) t_first_ = Clock::now();
-        return line(ollama_chunk(kind_, model_, ev.text));
+        if (!tools_) return line(ollama_chunk(kind_, model_, ev.text));
+        reply_ += ev.text;
+        const size_t hold = std::max(tool_call_holdback(reply_), sent_);
+        const std::string show = reply_.substr(sent_, hold - sent_);
+        sent_ = hold;
+        return show.empty() ? "" : line(ollama_chunk(kind_, model_, show));
     }
     std::string done(const StreamEvent &ev) override {
-        return line(ollama_final(kind_, model_, "", ev.finish, stats_of(ev, t0_, t_first_)));
+        std::string out;
+        if (tools_ && sent_ < reply_.size()) {
+            ToolCallParse p = parse_tool_calls(reply_.substr(sent_));
+            if (p.calls.empty()) {
+                out += line(ollama_chunk(kind_, model_, reply_.substr(sent_)));
+            } else {
+                if (!parallel_) p.calls.resize(1);
+                json j = ollama_chunk(kind_, model_, p.content);
+                j["message"]["tool_calls"] = ollama_tool_calls(p.calls);
+                out += line(j);
+            }
+        }
+        return out + line(ollama_final(kind_, model_, "", ev.finish, stats_of(ev, t0_, t_first_)));
     }
     std::string error(const Status &status) override { return line(ollama_error(status.message())); }
 
@@ -52,6 +75,9 @@ private:
     ApiKind kind_;
     std::string model_;
     Clock::time_point t0_, t_first_{};
+    bool tools_ = false, parallel_ = true;
+    std::string reply_;  // tools: the reply so far
+    size_t sent_ = 0;    // tools: bytes of reply_ sent as content
 };
 
 }  // namespace
@@ -85,12 +111,22 @@ void HttpServer::Impl::setup_ollama() {
         if (!r.stream) {
             std::optional<Answer> a = collect(req, res, *stream, reply_ollama_error);
             if (!a) return;
-            return reply_json(
-                res, 200,
-                ollama_final(kind, model, a->text, a->done.finish, stats_of(a->done, t0, a->t_first)));
+            std::vector<ToolCall> calls;
+            if (r.uses_tools()) {
+                ToolCallParse p = parse_tool_calls(a->text);
+                if (!p.calls.empty()) {
+                    calls = std::move(p.calls);
+                    if (!r.parallel_tool_calls) calls.resize(1);
+                    a->text = std::move(p.content);
+                }
+            }
+            json j = ollama_final(kind, model, a->text, a->done.finish, stats_of(a->done, t0, a->t_first));
+            if (!calls.empty()) j["message"]["tool_calls"] = ollama_tool_calls(calls);
+            return reply_json(res, 200, j);
         }
-        stream_response(res, std::move(stream), std::make_unique<NdjsonFormat>(kind, model, t0),
-                        "application/x-ndjson", std::move(slot));
+        auto format = std::make_unique<NdjsonFormat>(kind, model, t0);
+        if (r.uses_tools()) format->enable_tool_calls(r.parallel_tool_calls);
+        stream_response(res, std::move(stream), std::move(format), "application/x-ndjson", std::move(slot));
     };
     routes["/api/chat"] = {
         "POST", [generate](const HttpRequest &req, HttpResponse &res) { generate(req, res, true); }};

@@ -43,12 +43,41 @@ public:
         if (meta_.kind != ApiKind::chat) return "";
         return sse_event(chunk_json(meta_, "", /*role_first=*/true, nullptr, -1, {}));
     }
+    // Tool calls: text that is or may become a call is held back (tool_call_holdback) and, when the reply
+    // ends, sent as delta.tool_calls chunks; the rest streams as content.
+    void enable_tool_calls(const ApiRequest &r, std::function<std::string()> new_id) {
+        tools_ = true;
+        parallel_ = r.parallel_tool_calls;
+        new_id_ = std::move(new_id);
+    }
     std::string delta(const StreamEvent &ev) override {
-        return sse_event(chunk_json(meta_, ev.text, false, nullptr, n_logprobs_, ev.logprobs));
+        if (!tools_) return sse_event(chunk_json(meta_, ev.text, false, nullptr, n_logprobs_, ev.logprobs));
+        reply_ += ev.text;
+        const size_t hold = std::max(tool_call_holdback(reply_), sent_);
+        std::string show = reply_.substr(sent_, hold - sent_);
+        sent_ = hold;
+        if (show.empty() && (n_logprobs_ < 0 || ev.logprobs.empty())) return "";
+        return sse_event(chunk_json(meta_, show, false, nullptr, n_logprobs_, ev.logprobs));
     }
     std::string done(const StreamEvent &ev) override {
         const char *finish = ev.finish == FinishReason::length ? "length" : "stop";
-        std::string tail = sse_event(chunk_json(meta_, "", false, finish, -1, {}));
+        std::string tail;
+        if (tools_ && sent_ < reply_.size()) {
+            const std::string rest = reply_.substr(sent_);
+            ToolCallParse p = parse_tool_calls(rest);
+            if (p.calls.empty()) {
+                tail += sse_event(chunk_json(meta_, rest, false, nullptr, -1, {}));
+            } else {
+                if (!p.content.empty())
+                    tail += sse_event(chunk_json(meta_, p.content, false, nullptr, -1, {}));
+                ApiRequest r;
+                r.parallel_tool_calls = parallel_;
+                tail += sse_event(
+                    tool_calls_chunk_json(meta_, finish_tool_calls(std::move(p.calls), r, new_id_)));
+                finish = "tool_calls";
+            }
+        }
+        tail += sse_event(chunk_json(meta_, "", false, finish, -1, {}));
         if (include_usage_)
             tail += sse_event(usage_chunk_json(meta_, {ev.n_prompt, ev.n_generated, ev.n_cached}));
         return tail + sse_done();
@@ -61,6 +90,11 @@ private:
     ResponseMeta meta_;
     bool include_usage_ = false;
     int32_t n_logprobs_ = -1;
+    bool tools_ = false;
+    bool parallel_ = true;
+    std::function<std::string()> new_id_;
+    std::string reply_;  // tools: the reply so far
+    size_t sent_ = 0;    // tools: bytes of reply_ sent as content
 };
 
 // One streamed response: owns the request's stream and cancels it if the response ends early for any reason
@@ -172,11 +206,16 @@ std::shared_ptr<RequestStream> HttpServer::Impl::start_generation(const HttpRequ
     if (r.kind == ApiKind::chat) {
         // BOS once at the start, the template's text with its markers parsed as control tokens
         // (chat-template.h's BOS contract).
-        const std::string text = chat_apply(be.chat_template, r.messages, /*add_assistant_prompt=*/true);
+        auto text = be.chat->apply(r.messages, r.uses_tools() ? r.tools : nlohmann::json(),
+                                   /*add_generation_prompt=*/true);
+        if (!text.ok()) {
+            err(res, 400, text.status().message());
+            return nullptr;
+        }
         if (tok.vocab().add_bos() && tok.vocab().bos() >= 0) job.prompt.push_back(tok.vocab().bos());
-        std::vector<int32_t> ids = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+        std::vector<int32_t> ids = tok.encode(*text, /*add_special=*/false, /*parse_special=*/true);
         job.prompt.insert(job.prompt.end(), ids.begin(), ids.end());
-        for (std::string_view s : chat_template_stop_strings(be.chat_template)) job.stop.emplace_back(s);
+        job.stop = be.chat->stop_strings();
     } else if (r.prompt_is_tokens) {
         job.prompt = std::move(r.prompt_tokens);
     } else {
@@ -271,14 +310,25 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
         // A client that goes away before the answer is ready cancels its request, which frees its slot.
         std::optional<Answer> a = collect(req, res, *stream, reply_error);
         if (!a) return;
+        std::vector<ToolCall> calls;
+        if (r.uses_tools()) {
+            ToolCallParse p = parse_tool_calls(a->text);
+            if (!p.calls.empty()) {
+                calls = finish_tool_calls(std::move(p.calls), r, [&] { return be.chat->new_tool_call_id(); });
+                a->text = std::move(p.content);
+            }
+        }
         return reply_json(res, 200,
                           completion_json(meta, a->text, a->done.finish,
                                           {a->done.n_prompt, a->done.n_generated, a->done.n_cached},
-                                          r.n_logprobs, a->logprobs));
+                                          r.n_logprobs, a->logprobs, calls));
     }
-    stream_response(res, std::move(stream),
-                    std::make_unique<SseFormat>(std::move(meta), r.include_usage, r.n_logprobs),
-                    "text/event-stream", std::move(slot));
+    auto format = std::make_unique<SseFormat>(std::move(meta), r.include_usage, r.n_logprobs);
+    if (r.uses_tools()) {
+        const ChatFormatter *chat = be.chat;
+        format->enable_tool_calls(r, [chat] { return chat->new_tool_call_id(); });
+    }
+    stream_response(res, std::move(stream), std::move(format), "text/event-stream", std::move(slot));
 }
 
 // ---- the other endpoints ----------------------------------------------------------------------------
@@ -307,7 +357,7 @@ void HttpServer::Impl::handle_models(HttpResponse &res) {
         model["meta"] = {{"n_ctx_slot", be.scheduler->n_ctx()},
                          {"n_slots", be.scheduler->stats().n_slots},
                          {"n_vocab", be.tokenizer->vocab().n_tokens()},
-                         {"chat_template", std::string(chat_template_name(be.chat_template))}};
+                         {"chat_template", be.chat->name()}};
     }
     reply_json(res, 200, {{"object", "list"}, {"data", json::array({std::move(model)})}});
 }
@@ -397,6 +447,18 @@ void HttpServer::Impl::handle_tokenize(const HttpRequest &req, HttpResponse &res
     reply_json(res, 200, {{"tokens", ids}});
 }
 
+// llama-server's /apply-template: the prompt text a chat request would be given to the model as.
+void HttpServer::Impl::handle_apply_template(const HttpRequest &req, HttpResponse &res) {
+    ServerBackend be;
+    if (!get_backend(be)) return reply_error(res, 503, "the model is still loading");
+    auto parsed = parse_chat_request(req.body);
+    if (!parsed.ok()) return reply_status(res, parsed.status());
+    const ApiRequest &r = *parsed;
+    auto text = be.chat->apply(r.messages, r.uses_tools() ? r.tools : json(), /*add_generation_prompt=*/true);
+    if (!text.ok()) return reply_error(res, 400, text.status().message());
+    reply_json(res, 200, {{"prompt", *text}});
+}
+
 void HttpServer::Impl::handle_detokenize(const HttpRequest &req, HttpResponse &res) {
     ServerBackend be;
     if (!get_backend(be)) return reply_error(res, 503, "the model is still loading");
@@ -450,6 +512,8 @@ void HttpServer::Impl::setup() {
     routes["/v1/models"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_models(res); }};
     routes["/metrics"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_metrics(res); }};
     routes["/tokenize"] = {"POST", [this](const HttpRequest &req, HttpResponse &res) { handle_tokenize(req, res); }};
+    routes["/apply-template"] = {
+        "POST", [this](const HttpRequest &req, HttpResponse &res) { handle_apply_template(req, res); }};
     routes["/detokenize"] = {"POST",
                              [this](const HttpRequest &req, HttpResponse &res) { handle_detokenize(req, res); }};
     routes["/v1/chat/completions"] = {

@@ -32,7 +32,7 @@
 #include "server/http-core.h"
 #include "server/model-card.h"
 #include "server/scheduler.h"
-#include "text/chat-template.h"
+#include "text/chat-formatter.h"
 #include "text/tokenizer.h"
 
 namespace td::server {
@@ -55,7 +55,7 @@ struct HttpParams {
 struct ServerBackend {
     Scheduler *scheduler = nullptr;
     const Tokenizer *tokenizer = nullptr;
-    ChatTemplateKind chat_template = ChatTemplateKind::chatml;
+    const ChatFormatter *chat = nullptr;  // the model's chat template (never null once attached)
     // Extra Prometheus lines from the engine (a cluster's per-node and per-link latency); may be empty.
     std::function<std::string()> engine_metrics;
     const ModelCard *card = nullptr;  // what Ollama's /api/tags and /api/show describe; null: not known

@@ -1,5 +1,7 @@
 #include "server/json-fields.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 
 namespace td::server {
@@ -103,6 +105,76 @@ Status get_messages(const json &obj, std::vector<ChatMessage> &out,
         cm.role = role->get<std::string>();
         TD_TRY(content(m, i, cm));
         out.push_back(std::move(cm));
+    }
+    return {};
+}
+
+Status get_tools(const json &obj, json &out) {
+    const json *tools = field(obj, "tools");
+    if (tools == nullptr) return {};
+    if (!tools->is_array()) return invalid_input("'tools' must be an array, got {}", type_name(*tools));
+    if (tools->size() > 128) return invalid_input("'tools' holds {} tools; at most 128", tools->size());
+    std::vector<std::string> names;
+    for (size_t i = 0; i < tools->size(); ++i) {
+        const json &t = (*tools)[i];
+        if (!t.is_object()) return invalid_input("'tools[{}]' must be an object, got {}", i, type_name(t));
+        const json *type = field(t, "type");
+        if (type != nullptr && (!type->is_string() || type->get<std::string>() != "function"))
+            return invalid_input("'tools[{}].type' must be \"function\"", i);
+        const json *fn = field(t, "function");
+        if (fn == nullptr || !fn->is_object())
+            return invalid_input("'tools[{}].function' must be an object", i);
+        const json *name = field(*fn, "name");
+        if (name == nullptr || !name->is_string())
+            return invalid_input("'tools[{}].function.name' must be a string", i);
+        const std::string n = name->get<std::string>();
+        const bool ok = !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
+            return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+        });
+        if (!ok)
+            return invalid_input(
+                "'tools[{}].function.name' must be 1 to 64 letters, digits, '_' or '-', got '{}'", i, n);
+        if (std::find(names.begin(), names.end(), n) != names.end())
+            return invalid_input("'tools' names the function '{}' twice", n);
+        names.push_back(n);
+        if (const json *d = field(*fn, "description"); d != nullptr && !d->is_string())
+            return invalid_input("'tools[{}].function.description' must be a string", i);
+        if (const json *p = field(*fn, "parameters"); p != nullptr && !p->is_object())
+            return invalid_input("'tools[{}].function.parameters' must be a JSON schema object", i);
+    }
+    out = json::array();
+    for (const json &t : *tools) out.push_back({{"type", "function"}, {"function", t["function"]}});
+    return {};
+}
+
+Status get_tool_calls(const json &m, size_t index, std::vector<ToolCall> &out) {
+    const json *calls = field(m, "tool_calls");
+    if (calls == nullptr) return {};
+    if (!calls->is_array())
+        return invalid_input("'messages[{}].tool_calls' must be an array, got {}", index, type_name(*calls));
+    for (size_t k = 0; k < calls->size(); ++k) {
+        const json &c = (*calls)[k];
+        const json *fn = c.is_object() ? field(c, "function") : nullptr;
+        const json *name = fn != nullptr && fn->is_object() ? field(*fn, "name") : nullptr;
+        if (name == nullptr || !name->is_string())
+            return invalid_input(
+                "'messages[{}].tool_calls[{}]' must be {{\"function\": {{\"name\", \"arguments\"}}}}", index,
+                k);
+        ToolCall tc;
+        tc.name = name->get<std::string>();
+        if (const json *id = field(c, "id"); id != nullptr && id->is_string()) tc.id = id->get<std::string>();
+        const json *args = field(*fn, "arguments");
+        if (args == nullptr)
+            tc.arguments = "{}";
+        else if (args->is_string())
+            tc.arguments = args->get<std::string>();
+        else if (args->is_object())
+            tc.arguments = args->dump();
+        else
+            return invalid_input(
+                "'messages[{}].tool_calls[{}].function.arguments' must be a JSON string or an object", index,
+                k);
+        out.push_back(std::move(tc));
     }
     return {};
 }

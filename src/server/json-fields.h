@@ -32,6 +32,13 @@ Status get_strings(const nlohmann::json &obj, const char *key, size_t max, std::
 // (its content, what the API allows beside it) into the ChatMessage whose role is set.
 Status get_messages(const nlohmann::json &obj, std::vector<ChatMessage> &out,
                     const std::function<Status(const nlohmann::json &, size_t, ChatMessage &)> &content);
+// 'tools' (OpenAI's and Ollama's): [{"type": "function", "function": {"name", "description"?,
+// "parameters"?}}], into `out` as given; names are 1-64 letters, digits, '_' or '-', each once. Absent: `out`
+// unchanged.
+Status get_tools(const nlohmann::json &obj, nlohmann::json &out);
+// Message i's 'tool_calls' (an assistant's): [{"id"?, "type"?, "function": {"name", "arguments"}}], arguments
+// a JSON text (OpenAI) or an object (Ollama).
+Status get_tool_calls(const nlohmann::json &m, size_t index, std::vector<ToolCall> &out);
 // The body as a JSON object: "the request body is not valid JSON", "... must be a JSON object, got ...".
 Result<nlohmann::json> parse_object(std::string_view body);
 

@@ -10,7 +10,7 @@
 
 namespace td::server {
 
-ModelCard model_card(const Model &model, const ChatTemplateChoice &chat_template) {
+ModelCard model_card(const Model &model, const ChatFormatter &chat_template) {
     const gguf::File &f = model.file();
     const HParams &hp = model.hparams();
     ModelCard c;
@@ -41,8 +41,8 @@ ModelCard model_card(const Model &model, const ChatTemplateChoice &chat_template
     c.n_head_kv = hp.n_head_kv;
     c.n_vocab = hp.n_vocab;
     if (auto t = f.get_string_opt("tokenizer.chat_template"); t.ok() && t->has_value()) c.chat_template = **t;
-    c.template_family = std::string(chat_template_name(chat_template.kind));
-    c.has_template = !chat_template.fallback;
+    c.template_family = chat_template.name();
+    c.has_template = !chat_template.fallback();
     return c;
 }
 

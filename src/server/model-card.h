@@ -6,7 +6,7 @@
 #include <string>
 
 #include "model/model.h"
-#include "text/chat-template.h"
+#include "text/chat-formatter.h"
 
 namespace td::server {
 
@@ -21,11 +21,11 @@ struct ModelCard {
     std::string quantization;   // the tensor type holding most bytes, upper case: "Q4_K", "F32"
     int32_t n_ctx_train = 0, n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, n_vocab = 0;
     std::string chat_template;    // tokenizer.chat_template as the file has it ("" when absent)
-    std::string template_family;  // the family tandem renders chats with ("llama3", "chatml", ...)
+    std::string template_family;  // how tandem renders chats: "jinja" (the model's template) or a family
     bool has_template = false;    // false: no usable template of its own (chats fall back to chatml)
 };
 
-ModelCard model_card(const Model &model, const ChatTemplateChoice &chat_template);
+ModelCard model_card(const Model &model, const ChatFormatter &chat_template);
 
 // "7.2B", "260K", "1.2M": a parameter count as Ollama shows it.
 std::string parameter_size(uint64_t n_params);

@@ -41,8 +41,7 @@ Status parse_common(const json &j, ApiRequest &r) {
             return invalid_input("'format' must be \"json\" or a JSON schema object");
         }
     }
-    if (const json *v = field(j, "tools"); v != nullptr && !(v->is_array() && v->empty()))
-        return invalid_input("'tools' are not supported yet");
+    TD_TRY(get_tools(j, r.tools));
 
     SamplerParams &sp = r.sampling;
     sp.temperature = 0.8f;
@@ -134,6 +133,10 @@ Result<ApiRequest> parse_ollama_chat(std::string_view body) {
                 return invalid_input("'messages[{}].content' must be a string, got {}", i, type_name(*content));
             cm.content = content->get<std::string>();
         }
+        TD_TRY(get_tool_calls(m, i, cm.tool_calls));
+        for (const char *key : {"tool_name", "name"})
+            if (const json *n = field(m, key); n != nullptr && n->is_string() && cm.name.empty())
+                cm.name = n->get<std::string>();
         return {};
     }));
     return r;
@@ -212,6 +215,17 @@ json ollama_final(ApiKind kind, const std::string &model, const std::string &tex
     j["eval_count"] = s.n_generated;
     j["eval_duration"] = s.eval_ns;
     return j;
+}
+
+json ollama_tool_calls(const std::vector<ToolCall> &calls) {
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+        json args = json::parse(calls[i].arguments, nullptr, false);
+        if (args.is_discarded()) args = json::object();
+        out.push_back(
+            {{"function", {{"index", i}, {"name", calls[i].name}, {"arguments", std::move(args)}}}});
+    }
+    return out;
 }
 
 json ollama_error(std::string_view message) {

@@ -60,6 +60,8 @@ nlohmann::json ollama_chunk(ApiKind kind, const std::string &model, const std::s
 nlohmann::json ollama_final(ApiKind kind, const std::string &model, const std::string &text,
                             FinishReason finish, const OllamaStats &stats);
 nlohmann::json ollama_error(std::string_view message);  // {"error": message}
+// message.tool_calls: [{"function": {"index", "name", "arguments": an object}}].
+nlohmann::json ollama_tool_calls(const std::vector<ToolCall> &calls);
 
 nlohmann::json ollama_tags(const ModelCard &card, const std::string &id);
 nlohmann::json ollama_ps(const ModelCard &card, const std::string &id);

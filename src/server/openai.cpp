@@ -180,7 +180,67 @@ const char *finish_name(FinishReason f) {
     return f == FinishReason::length ? "length" : "stop";
 }
 
+json tool_calls_json(const std::vector<ToolCall> &calls, bool with_index) {
+    json out = json::array();
+    for (size_t i = 0; i < calls.size(); ++i) {
+        json c = {{"id", calls[i].id},
+                  {"type", "function"},
+                  {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+        if (with_index) c["index"] = i;
+        out.push_back(std::move(c));
+    }
+    return out;
+}
+
 }  // namespace
+
+Status apply_tool_choice(ApiRequest &r) {
+    if (r.tool_choice != ToolChoice::required && r.tool_choice != ToolChoice::named) return {};
+    if (r.schema)
+        return invalid_input(
+            "'response_format' cannot be combined with a required tool call ('tool_choice')");
+    json names = json::array();
+    const json *params = nullptr;
+    for (const json &t : r.tools) {
+        const json &fn = t["function"];
+        const std::string name = fn["name"].get<std::string>();
+        if (r.tool_choice == ToolChoice::named && name != r.tool_name) continue;
+        names.push_back(name);
+        if (auto p = fn.find("parameters"); p != fn.end()) params = &*p;
+    }
+    if (names.empty())
+        return invalid_input("'tool_choice' names the function '{}', which is not in 'tools'", r.tool_name);
+    json arguments = {{"type", "object"}};  // any object
+    if (names.size() == 1 && params != nullptr && JsonSchema::compile(params->dump()).ok())
+        arguments = *params;
+    const json schema = {{"type", "object"},
+                         {"properties", {{"name", {{"enum", names}}}, {"arguments", arguments}}},
+                         {"required", {"name", "arguments"}}};
+    // A call is data, not prose: one whitespace character at most between tokens, so a model cannot pad.
+    auto compiled = JsonSchema::compile(schema.dump(), 1);
+    if (!compiled.ok()) return compiled.status().with_context("tool_choice");
+    r.schema = *compiled;
+    return {};
+}
+
+std::vector<ToolCall> finish_tool_calls(std::vector<ToolCall> calls, const ApiRequest &r,
+                                        const std::function<std::string()> &new_id) {
+    if (!r.parallel_tool_calls && calls.size() > 1) calls.resize(1);
+    for (ToolCall &c : calls) c.id = new_id();
+    return calls;
+}
+
+json tool_calls_chunk_json(const ResponseMeta &meta, const std::vector<ToolCall> &calls) {
+    json choice = {{"index", 0},
+                   {"delta", {{"tool_calls", tool_calls_json(calls, true)}}},
+                   {"logprobs", nullptr},
+                   {"finish_reason", nullptr}};
+    return {{"id", meta.id},
+            {"object", "chat.completion.chunk"},
+            {"created", meta.created},
+            {"model", meta.model},
+            {"choices", json::array({std::move(choice)})}};
+}
 
 Result<ApiRequest> parse_chat_request(std::string_view body) {
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
@@ -189,8 +249,52 @@ Result<ApiRequest> parse_chat_request(std::string_view body) {
     TD_TRY(parse_common(j, r));
     TD_TRY(get_messages(j, r.messages, [](const json &m, size_t i, ChatMessage &cm) -> Status {
         auto content = m.find("content");
-        return content != m.end() ? parse_content(*content, i, cm.content) : Status();
+        if (content != m.end()) TD_TRY(parse_content(*content, i, cm.content));
+        TD_TRY(get_tool_calls(m, i, cm.tool_calls));
+        if (const json *id = field(m, "tool_call_id")) {
+            if (!id->is_string()) return invalid_input("'messages[{}].tool_call_id' must be a string", i);
+            cm.tool_call_id = id->get<std::string>();
+        }
+        if (const json *name = field(m, "name"); name != nullptr && name->is_string())
+            cm.name = name->get<std::string>();
+        return {};
     }));
+    // A tool result's function name, when the client left it out, from the call it answers.
+    for (ChatMessage &m : r.messages) {
+        if (m.role != "tool" || !m.name.empty() || m.tool_call_id.empty()) continue;
+        for (const ChatMessage &a : r.messages)
+            for (const ToolCall &c : a.tool_calls)
+                if (c.id == m.tool_call_id) m.name = c.name;
+    }
+    TD_TRY(get_tools(j, r.tools));
+    TD_TRY(get_bool(j, "parallel_tool_calls", r.parallel_tool_calls));
+    if (const json *tc = field(j, "tool_choice")) {
+        if (tc->is_string()) {
+            const std::string c = tc->get<std::string>();
+            if (c == "auto")
+                r.tool_choice = ToolChoice::auto_;
+            else if (c == "none")
+                r.tool_choice = ToolChoice::none;
+            else if (c == "required")
+                r.tool_choice = ToolChoice::required;
+            else
+                return invalid_input(
+                    "'tool_choice' must be \"auto\", \"none\", \"required\" or a function, got \"{}\"", c);
+        } else if (tc->is_object()) {
+            const json *fn = field(*tc, "function");
+            const json *name = fn != nullptr && fn->is_object() ? field(*fn, "name") : nullptr;
+            if (name == nullptr || !name->is_string())
+                return invalid_input(
+                    "'tool_choice' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}");
+            r.tool_choice = ToolChoice::named;
+            r.tool_name = name->get<std::string>();
+        } else {
+            return invalid_input("'tool_choice' must be a string or an object, got {}", type_name(*tc));
+        }
+        if ((r.tool_choice == ToolChoice::required || r.tool_choice == ToolChoice::named) && r.tools.empty())
+            return invalid_input("'tool_choice' asks for a tool call, but 'tools' is empty");
+    }
+    TD_TRY(apply_tool_choice(r));
     bool want_lp = false;
     TD_TRY(get_bool(j, "logprobs", want_lp));
     int64_t top = 0;
@@ -263,10 +367,15 @@ ResponseMeta make_response_meta(ApiKind kind, std::string model) {
 }
 
 json completion_json(const ResponseMeta &meta, const std::string &text, FinishReason finish,
-                     const Usage &usage, int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs) {
-    json choice = {{"index", 0}, {"finish_reason", finish_name(finish)}};
+                     const Usage &usage, int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs,
+                     const std::vector<ToolCall> &tool_calls) {
+    json choice = {{"index", 0}, {"finish_reason", tool_calls.empty() ? finish_name(finish) : "tool_calls"}};
     if (meta.kind == ApiKind::chat) {
         choice["message"] = {{"role", "assistant"}, {"content", text}};
+        if (!tool_calls.empty()) {
+            if (text.empty()) choice["message"]["content"] = nullptr;
+            choice["message"]["tool_calls"] = tool_calls_json(tool_calls, false);
+        }
         choice["logprobs"] = n_logprobs >= 0 ? chat_logprobs_json(logprobs) : json(nullptr);
     } else {
         choice["text"] = text;

@@ -13,6 +13,13 @@
 //   n                        only 1
 //   cache_prompt             bool (llama-server's): false computes the whole prompt, not reusing a cached
 //   prefix
+//   response_format          {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema"}}
+//   tools, tool_choice       [{type: "function", function: {name, description, parameters}}]; "auto" (the
+//                            default with tools), "none" (tools not shown to the model), "required" or
+//                            {"type": "function", "function": {"name"}} (the reply is constrained to be a
+//                            call)
+//   parallel_tool_calls      bool (default true); false keeps the first call of a reply
+//   messages[].tool_calls, messages[].tool_call_id   the calls an assistant made and a tool's result
 // Unknown fields are ignored, as OpenAI clients expect; null counts as absent. A field of the wrong type
 // or out of range is invalid_input naming it ("'temperature' must be a number, got a string").
 // Defaults for fields not given are llama.cpp's (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05), so a
@@ -20,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -36,6 +44,8 @@ namespace td::server {
 
 enum class ApiKind { chat, completion };
 
+enum class ToolChoice { auto_, none, required, named };
+
 struct ApiRequest {
     ApiKind kind = ApiKind::chat;
     std::string model;                   // "" when absent
@@ -51,7 +61,18 @@ struct ApiRequest {
     int32_t n_logprobs = -1;  // -1: no logprobs
     bool cache_prompt = true;  // llama-server's cache_prompt: false computes the whole prompt again
     std::shared_ptr<const JsonSchema> schema;  // response_format json_object / json_schema; null: text
+    nlohmann::json tools = nlohmann::json::array();  // chat: the tools offered (validated)
+    ToolChoice tool_choice = ToolChoice::auto_;
+    std::string tool_name;  // ToolChoice::named
+    bool parallel_tool_calls = true;
+    // Tools are shown to the model and its reply parsed for calls.
+    bool uses_tools() const { return !tools.empty() && tool_choice != ToolChoice::none; }
 };
+
+// tool_choice "required" or a named function: the schema a reply must match, {"name": one of the tools,
+// "arguments": that tool's parameters (any object when they are not in the schema subset, or when any of
+// several tools may be called)}. Sets r.schema; an error when response_format is also given.
+Status apply_tool_choice(ApiRequest &r);
 
 // Parses and validates a request body. Errors are invalid_input with a message for the client:
 // "the request body is not valid JSON: ...", "'messages' is required", "'n' must be 1 (got 3) ...".
@@ -76,9 +97,18 @@ struct Usage {
 
 // Non-streaming response: chat.completion or text_completion. logprobs (when n_logprobs >= 0) for every
 // generated token.
+// With tool calls (chat), message.tool_calls holds them, content is null when empty, and finish_reason is
+// "tool_calls".
 nlohmann::json completion_json(const ResponseMeta &meta, const std::string &text, FinishReason finish,
                                const Usage &usage, int32_t n_logprobs,
-                               const std::vector<TokenLogprob> &logprobs);
+                               const std::vector<TokenLogprob> &logprobs,
+                               const std::vector<ToolCall> &tool_calls = {});
+// The streamed form of tool calls: one chunk with delta.tool_calls [{index, id, type, function: {name,
+// arguments}}] per call.
+nlohmann::json tool_calls_chunk_json(const ResponseMeta &meta, const std::vector<ToolCall> &calls);
+// The calls of a finished reply (with ids), as `r` allows them (parallel_tool_calls false: the first).
+std::vector<ToolCall> finish_tool_calls(std::vector<ToolCall> calls, const ApiRequest &r,
+                                        const std::function<std::string()> &new_id);
 
 // Streaming chunk (chat.completion.chunk / text_completion). `role_first`: the chat chunk that opens the
 // reply ({"role":"assistant","content":""}). finish: nullptr for none.

@@ -24,7 +24,8 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     TD_ASSIGN_OR_RETURN(sm->model_, Model::load(params.model_path, {0, -1, params.pack_dir}));
     TD_ASSIGN_OR_RETURN(Vocab vocab, Vocab::from_gguf(sm->model_->file()));
     TD_ASSIGN_OR_RETURN(sm->tokenizer_, Tokenizer::create(std::make_shared<const Vocab>(std::move(vocab))));
-    TD_ASSIGN_OR_RETURN(sm->template_, chat_template_for_model(sm->model_->file(), params.chat_template));
+    TD_ASSIGN_OR_RETURN(sm->template_, ChatFormatter::for_model(sm->model_->file(), sm->tokenizer_->vocab(),
+                                                                params.chat_template));
     sm->card_ = model_card(*sm->model_, sm->template_);
 
     if (params.n_ctx_per_seq < 0) return invalid_input("--ctx-per-seq must be >= 0, got {}", params.n_ctx_per_seq);
@@ -85,7 +86,7 @@ ServerBackend ServedModel::backend() {
     ServerBackend be;
     be.scheduler = scheduler_.get();
     be.tokenizer = tokenizer_.get();
-    be.chat_template = template_.kind;
+    be.chat = &template_;
     Scheduler *sched = scheduler_.get();
     be.engine_metrics = [sched] { return sched->engine_metrics(); };
     be.card = &card_;

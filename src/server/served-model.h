@@ -16,7 +16,7 @@
 #include "server/http.h"
 #include "server/model-card.h"
 #include "server/scheduler.h"
-#include "text/chat-template.h"
+#include "text/chat-formatter.h"
 #include "text/tokenizer.h"
 
 namespace td::server {
@@ -34,7 +34,7 @@ struct ServeParams {
     int32_t n_batch = 512;   // rows per engine step
     int32_t max_queue = -1;  // requests waiting for a slot; -1: 4 * n_parallel
     KvType kv_type = KvType::f16;
-    std::string chat_template;  // "" = the model's (chatml when it has none)
+    std::string chat_template;  // "" = the model's (chatml when it has none); a family name or a .jinja file
     // Builds the engine over the loaded model with the slots' ContextParams; null: a LocalEngine on the
     // server's pool. `tandem serve` passes cli::make_engine, so --workers gives a ClusterEngine (then
     // n_threads should be 1: the head computes nothing).
@@ -64,7 +64,7 @@ public:
     Engine &engine() { return *engine_; }
     const Tokenizer &tokenizer() const { return *tokenizer_; }
     int32_t n_ctx_slot() const { return scheduler_->n_ctx(); }
-    const ChatTemplateChoice &chat_template() const { return template_; }
+    const ChatFormatter &chat_template() const { return template_; }
     int n_threads() const { return pool_->n_threads(); }
     // Pipeline stages of a ClusterEngine (its workers, plus the head with --head-layers); 0 on one machine.
     int32_t n_stages() const { return n_stages_; }
@@ -77,7 +77,7 @@ private:
     std::unique_ptr<ThreadPool> pool_;
     std::shared_ptr<Model> model_;
     std::unique_ptr<Tokenizer> tokenizer_;
-    ChatTemplateChoice template_;
+    ChatFormatter template_;
     ModelCard card_;
     std::unique_ptr<Engine> engine_;
     std::unique_ptr<Scheduler> scheduler_;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "text/tool-calls.h"
 
 namespace td {
 
@@ -32,8 +33,14 @@ class File;
 }
 
 struct ChatMessage {
-    std::string role;  // "system", "user", "assistant"
+    ChatMessage() = default;
+    ChatMessage(std::string r, std::string c) : role(std::move(r)), content(std::move(c)) {}
+
+    std::string role;  // "system", "user", "assistant", "tool"
     std::string content;
+    std::vector<ToolCall> tool_calls;  // assistant: the calls it made
+    std::string tool_call_id;          // tool: the call this result answers
+    std::string name;                  // tool: the function's name (optional)
 };
 
 // The formats we write. The names (chat_template_name) are llama.cpp's, so `--chat-template llama3`

@@ -32,7 +32,6 @@ enum : uint8_t { A_FIRST, A_AFTER_VALUE, A_VALUE };
 enum : uint8_t { S_CHAR, S_ESC, S_U1, S_U2, S_U3, S_U4 };
 enum : uint8_t { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 
-constexpr int kMaxWhitespace = 4;
 constexpr int kMaxDigits = 16;
 constexpr size_t kMaxChoices = 32;  // properties of an object, options of an enum
 
@@ -186,10 +185,12 @@ struct JsonSchemaBuilder {
     }
 };
 
-Result<std::shared_ptr<const JsonSchema>> JsonSchema::compile(std::string_view schema_json) {
+Result<std::shared_ptr<const JsonSchema>> JsonSchema::compile(std::string_view schema_json,
+                                                              int max_whitespace) {
     json j = json::parse(schema_json, nullptr, false);
     if (j.is_discarded()) return invalid_input("json_schema: the schema is not valid JSON");
     std::shared_ptr<JsonSchema> s(new JsonSchema());
+    s->max_whitespace_ = std::clamp(max_whitespace, 0, 255);
     JsonSchemaBuilder b{*s};
     JsonSchemaNode *root = b.make();
     TD_TRY(b.build(j, root, "the schema"));
@@ -284,7 +285,7 @@ bool JsonMatcher::feed(uint8_t c) {
                         : (stack_[depth_ - 1].kind == K_OBJECT || stack_[depth_ - 1].kind == K_ARRAY) &&
                               !(stack_[depth_ - 1].kind == K_OBJECT && stack_[depth_ - 1].state == O_KEY);
         if (between) {
-            if (++ws_run_ > kMaxWhitespace) return false;
+            if (++ws_run_ > schema_->max_whitespace()) return false;
             return true;
         }
     } else {

@@ -11,8 +11,9 @@
 // object.
 //
 // What the matcher lets through is valid JSON for the schema: properties in any order, each at most once, the
-// required ones before the object closes; up to 4 whitespace characters between tokens; numbers of at most 16
-// digits before and after the point. A document is complete once its top-level value is closed.
+// required ones before the object closes; up to 4 whitespace characters between tokens (compile's
+// max_whitespace); numbers of at most 16 digits before and after the point. A document is complete once its
+// top-level value is closed.
 #pragma once
 
 #include <cstdint>
@@ -31,16 +32,20 @@ class JsonSchema {
 public:
     // schema_json: the schema as JSON text. Errors (invalid_input) name the keyword: "json_schema: 'pattern'
     // is not supported", "json_schema: 'required' names 'x', which is not in 'properties'".
-    static Result<std::shared_ptr<const JsonSchema>> compile(std::string_view schema_json);
+    // max_whitespace: whitespace characters allowed in a row between tokens.
+    static Result<std::shared_ptr<const JsonSchema>> compile(std::string_view schema_json,
+                                                             int max_whitespace = 4);
     // Any JSON object (OpenAI's response_format json_object).
     static std::shared_ptr<const JsonSchema> any_object();
     ~JsonSchema();
     const JsonSchemaNode &root() const { return *root_; }
+    int max_whitespace() const { return max_whitespace_; }
 
 private:
     JsonSchema() = default;
     std::vector<std::unique_ptr<JsonSchemaNode>> nodes_;
     const JsonSchemaNode *root_ = nullptr;
+    int max_whitespace_ = 4;
     friend struct JsonSchemaBuilder;
 };
 

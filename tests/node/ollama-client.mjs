@@ -2,7 +2,7 @@
 // streaming and not, and an unknown model. Starts the server itself:
 //   node tests/node/ollama-client.mjs TANDEM_BINARY MODEL.gguf
 // Exit 0 when every check holds, 1 otherwise; 77 (skipped) when the library is not installed (npm ci here).
-import { spawn } from 'node:child_process'
+import { startTandem, checker } from './tandem-server.mjs'
 import assert from 'node:assert/strict'
 
 let Ollama
@@ -14,44 +14,9 @@ try {
 }
 
 const [tandem, model] = process.argv.slice(2)
-const server = spawn(tandem, ['serve', '-m', model, '--port', '0', '--parallel', '2', '--alias', 'stories'], {
-  stdio: ['ignore', 'ignore', 'pipe'],
-})
-const port = await new Promise((resolve, reject) => {
-  let log = ''
-  const timer = setTimeout(() => reject(new Error(`tandem serve did not start: ${log}`)), 30000)
-  server.stderr.on('data', (d) => {
-    log += d
-    const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/)
-    if (m) {
-      clearTimeout(timer)
-      resolve(Number(m[1]))
-    }
-  })
-  server.on('exit', (code) => reject(new Error(`tandem serve exited with ${code}: ${log}`)))
-})
-const host = `http://127.0.0.1:${port}`
+const { host, server } = await startTandem(tandem, model, ['--parallel', '2', '--alias', 'stories'])
+const { check, finish } = checker()
 const ollama = new Ollama({ host })
-
-let passed = 0
-let failed = 0
-async function check(name, fn) {
-  try {
-    await fn()
-    passed++
-    console.log(`ok   ${name}`)
-  } catch (e) {
-    failed++
-    console.log(`FAIL ${name}: ${e.stack || e}`)
-  }
-}
-
-// The server needs a moment after "listening" before the model is attached.
-for (let i = 0; i < 100; i++) {
-  const r = await fetch(`${host}/health`).catch(() => null)
-  if (r && r.status === 200) break
-  await new Promise((r) => setTimeout(r, 50))
-}
 
 const greedy = { temperature: 0, num_predict: 16 }
 
@@ -122,6 +87,4 @@ await check('an unknown model is a 404 the library reports', async () => {
   })
 })
 
-server.kill('SIGTERM')
-console.log(`${passed} passed, ${failed} failed`)
-process.exit(failed === 0 ? 0 : 1)
+finish(server)
