@@ -93,6 +93,24 @@ TEST(ToolCallParse, StreamingHoldsBackOnlyWhatMayBeACall) {
     EXPECT_EQ(tool_call_holdback("x [TOOL_"), 2u);
 }
 
+TEST(ToolCallParse, StreamSplitsContentFromCalls) {
+    ToolCallStream s;
+    std::string shown;
+    for (std::string_view piece :
+         {"Let me ", "check. <tool", "_call>{\"name\": \"a\", ", "\"arguments\": {}}</tool_call>"})
+        shown += s.push(piece);
+    EXPECT_EQ(shown, "Let me check. ");
+    ToolCallParse p = s.finish();
+    EXPECT_EQ(p.content, "");
+    ASSERT_EQ(p.calls.size(), 1u);
+    EXPECT_EQ(p.calls[0].name, "a");
+    ToolCallStream plain;
+    EXPECT_EQ(plain.push("Hi <tool"), "Hi ");
+    EXPECT_EQ(plain.push("s>"), "<tools>");
+    EXPECT_EQ(plain.push(" {x} "), " {x} ");
+    EXPECT_EQ(plain.finish().content, "");
+}
+
 // The formatter gives the model's Jinja template the chat as Hugging Face passes it: the scenario of
 // tests/jinja rendered from ChatMessages equals the template rendered from the scenario's JSON (which
 // test-jinja checks against python3-jinja2).
@@ -298,12 +316,12 @@ TEST(ServerTools, ToolChoiceRequiredNoneAndParallel) {
     req.parallel_tool_calls = false;
     const std::vector<ToolCall> two = {{"", "a", "{}"}, {"", "b", "{}"}};
     int n = 0;
-    auto kept = finish_tool_calls(two, req, [&] { return "id" + std::to_string(n++); });
+    auto kept = finish_tool_calls(two, req.parallel_tool_calls, [&] { return "id" + std::to_string(n++); });
     ASSERT_EQ(kept.size(), 1u);
     EXPECT_EQ(kept[0].name, "a");
     EXPECT_EQ(kept[0].id, "id0");
     req.parallel_tool_calls = true;
-    EXPECT_EQ(finish_tool_calls(two, req, [&] { return std::string("x"); }).size(), 2u);
+    EXPECT_EQ(finish_tool_calls(two, req.parallel_tool_calls, [&] { return std::string("x"); }).size(), 2u);
 }
 
 TEST(ServerTools, BadToolRequestsAre400sNamingTheField) {

@@ -1,6 +1,8 @@
 // Ollama's API (server/ollama.h) over the same scheduler, limits and API key as OpenAI's.
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "server/http-impl.h"
 #include "server/ollama.h"
 
@@ -13,6 +15,11 @@ namespace {
 
 void reply_ollama_error(HttpResponse &res, int status, std::string_view message) {
     reply_json(res, status, ollama_error(message));
+}
+
+// Ollama's tool calls carry no ids.
+std::string no_id() {
+    return "";
 }
 
 int64_t ns_between(Clock::time_point a, Clock::time_point b) {
@@ -40,29 +47,25 @@ public:
     // Tool calls (chat with tools): text that is or may become a call is held back and sent, parsed, in a
     // message.tool_calls line before the last one (as Ollama does); the rest streams as content.
     void enable_tool_calls(bool parallel) {
-        tools_ = true;
+        tools_.emplace();
         parallel_ = parallel;
     }
     std::string delta(const StreamEvent &ev) override {
         if (ev.text.empty()) return "";
         if (t_first_ == Clock::time_point{}) t_first_ = Clock::now();
         if (!tools_) return line(ollama_chunk(kind_, model_, ev.text));
-        reply_ += ev.text;
-        const size_t hold = std::max(tool_call_holdback(reply_), sent_);
-        const std::string show = reply_.substr(sent_, hold - sent_);
-        sent_ = hold;
+        const std::string show = tools_->push(ev.text);
         return show.empty() ? "" : line(ollama_chunk(kind_, model_, show));
     }
     std::string done(const StreamEvent &ev) override {
         std::string out;
-        if (tools_ && sent_ < reply_.size()) {
-            ToolCallParse p = parse_tool_calls(reply_.substr(sent_));
-            if (p.calls.empty()) {
-                out += line(ollama_chunk(kind_, model_, reply_.substr(sent_)));
-            } else {
-                if (!parallel_) p.calls.resize(1);
+        if (tools_) {
+            ToolCallParse p = tools_->finish();
+            if (!p.calls.empty() || !p.content.empty()) {
                 json j = ollama_chunk(kind_, model_, p.content);
-                j["message"]["tool_calls"] = ollama_tool_calls(p.calls);
+                if (!p.calls.empty())
+                    j["message"]["tool_calls"] =
+                        ollama_tool_calls(finish_tool_calls(std::move(p.calls), parallel_, no_id));
                 out += line(j);
             }
         }
@@ -75,9 +78,8 @@ private:
     ApiKind kind_;
     std::string model_;
     Clock::time_point t0_, t_first_{};
-    bool tools_ = false, parallel_ = true;
-    std::string reply_;  // tools: the reply so far
-    size_t sent_ = 0;    // tools: bytes of reply_ sent as content
+    std::optional<ToolCallStream> tools_;  // set when the request offers tools
+    bool parallel_ = true;
 };
 
 }  // namespace
@@ -115,8 +117,7 @@ void HttpServer::Impl::setup_ollama() {
             if (r.uses_tools()) {
                 ToolCallParse p = parse_tool_calls(a->text);
                 if (!p.calls.empty()) {
-                    calls = std::move(p.calls);
-                    if (!r.parallel_tool_calls) calls.resize(1);
+                    calls = finish_tool_calls(std::move(p.calls), r.parallel_tool_calls, no_id);
                     a->text = std::move(p.content);
                 }
             }

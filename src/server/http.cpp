@@ -7,6 +7,7 @@
 #include <csignal>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/log.h"
@@ -43,37 +44,28 @@ public:
         if (meta_.kind != ApiKind::chat) return "";
         return sse_event(chunk_json(meta_, "", /*role_first=*/true, nullptr, -1, {}));
     }
-    // Tool calls: text that is or may become a call is held back (tool_call_holdback) and, when the reply
-    // ends, sent as delta.tool_calls chunks; the rest streams as content.
-    void enable_tool_calls(const ApiRequest &r, std::function<std::string()> new_id) {
-        tools_ = true;
-        parallel_ = r.parallel_tool_calls;
+    // Tool calls: text that is or may become a call is held back (ToolCallStream) and, when the reply ends,
+    // sent as delta.tool_calls chunks; the rest streams as content.
+    void enable_tool_calls(bool parallel, std::function<std::string()> new_id) {
+        tools_.emplace();
+        parallel_ = parallel;
         new_id_ = std::move(new_id);
     }
     std::string delta(const StreamEvent &ev) override {
         if (!tools_) return sse_event(chunk_json(meta_, ev.text, false, nullptr, n_logprobs_, ev.logprobs));
-        reply_ += ev.text;
-        const size_t hold = std::max(tool_call_holdback(reply_), sent_);
-        std::string show = reply_.substr(sent_, hold - sent_);
-        sent_ = hold;
+        const std::string show = tools_->push(ev.text);
         if (show.empty() && (n_logprobs_ < 0 || ev.logprobs.empty())) return "";
         return sse_event(chunk_json(meta_, show, false, nullptr, n_logprobs_, ev.logprobs));
     }
     std::string done(const StreamEvent &ev) override {
         const char *finish = ev.finish == FinishReason::length ? "length" : "stop";
         std::string tail;
-        if (tools_ && sent_ < reply_.size()) {
-            const std::string rest = reply_.substr(sent_);
-            ToolCallParse p = parse_tool_calls(rest);
-            if (p.calls.empty()) {
-                tail += sse_event(chunk_json(meta_, rest, false, nullptr, -1, {}));
-            } else {
-                if (!p.content.empty())
-                    tail += sse_event(chunk_json(meta_, p.content, false, nullptr, -1, {}));
-                ApiRequest r;
-                r.parallel_tool_calls = parallel_;
+        if (tools_) {
+            ToolCallParse p = tools_->finish();
+            if (!p.content.empty()) tail += sse_event(chunk_json(meta_, p.content, false, nullptr, -1, {}));
+            if (!p.calls.empty()) {
                 tail += sse_event(
-                    tool_calls_chunk_json(meta_, finish_tool_calls(std::move(p.calls), r, new_id_)));
+                    tool_calls_chunk_json(meta_, finish_tool_calls(std::move(p.calls), parallel_, new_id_)));
                 finish = "tool_calls";
             }
         }
@@ -90,11 +82,9 @@ private:
     ResponseMeta meta_;
     bool include_usage_ = false;
     int32_t n_logprobs_ = -1;
-    bool tools_ = false;
+    std::optional<ToolCallStream> tools_;  // set when the request offers tools
     bool parallel_ = true;
     std::function<std::string()> new_id_;
-    std::string reply_;  // tools: the reply so far
-    size_t sent_ = 0;    // tools: bytes of reply_ sent as content
 };
 
 // One streamed response: owns the request's stream and cancels it if the response ends early for any reason
@@ -314,7 +304,8 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
         if (r.uses_tools()) {
             ToolCallParse p = parse_tool_calls(a->text);
             if (!p.calls.empty()) {
-                calls = finish_tool_calls(std::move(p.calls), r, [&] { return be.chat->new_tool_call_id(); });
+                calls = finish_tool_calls(std::move(p.calls), r.parallel_tool_calls,
+                                          [&] { return be.chat->new_tool_call_id(); });
                 a->text = std::move(p.content);
             }
         }
@@ -326,7 +317,7 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
     auto format = std::make_unique<SseFormat>(std::move(meta), r.include_usage, r.n_logprobs);
     if (r.uses_tools()) {
         const ChatFormatter *chat = be.chat;
-        format->enable_tool_calls(r, [chat] { return chat->new_tool_call_id(); });
+        format->enable_tool_calls(r.parallel_tool_calls, [chat] { return chat->new_tool_call_id(); });
     }
     stream_response(res, std::move(stream), std::move(format), "text/event-stream", std::move(slot));
 }

@@ -223,9 +223,9 @@ Status apply_tool_choice(ApiRequest &r) {
     return {};
 }
 
-std::vector<ToolCall> finish_tool_calls(std::vector<ToolCall> calls, const ApiRequest &r,
+std::vector<ToolCall> finish_tool_calls(std::vector<ToolCall> calls, bool parallel,
                                         const std::function<std::string()> &new_id) {
-    if (!r.parallel_tool_calls && calls.size() > 1) calls.resize(1);
+    if (!parallel && calls.size() > 1) calls.resize(1);
     for (ToolCall &c : calls) c.id = new_id();
     return calls;
 }

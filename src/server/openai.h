@@ -106,8 +106,8 @@ nlohmann::json completion_json(const ResponseMeta &meta, const std::string &text
 // The streamed form of tool calls: one chunk with delta.tool_calls [{index, id, type, function: {name,
 // arguments}}] per call.
 nlohmann::json tool_calls_chunk_json(const ResponseMeta &meta, const std::vector<ToolCall> &calls);
-// The calls of a finished reply (with ids), as `r` allows them (parallel_tool_calls false: the first).
-std::vector<ToolCall> finish_tool_calls(std::vector<ToolCall> calls, const ApiRequest &r,
+// The calls of a finished reply with ids from new_id; without parallel_tool_calls only the first.
+std::vector<ToolCall> finish_tool_calls(std::vector<ToolCall> calls, bool parallel,
                                         const std::function<std::string()> &new_id);
 
 // Streaming chunk (chat.completion.chunk / text_completion). `role_first`: the chat chunk that opens the

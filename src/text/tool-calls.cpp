@@ -1,5 +1,6 @@
 #include "text/tool-calls.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace td {
@@ -186,6 +187,22 @@ size_t tool_call_holdback(std::string_view text) {
     // Leading whitespace may still be followed by "{": hold it until something else comes.
     if (k == text.size()) return 0;
     return hold;
+}
+
+std::string ToolCallStream::push(std::string_view text) {
+    reply_ += text;
+    const size_t hold = std::max(tool_call_holdback(reply_), sent_);
+    std::string show = reply_.substr(sent_, hold - sent_);
+    sent_ = hold;
+    return show;
+}
+
+ToolCallParse ToolCallStream::finish() {
+    const std::string rest = reply_.substr(sent_);
+    sent_ = reply_.size();
+    ToolCallParse p = parse_tool_calls(rest);
+    if (p.calls.empty()) p.content = rest;
+    return p;
 }
 
 }  // namespace td

@@ -36,4 +36,18 @@ ToolCallParse parse_tool_calls(std::string_view text);
 // (after whitespace) with "{" or "[". text.size() when all of it can be shown as content now.
 size_t tool_call_holdback(std::string_view text);
 
+// A streamed reply split into content that can be shown now and, at the end, the calls (what OpenAI's SSE
+// and Ollama's NDJSON streams both do with tool calls).
+class ToolCallStream {
+public:
+    // The reply's next text; returns the part that is content for sure (may be empty).
+    std::string push(std::string_view text);
+    // The reply ended: the held-back text, parsed. No calls: `content` is that text as it was (untrimmed).
+    ToolCallParse finish();
+
+private:
+    std::string reply_;
+    size_t sent_ = 0;  // bytes of reply_ returned as content
+};
+
 }  // namespace td
