@@ -5,7 +5,8 @@
 # ranks: one node, the pipeline over all workers, tensor parallelism over all workers, and the recommended
 # one. Generation is tg N_GEN at batch 1 and 16 (PARALLEL), prompt is pp N_PROMPT at batch 1. Prints one
 # markdown row per (cluster, layout, test) with predicted, measured and their ratio, and per (cluster, batch)
-# whether the recommended layout was the measured fastest (or within 5% of it).
+# whether the recommended layout was the measured fastest (or within 5% of it). Links stay on TCP
+# (--transport tcp): shared memory between these processes would pass the relays by.
 #
 #   bench/plan-check.sh [MODEL]
 #   env: TANDEM (binary), NODES ("1 2 3"), DELAYS_MS ("0 0.1 1"), N_GEN (128), N_PROMPT (512), PARALLEL (16),
@@ -55,7 +56,7 @@ for n in $nodes_list; do
       fi
       list+="${list:+,}$a"
     done
-    "$bin" plan -m "$model" --workers "$list" -t 1 --batch "1,$parallel" -n "$n_gen" -p "$n_prompt" --json \
+    "$bin" plan -m "$model" --workers "$list" --transport tcp -t 1 --batch "1,$parallel" -n "$n_gen" -p "$n_prompt" --json \
       > "$tmp/plan.json" 2>/dev/null
     # The layouts to run: flags, label and predictions per batch.
     python3 - "$tmp/plan.json" "$n" > "$tmp/layouts" <<'PY'
@@ -82,10 +83,10 @@ PY
     while read -r line; do
       flags=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["flags"])' "$line")
       # shellcheck disable=SC2086
-      "$bin" bench -m "$model" $flags -t 1 -p 0 -n "$n_gen" --parallel "1,$parallel" -r "$reps" -o jsonl \
+      "$bin" bench -m "$model" $flags --transport tcp -t 1 -p 0 -n "$n_gen" --parallel "1,$parallel" -r "$reps" -o jsonl \
         2>/dev/null > "$tmp/gen.jsonl" || true
       # shellcheck disable=SC2086
-      "$bin" bench -m "$model" $flags -t 1 -p "$n_prompt" -n 0 --parallel 1 -r 1 -o jsonl \
+      "$bin" bench -m "$model" $flags --transport tcp -t 1 -p "$n_prompt" -n 0 --parallel 1 -r 1 -o jsonl \
         2>/dev/null > "$tmp/pp.jsonl" || true
       python3 - "$line" "$tmp/gen.jsonl" "$tmp/pp.jsonl" "$n" "$d" "$n_gen" "$n_prompt" >> "$tmp/summary" <<'PY'
 import json, sys

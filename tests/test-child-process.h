@@ -87,6 +87,7 @@ public:
         return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     }
     bool running() const { return pid_ > 0 && ready_; }
+    pid_t pid() const { return pid_; }
     const std::string &ready_text() const { return ready_text_; }
     std::string log() const { return read_file(err_path_); }
 
@@ -103,14 +104,17 @@ private:
 class WorkerProcess {
 public:
     explicit WorkerProcess(const std::string &cache_dir, uint16_t port = 0, const std::string &model = "",
-                           const std::vector<std::string> &extra_env = {}) {
-        start(cache_dir, port, model, extra_env);
+                           const std::vector<std::string> &extra_env = {},
+                           const std::vector<std::string> &extra_args = {}) {
+        start(cache_dir, port, model, extra_env, extra_args);
     }
     void start(const std::string &cache_dir, uint16_t port, const std::string &model = "",
-               const std::vector<std::string> &extra_env = {}) {
+               const std::vector<std::string> &extra_env = {},
+               const std::vector<std::string> &extra_args = {}) {
         std::vector<std::string> args = {
             "worker", "--listen", "127.0.0.1:" + std::to_string(port), "--cache-dir", cache_dir, "-t", "1"};
         if (!model.empty()) args.insert(args.end(), {"--model", model});
+        args.insert(args.end(), extra_args.begin(), extra_args.end());
         proc_.start(args, "listening on ", extra_env);
         address_ = proc_.ready_text();
         port_ =
@@ -123,6 +127,7 @@ public:
     const std::string &address() const { return address_; }  // "127.0.0.1:PORT"
     uint16_t port() const { return port_; }
     std::string log() const { return proc_.log(); }
+    pid_t pid() const { return proc_.pid(); }
 
 private:
     ChildProcess proc_;

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "cluster/cluster-engine.h"
@@ -83,6 +84,7 @@ ClusterOptions options_for(const std::vector<const WorkerProcess *> &workers, co
     for (const WorkerProcess *w : workers) o.workers += (o.workers.empty() ? "" : ",") + w->address();
     o.layers = layers;
     o.wire = wire;
+    o.transports = test::test_transports();
     o.context = small_context();
     o.print_placement = false;
     o.stage_dir = "";
@@ -373,6 +375,81 @@ TEST(Cluster, OneMessagePerHopPerDecodeStep) {
     // Only sampled tokens come back: a result is far smaller than a row of logits.
     EXPECT_LT((after->head_bytes_recv - before->head_bytes_recv) / kSteps, 64u);
     EXPECT_NE(engine.format_stats(*after).find(w2.address()), std::string::npos);
+    // Every link between these processes of one host takes shared memory, unless the test asks for TCP.
+    const std::string t = net::transport_name(test::test_link_transport());
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(after->nodes[i].links, fmt::format("in {}, out {}", t, t)) << i;
+    EXPECT_EQ(after->head_links, fmt::format("in {}, out {}", t, t));
+}
+
+// The mappings of shared rings process `pid` holds.
+int shm_mappings(pid_t pid) {
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    int n = 0;
+    for (std::string line; std::getline(maps, line);)
+        if (line.find("memfd:tandem-shm") != std::string::npos) ++n;
+    return n;
+}
+
+// Waits up to `seconds` for pred(); true when it held.
+template <typename Pred>
+bool eventually(Pred pred, double seconds) {
+    const auto t0 = Clock::now();
+    while (!pred()) {
+        if (std::chrono::duration<double>(Clock::now() - t0).count() > seconds) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+}
+
+TEST(Cluster, AWorkerWithoutShmNegotiatesTcpAndNoMappingOutlivesAKill) {
+    if (test::test_link_transport() != net::Transport::shm)
+        GTEST_SKIP() << "shared memory not allowed in this run";
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    WorkerProcess w3(cache.file("w3"), 0, "", {}, {"--transport", "tcp"});  // a peer without shm
+    ASSERT_TRUE(w1.running() && w2.running() && w3.running());
+    const int before = shm_mappings(getpid());
+    auto e = ClusterEngine::create(model, options_for({&w1, &w2, &w3}, "0-1,2-3,4-4"));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    auto ref = local_reference(model);
+    auto got = greedy(**e);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_TRUE(bit_identical(ref, *got));
+    auto st = (*e)->stats();
+    ASSERT_TRUE(st.ok()) << st.status().message();
+    EXPECT_EQ(st->nodes[0].links, "in shm, out shm");
+    EXPECT_EQ(st->nodes[1].links, "in shm, out tcp");  // to w3, which allows only TCP
+    EXPECT_EQ(st->nodes[2].links, "in tcp, out tcp");
+    EXPECT_EQ(st->head_links, "in tcp, out shm");
+    // The head maps the rings of its control links to w1 and w2 and of its data link to w1; w1 those of its
+    // control link, its input and its output; w2 those of its control link and its input.
+    EXPECT_EQ(shm_mappings(getpid()) - before, 3);
+    EXPECT_EQ(shm_mappings(w1.pid()), 3);
+    EXPECT_EQ(shm_mappings(w2.pid()), 2);
+    EXPECT_EQ(shm_mappings(w3.pid()), 0);
+
+    // w2 dies mid-stream: found as fast as over TCP, and the survivors drop the rings they shared with it.
+    const pid_t pid1 = w1.pid();
+    Clock::time_point killed;
+    std::thread killer([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        killed = Clock::now();
+        w2.kill();
+    });
+    Status failed;
+    for (int i = 0; i < 200 && failed.ok(); ++i) failed = greedy(**e, 24, 2).status();
+    const auto found = Clock::now();
+    killer.join();
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.message().find(std::to_string(w2.port())), std::string::npos) << failed.message();
+    EXPECT_LT(std::chrono::duration<double>(found - killed).count(), 3.0) << failed.message();
+    // w1 loses its next hop; its head reconnects on the next request and drops the old stage: every ring w1
+    // had with w2 is unmapped.
+    e->reset();  // the head goes too (its control links close): w1 drops its stage and every ring
+    EXPECT_TRUE(eventually([&] { return shm_mappings(pid1) == 0; }, 3.0)) << shm_mappings(pid1);
+    EXPECT_EQ(shm_mappings(getpid()), before);
 }
 
 TEST(Cluster, MalformedFramesCloseTheConnectionNotTheWorker) {

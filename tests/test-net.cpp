@@ -93,6 +93,10 @@ Status decode_any(MsgType type, std::span<const uint8_t> p) {
             return decode_auth_challenge(p).status();
         case MsgType::auth_proof:
             return decode_auth_proof(p).status();
+        case MsgType::transport_offer:
+            return decode_transport_offer(p).status();
+        case MsgType::transport_ready:
+            return decode_transport_ready(p).status();
     }
     return invalid_input("unknown type");
 }
@@ -105,6 +109,8 @@ Hello sample_hello() {
     m.build_id = "0.1.0-abc123";
     m.node_name = "10.0.0.2:9100";
     for (size_t i = 0; i < m.nonce.size(); ++i) m.nonce[i] = static_cast<uint8_t>(i * 7 + 1);
+    m.transports = kTransportsAll;
+    m.host_id = "5f1c1a4e-0d4b-4bd6-9a43-0a5c1bd2e3f4";
     return m;
 }
 HelloReply sample_hello_reply() {
@@ -116,6 +122,7 @@ HelloReply sample_hello_reply() {
     m.mem_available = 40ull << 30;
     m.gflops = 812.5f;
     m.cpu = "AMD EPYC (avx2)";
+    m.transport = static_cast<uint32_t>(Transport::shm);
     return m;
 }
 LoadStage sample_load_stage() {
@@ -264,6 +271,12 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
     AuthProof pr;
     pr.proof.fill(0x33);
     add(MsgType::auth_proof, pr);
+    TransportOffer to;
+    to.transport = static_cast<uint32_t>(Transport::shm);
+    to.shm = ShmOffer{4242, 17, 4096 + (8u << 20), {}};
+    to.shm.token.fill(0x44);
+    add(MsgType::transport_offer, to);
+    add(MsgType::transport_ready, TransportReady{0, "cannot open /proc/4242/fd/17"});
     return v;
 }
 
@@ -363,6 +376,8 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(hello->build_id, "0.1.0-abc123");
     EXPECT_EQ(hello->node_name, "10.0.0.2:9100");
     EXPECT_EQ(hello->nonce, sample_hello().nonce);
+    EXPECT_EQ(hello->transports, kTransportsAll);
+    EXPECT_EQ(hello->host_id, sample_hello().host_id);
 
     b.clear();
     encode(sample_hello_reply(), b);
@@ -374,6 +389,7 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(hr->mem_available, 40ull << 30);
     EXPECT_EQ(hr->gflops, 812.5f);
     EXPECT_EQ(hr->cpu, "AMD EPYC (avx2)");
+    EXPECT_EQ(hr->transport, static_cast<uint32_t>(Transport::shm));
 
     b.clear();
     encode(ErrorMsg{static_cast<uint32_t>(ErrorKind::overloaded), "queue full"}, b);

@@ -140,10 +140,18 @@ TEST(NetbenchCli, ReportsTheRelaysDelay) {
     auto direct = test::run_tandem(
         {"netbench", w.address(), "--json", "--budget-ms", "20", "-m", test::shared_path(kModel)});
     ASSERT_EQ(direct.exit_code, 0) << direct.err;
-    auto via = test::run_tandem({"netbench", (*relay)->address(), "--json", "--budget-ms", "20"});
+    // Through the relay over TCP: shared memory would pass the relay by.
+    auto via = test::run_tandem(
+        {"netbench", (*relay)->address(), "--json", "--budget-ms", "20", "--transport", "tcp"});
     ASSERT_EQ(via.exit_code, 0) << via.err;
     const auto jd = nlohmann::json::parse(direct.out), jv = nlohmann::json::parse(via.out);
     EXPECT_EQ(jd["transport"], "tcp");
+    // The worker shares this host: shared memory is measured beside TCP, the same sizes (how much faster it
+    // is is bench/transport-rtt's business, not a test's).
+    ASSERT_EQ(jd["transports"].size(), 2u) << direct.out;
+    EXPECT_EQ(jd["transports"][1]["transport"], "shm");
+    EXPECT_EQ(jd["transports"][1]["round_trips"].size(), jd["transports"][0]["round_trips"].size());
+    EXPECT_EQ(jv["transports"].size(), 1u);
     EXPECT_GE(jv["latency_us"].get<double>() - jd["latency_us"].get<double>(), 4000);
     bool activation = false;
     for (const auto &x : jd["round_trips"]) {
@@ -155,6 +163,7 @@ TEST(NetbenchCli, ReportsTheRelaysDelay) {
     auto text = test::run_tandem({"netbench", w.address(), "--budget-ms", "5"});
     EXPECT_EQ(text.exit_code, 0);
     EXPECT_NE(text.out.find("one way:"), std::string::npos) << text.out;
+    EXPECT_NE(text.out.find("side by side"), std::string::npos) << text.out;
     auto none = test::run_tandem({"netbench", "127.0.0.1:1"});
     EXPECT_NE(none.exit_code, 0);
     EXPECT_NE(none.err.find("cannot reach worker 127.0.0.1:1"), std::string::npos) << none.err;
@@ -163,7 +172,11 @@ TEST(NetbenchCli, ReportsTheRelaysDelay) {
 // tokens/s that `tandem bench` measures for a tg test through `workers` (one layout's flags).
 double bench_tg(const std::vector<std::string> &flags) {
     std::vector<std::string> args = {
-        "bench", "-m", test::shared_path(kModel), "-t", "1", "-p", "0", "-n", "32", "-r", "2", "-o", "jsonl"};
+        "bench", "-m",          test::shared_path(kModel),
+        "-t",    "1",           "-p",
+        "0",     "-n",          "32",
+        "-r",    "2",           "-o",
+        "jsonl", "--transport", "tcp"};  // through the relay, as the plan measured (shm would pass it by)
     args.insert(args.end(), flags.begin(), flags.end());
     auto r = test::run_tandem(args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -187,6 +200,7 @@ TEST(PlanDelay, ADelayedLinkMovesThePredictionAndTheRecommendationLikeTheMeasure
     o.link_ms = 30;
     o.n_threads = 1;
     o.predict.n_gen = 32;
+    o.transports = net::kTransportsTcp;  // through the relay, as the bench runs (shm would pass it by)
     // Predicted tokens/s of b alone (through the relay) and of a alone, and the recommended flags.
     auto plan_now = [&](double *pa, double *pb, std::string *rec) {
         auto spec = measure_cluster({a.address(), via}, *shape, o, test_secret(), {});

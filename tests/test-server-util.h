@@ -107,8 +107,12 @@ public:
     ServeParams::EngineFactory factory(bool tp = false, const std::string &spares = "",
                                        bool replan = false) const {
         const std::string workers = addresses();
-        return [workers, tp, spares, replan](std::shared_ptr<const Model> model, const ContextParams &cp,
-                                             ThreadPool &) -> Result<std::unique_ptr<Engine>> {
+        // Links through the relay stay on TCP: shared memory between these processes would pass the relay by,
+        // and the faults it injects (garbled bytes, delays) with it.
+        const bool relayed = relay_ != nullptr;
+        return [workers, tp, spares, replan, relayed](std::shared_ptr<const Model> model,
+                                                      const ContextParams &cp,
+                                                      ThreadPool &) -> Result<std::unique_ptr<Engine>> {
             cluster::ClusterOptions co;
             co.secret = test::test_secret();
             co.workers = workers;
@@ -119,6 +123,7 @@ public:
             else if (!replan)
                 co.layers = "0-1,2-4";
             co.wire = net::WireType::f32;
+            co.transports = relayed ? net::kTransportsTcp : test::test_transports();
             co.context = cp;
             co.print_placement = false;
             TD_ASSIGN_OR_RETURN(auto e, cluster::ClusterEngine::create(std::move(model), co));

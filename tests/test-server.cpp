@@ -294,6 +294,14 @@ TEST_P(ServerTest, MetricsCountRequestsAndTokens) {
          {"tandem_node_forward_steps_total{node=\"" + a2 + "\",layers=\"" + l2 + "\"} 8\n",
           "tandem_node_step_latency_seconds{node=\"" + a1 + "\",layers=\"" + l1 + "\"} "})
         EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
+    // Which transport each link took: every node here is a process of this host.
+    const std::string t = net::transport_name(test::test_link_transport());
+    EXPECT_NE(text.find("tandem_node_links_info{node=\"" + a1 + "\",layers=\"" + l1 + "\",links=\"in " + t),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("tandem_node_links_info{node=\"head\",layers=\"-\",links=\"in " + t + ", out " + t),
+              std::string::npos)
+        << text;
     if (pipeline()) {
         for (const std::string &needle :
              {"tandem_link_messages_total{from=\"head\",to=\"" + a1 + "\"} ",

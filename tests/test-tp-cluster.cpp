@@ -89,6 +89,7 @@ ClusterOptions tp_options(const std::vector<WorkerProcess *> &workers, int32_t t
     for (const WorkerProcess *w : workers) o.workers += (o.workers.empty() ? "" : ",") + w->address();
     o.tp = tp;
     o.layout = layout;
+    o.transports = test::test_transports();
     o.wire = net::WireType::f32;
     o.context = context();
     o.print_placement = false;

@@ -3,9 +3,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "net/auth.h"
+#include "net/protocol.h"
 
 namespace td::test {
 
@@ -17,6 +19,30 @@ inline const net::ClusterSecret &test_secret() {
         return s.ok() ? *s : net::ClusterSecret::from_bytes("tandem-test-secret-not-found");
     }();
     return secret;
+}
+
+// The transports the cluster tests' heads allow: the test binary's argument --td-transport=NAME (auto, tcp,
+// shm), with which ctest runs the cluster suites once more over TCP (tests/CMakeLists.txt); else
+// $TD_TEST_TRANSPORT; else auto (shm: every node is on this host).
+inline uint32_t test_transports() {
+    static const uint32_t bits = [] {
+        std::string name;
+        if (const char *env = std::getenv("TD_TEST_TRANSPORT")) name = env;
+        std::ifstream cmdline("/proc/self/cmdline");
+        const std::string flag = "--td-transport=";
+        for (std::string arg; std::getline(cmdline, arg, '\0');)
+            if (arg.rfind(flag, 0) == 0) name = arg.substr(flag.size());
+        uint32_t b = net::kTransportsAll;
+        std::string error;
+        if (!name.empty() && !net::transports_from_name(name, &b, &error)) std::abort();
+        return b;
+    }();
+    return bits;
+}
+// The transport a link between two nodes of this host takes in these tests.
+inline net::Transport test_link_transport() {
+    return (test_transports() & net::transport_bit(net::Transport::shm)) != 0 ? net::Transport::shm
+                                                                              : net::Transport::tcp;
 }
 
 // ../shared (or $TANDEM_SHARED_DIR): models/, reference/, vocab/.

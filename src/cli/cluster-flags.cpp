@@ -24,6 +24,7 @@ Status choose_layout(const Model &model, const ContextParams &params, int32_t n_
     po.batches = {batch};
     po.probe_ms = 10;
     po.n_threads = n_threads;
+    po.transports = co.transports;
     std::fprintf(stderr, "tandem: --layout auto: measuring %zu workers and their links\n", workers.size());
     TD_ASSIGN_OR_RETURN(cluster::ClusterSpec spec, cluster::measure_cluster(workers, shape, po, co.secret, {}));
     const cluster::Plan plan = cluster::make_plan(shape, spec, po);
@@ -80,6 +81,10 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
         "nodes) or 2,1; auto: measure the workers and links and run what `tandem plan` recommends");
     cmd->add_option("--wire", flags.wire, "Activation encoding between stages: f32, f16 or q8_0")
         ->default_val("f16");
+    cmd->add_option("--transport", flags.transport,
+                    "How links between nodes travel: auto (shared memory between processes of one host, else "
+                    "TCP), tcp, or shm (shared memory where both ends share a host, else TCP)")
+        ->default_val("auto");
     cmd->add_option("--head-layers", flags.head_layers,
                     "Layers the head runs itself before the workers (0: embedding and sampling only)")
         ->default_val(0)
@@ -123,6 +128,8 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
         return invalid_input("give either --layers or --split, not both");
     cluster::ClusterOptions co;
     TD_ASSIGN_OR_RETURN(co.secret, load_cluster_secret(flags.secret_file));
+    if (std::string error; !net::transports_from_name(flags.transport, &co.transports, &error))
+        return invalid_input("{}", error);
     co.workers = flags.workers;
     co.layers = flags.layers;
     co.split = flags.split;

@@ -22,6 +22,7 @@ struct ClusterFlags {
     std::string layout;   // "2,2": nodes per stage
     std::string wire = "f16";
     std::string tp_reduce = "f32";  // all-reduce parts between TP ranks
+    std::string transport = "auto";  // --transport: auto, tcp, shm
     int32_t head_layers = 0;  // layers the head runs itself before stage 1
     int32_t chunk_rows = 0;   // rows per message of a long step (0: chosen from the stages and the step)
     bool stats = false;

@@ -1,5 +1,6 @@
 // tandem netbench: round trips and throughput between this machine and a running worker, over each transport
-// both ends share (TCP today), with the message sizes tandem really sends for a model (-m).
+// both ends can use (TCP; shared memory when the worker runs on this host), side by side, with the message
+// sizes tandem really sends for a model (-m).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@ struct NetbenchOptions {
     int budget_ms = 200;
     std::string wire = "f16";
     std::string secret_file;
+    std::string transport = "auto";
 };
 
 std::string size_label(uint64_t b) {
@@ -65,26 +67,47 @@ int netbench_main(const NetbenchOptions &opt) {
     }
     auto secret = load_cluster_secret(opt.secret_file);
     if (!secret.ok()) return fail(secret.status());
-    auto client = cluster::ProbeClient::connect(opt.address, *secret);
-    if (!client.ok()) return fail(client.status());
-    auto samples = (*client)->measure_link(lo);
-    if (!samples.ok()) return fail(samples.status());
+    uint32_t allowed = 0;
+    if (std::string error; !net::transports_from_name(opt.transport, &allowed, &error))
+        return fail(invalid_input("{}", error));
+    // Each transport on its own probe connection: TCP always, shared memory when the worker shares this host.
+    struct Run {
+        net::Transport transport;
+        std::unique_ptr<cluster::ProbeClient> client;
+        std::vector<net::LinkSample> samples;
+    };
+    std::vector<Run> runs;
+    std::vector<std::string> unavailable;
+    for (net::Transport t : {net::Transport::tcp, net::Transport::shm}) {
+        if (t != net::Transport::tcp && (allowed & net::transport_bit(t)) == 0) continue;
+        if (t == net::Transport::tcp && opt.transport == "shm") continue;  // only shared memory asked for
+        auto client = cluster::ProbeClient::connect(opt.address, *secret, 3000,
+                                                    net::kTransportsTcp | net::transport_bit(t));
+        if (!client.ok()) return fail(client.status());
+        if ((*client)->transport() != t) {
+            unavailable.push_back(fmt::format(
+                "{}: not available (the worker is on another host, or refused it)", net::transport_name(t)));
+            continue;
+        }
+        auto samples = (*client)->measure_link(lo);
+        if (!samples.ok()) return fail(samples.status());
+        runs.push_back({t, std::move(client).value(), std::move(samples).value()});
+    }
+    if (runs.empty()) return fail(make_error(ErrorKind::failed, "{}", unavailable.front()));
     auto what_of = [&](uint64_t b) -> std::string {
         for (const auto &[s, w] : model_sizes)
             if (s == b) return w;
         return "";
     };
-    const net::HelloReply &h = (*client)->hello();
-    if (opt.json) {
+    const net::HelloReply &h = runs.front().client->hello();
+    const auto run_json = [&](const Run &r) {
         nlohmann::json j;
-        j["address"] = opt.address;
-        j["transport"] = "tcp";
-        j["worker"] = {{"build", h.build_id}, {"cpu", h.cpu}, {"threads", h.n_threads}};
-        j["connect_seconds"] = (*client)->connect_seconds();
-        j["latency_us"] = cluster::link_latency_seconds(*samples) * 1e6;
-        j["gbps"] = cluster::link_bytes_per_second(*samples) / 1e9;
+        j["transport"] = net::transport_name(r.transport);
+        j["connect_seconds"] = r.client->connect_seconds();
+        j["latency_us"] = cluster::link_latency_seconds(r.samples) * 1e6;
+        j["gbps"] = cluster::link_bytes_per_second(r.samples) / 1e9;
         nlohmann::json rt = nlohmann::json::array(), st = nlohmann::json::array();
-        for (const net::LinkSample &s : *samples) {
+        for (const net::LinkSample &s : r.samples) {
             nlohmann::json x = {{"bytes", s.bytes},      {"count", s.count},      {"p50_us", s.p50 * 1e6},
                                 {"p90_us", s.p90 * 1e6}, {"p99_us", s.p99 * 1e6}, {"max_us", s.max * 1e6},
                                 {"gbps", s.gbps}};
@@ -93,28 +116,61 @@ int netbench_main(const NetbenchOptions &opt) {
         }
         j["round_trips"] = rt;
         j["streams"] = st;
+        return j;
+    };
+    if (opt.json) {
+        // The first transport's figures at the top (TCP unless --transport says otherwise), every one in
+        // "transports".
+        nlohmann::json j = run_json(runs.front());
+        j["address"] = opt.address;
+        j["worker"] = {{"build", h.build_id}, {"cpu", h.cpu}, {"threads", h.n_threads}};
+        j["transports"] = nlohmann::json::array();
+        for (const Run &r : runs) j["transports"].push_back(run_json(r));
+        j["unavailable"] = unavailable;
         std::printf("%s\n", j.dump(2).c_str());
         return 0;
     }
-    std::printf("netbench %s over tcp (the only transport both ends have in this build)\n",
-                opt.address.c_str());
-    std::printf("worker: %s, %u threads, build %s; connected in %.2f ms\n", h.cpu.c_str(), h.n_threads,
-                h.build_id.c_str(), (*client)->connect_seconds() * 1e3);
-    std::printf("\nround trips (echo; µs)\n%10s %9s %9s %9s %9s %7s  %s\n", "bytes", "p50", "p90", "p99",
-                "max", "count", "");
-    for (const net::LinkSample &s : *samples)
-        if (s.mode == 0)
-            std::printf("%10s %9s %9s %9s %9s %7u  %s\n", size_label(s.bytes).c_str(), us(s.p50).c_str(),
-                        us(s.p90).c_str(), us(s.p99).c_str(), us(s.max).c_str(), s.count,
-                        what_of(s.bytes).c_str());
-    std::printf("\nstreams (one way, back to back)\n%10s %9s %12s %7s\n", "bytes", "GB/s", "ms/message",
-                "count");
-    for (const net::LinkSample &s : *samples)
-        if (s.mode == 1)
-            std::printf("%10s %9.2f %12.2f %7u\n", size_label(s.bytes).c_str(), s.gbps, s.p50 * 1e3, s.count);
-    std::printf("\none way: %.1f µs per small message, %.2f GB/s\n",
-                cluster::link_latency_seconds(*samples) * 1e6,
-                cluster::link_bytes_per_second(*samples) / 1e9);
+    std::printf("worker %s: %s, %u threads, build %s\n", opt.address.c_str(), h.cpu.c_str(), h.n_threads,
+                h.build_id.c_str());
+    for (const Run &r : runs) {
+        const auto &samples = r.samples;
+        std::printf("\n== over %s (connected in %.2f ms)\n", net::transport_name(r.transport),
+                    r.client->connect_seconds() * 1e3);
+        std::printf("round trips (echo; µs)\n%10s %9s %9s %9s %9s %7s  %s\n", "bytes", "p50", "p90", "p99",
+                    "max", "count", "");
+        for (const net::LinkSample &s : samples)
+            if (s.mode == 0)
+                std::printf("%10s %9s %9s %9s %9s %7u  %s\n", size_label(s.bytes).c_str(), us(s.p50).c_str(),
+                            us(s.p90).c_str(), us(s.p99).c_str(), us(s.max).c_str(), s.count,
+                            what_of(s.bytes).c_str());
+        std::printf("streams (one way, back to back)\n%10s %9s %12s %7s\n", "bytes", "GB/s", "ms/message",
+                    "count");
+        for (const net::LinkSample &s : samples)
+            if (s.mode == 1)
+                std::printf("%10s %9.2f %12.2f %7u\n", size_label(s.bytes).c_str(), s.gbps, s.p50 * 1e3,
+                            s.count);
+        std::printf("one way: %.1f µs per small message, %.2f GB/s\n",
+                    cluster::link_latency_seconds(samples) * 1e6,
+                    cluster::link_bytes_per_second(samples) / 1e9);
+    }
+    for (const std::string &u : unavailable) std::printf("\n%s\n", u.c_str());
+    if (runs.size() > 1) {
+        std::printf("\nside by side (round trip p50, µs; streams GB/s)\n%10s", "bytes");
+        for (const Run &r : runs) std::printf(" %9s", net::transport_name(r.transport));
+        std::printf("\n");
+        const auto &first = runs.front().samples;
+        for (size_t i = 0; i < first.size(); ++i) {
+            std::printf("%10s", size_label(first[i].bytes).c_str());
+            for (const Run &r : runs) {
+                const net::LinkSample &s = r.samples[std::min(i, r.samples.size() - 1)];
+                if (s.mode == 0)
+                    std::printf(" %9s", us(s.p50).c_str());
+                else
+                    std::printf(" %9.2f", s.gbps);
+            }
+            std::printf("  %s\n", first[i].mode == 0 ? "round trip" : "stream");
+        }
+    }
     return 0;
 }
 
@@ -132,6 +188,11 @@ void register_netbench(CLI::App &app, Runners &runners) {
         ->check(CLI::Range(1, 2000));
     cmd->add_option("--wire", opt->wire, "Activation type for the model's sizes: f32, f16, q8_0")
         ->default_val("f16");
+    cmd->add_option(
+           "--transport", opt->transport,
+           "Which transports to measure: auto (TCP, and shared memory when the worker shares this host), "
+           "tcp or shm")
+        ->default_val("auto");
     add_secret_flag(cmd, opt->secret_file);
     runners.push_back([cmd, opt] { return cmd->parsed() ? netbench_main(*opt) : -1; });
 }

@@ -34,6 +34,7 @@ struct PlanCliOptions {
     int probe_ms = 20;
     bool no_contention = false;
     std::string secret_file;
+    std::string transport = "auto";
 };
 
 // Shapes of well-known models, for planning without a file.
@@ -101,6 +102,8 @@ int plan_main(const PlanCliOptions &opt) {
     po.n_threads = opt.n_threads;
     po.probe_ms = opt.probe_ms;
     po.contention = !opt.no_contention;
+    if (std::string error; !net::transports_from_name(opt.transport, &po.transports, &error))
+        return fail(invalid_input("{}", error));
     po.predict.n_prompt = opt.n_prompt;
     po.predict.n_gen = opt.n_gen;
 
@@ -179,6 +182,11 @@ void register_plan(CLI::App &app, Runners &runners) {
         ->default_val(20)
         ->check(CLI::Range(1, 2000));
     cmd->add_flag("--no-contention", opt->no_contention, "Do not measure nodes of one host together");
+    cmd->add_option(
+           "--transport", opt->transport,
+           "Transports the measured links may take, as the run's --transport: auto (shared memory between "
+           "nodes of one host), tcp, shm")
+        ->default_val("auto");
     add_secret_flag(cmd, opt->secret_file);
     runners.push_back([cmd, opt] { return cmd->parsed() ? plan_main(*opt) : -1; });
 }

@@ -22,6 +22,7 @@ struct WorkerCliOptions {
     std::string cache_max = "0";
     std::string cache_min_free = "1G";
     std::string secret_file;
+    std::string transport = "auto";
 };
 
 int worker_main(const WorkerCliOptions &opt) {
@@ -30,6 +31,8 @@ int worker_main(const WorkerCliOptions &opt) {
         return fail(s.with_context("--listen"));
     wo.n_threads = opt.n_threads;
     wo.model_path = opt.model;
+    if (std::string error; !net::transports_from_name(opt.transport, &wo.transports, &error))
+        return fail(invalid_input("{}", error));
     wo.cache_dir = opt.cache_dir.empty() ? tandem_cache_dir() + "/stages" : opt.cache_dir;
     // Packed weights beside the stage files when --cache-dir is given, else in the user cache.
     auto max_bytes = parse_size("--cache-max", opt.cache_max);
@@ -68,6 +71,10 @@ void register_worker(CLI::App &app, Runners &runners) {
     cmd->add_option("--listen", opt->listen, "HOST:PORT to listen on (port 0: any free port)")
         ->default_val("127.0.0.1:0");
     cmd->add_option("-t,--threads", opt->n_threads, "Threads (0: all cores)")->default_val(0);
+    cmd->add_option(
+           "--transport", opt->transport,
+           "Links this worker may use: auto (shared memory with nodes on this host, else TCP), tcp, shm")
+        ->default_val("auto");
     cmd->add_option("-m,--model", opt->model,
                     "Local copy of the model (used when its weights match the head's)");
     cmd->add_option("--cache-dir", opt->cache_dir,

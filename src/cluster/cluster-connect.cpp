@@ -165,6 +165,7 @@ Status ClusterEngine::handshake(size_t i) {
     hello.role = net::ConnRole::control;
     hello.build_id = build_id();
     hello.node_name = "head";
+    hello.transports = options_.transports;
     TD_ASSIGN_OR_RETURN(Dialed d, dial_node(addr, hello, options_.secret, options_.connect_timeout_ms));
     control_[i] = std::move(d.conn);
     if (d.reply.build_id != build_id())
@@ -264,6 +265,7 @@ Status ClusterEngine::load_stage(size_t i, const std::vector<std::string> &next,
     ls.n_threads = static_cast<uint32_t>(std::max(0, options_.n_threads));
     ls.model_name = std::filesystem::path(model_->file().path()).filename().string();
     ls.next = next;
+    ls.transports = options_.transports;
     ls.is_last = node.stage + 1 == static_cast<int32_t>(groups_.size());
     if (node.tp_size > 1) {
         const TpSlice &sl = slices_[i];
@@ -314,8 +316,8 @@ Status ClusterEngine::accept_result_link() {
         net::HelloReply reply;
         reply.build_id = build_id();
         reply.node_name = "head";
-        TD_TRY(send_control(**conn, net::MsgType::hello_reply, reply));
-        result_in_ = std::move(conn).value();
+        TD_ASSIGN_OR_RETURN(result_in_,
+                            answer_hello(std::move(conn).value(), *hello, reply, options_.transports));
         return {};
     }
 }
@@ -477,6 +479,7 @@ Status ClusterEngine::connect_once() {
         hello.role = net::ConnRole::data;
         hello.build_id = build_id();
         hello.node_name = "head";
+        hello.transports = options_.transports;
         auto d = dial_node(addresses_[groups_[0][r]], hello, options_.secret, options_.connect_timeout_ms);
         s = d.status();
         if (d.ok()) data_outs_.push_back(std::move(d->conn));
@@ -617,6 +620,10 @@ std::string ClusterEngine::format_stats(const ClusterStats &st) const {
         fmt::format("  {:<22} {:<8} {:>8} {:>8} {:>11} {:>11} {:>8} {:>10} {:>9} {:>9.3f}\n", "head", "-",
                     st.head_msgs_recv, st.head_msgs_sent, fmt_bytes(static_cast<double>(st.head_bytes_recv)),
                     fmt_bytes(static_cast<double>(st.head_bytes_sent)), "-", "-", "-", st.head_send_seconds);
+    out += "  links (transport of each node's input, outputs and tensor-parallel peers):\n";
+    for (size_t i = 0; i < st.nodes.size() && i < nodes_.size(); ++i)
+        out += fmt::format("    {:<22} {}\n", nodes_[i].address, st.nodes[i].links);
+    out += fmt::format("    {:<22} {}\n", "head", st.head_links);
     return out;
 }
 

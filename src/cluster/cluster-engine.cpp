@@ -326,6 +326,8 @@ Result<ClusterStats> ClusterEngine::stats() {
         st.head_bytes_sent += out.bytes_sent;
         st.head_send_seconds += static_cast<double>(out.send_ns) * 1e-9;
     }
+    st.head_links = fmt::format("in {}, out", net::transport_name(result_in_->transport()));
+    for (const auto &c : data_outs_) st.head_links.append(" ").append(net::transport_name(c->transport()));
     const net::ConnStats &in = result_in_->stats();
     st.tokens = tokens_done_;
     st.head_msgs_recv = in.msgs_recv;

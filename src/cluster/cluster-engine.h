@@ -86,6 +86,9 @@ struct ClusterOptions {
     // (by speed and memory; not with explicit `layers`), when they can hold it.
     bool replan = false;
     net::ClusterSecret secret;     // proved to every worker, and asked of every connection to the head
+    // Transports every link of the cluster may use (--transport: net::transports_from_name); each link takes
+    // the best both of its ends allow (shm between processes of one host), else TCP.
+    uint32_t transports = net::kTransportsAll;
 };
 
 struct NodeStatus {
@@ -116,6 +119,7 @@ struct ClusterStats {
     uint64_t head_msgs_sent = 0, head_bytes_sent = 0;  // head -> stage 1 (data), since connecting
     uint64_t head_msgs_recv = 0, head_bytes_recv = 0;  // last stage -> head (data)
     double head_send_seconds = 0.0;
+    std::string head_links;  // "in shm, out shm": the transports of the head's data links (StatsReply::links)
 };
 
 class ClusterEngine : public Engine {

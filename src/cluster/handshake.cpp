@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 
-#include "cluster/wire.h"
 #include "cluster/node-info.h"
+#include "cluster/wire.h"
+#include "core/log.h"
 #include "net/codec.h"
+#include "net/shm.h"
 
 namespace td::cluster {
 namespace {
@@ -111,8 +113,73 @@ Result<net::Hello> handshake_accept(net::Connection &conn, const net::ClusterSec
     return std::move(hello).value();
 }
 
-Result<Dialed> dial_node(const std::string &address, const net::Hello &hello, const net::ClusterSecret &secret,
-                         int connect_timeout_ms) {
+net::Transport choose_transport(const net::Hello &hello, uint32_t server_allows) {
+    const uint32_t both = hello.transports & server_allows;
+    if ((both & net::transport_bit(net::Transport::shm)) != 0 && net::shm_supported() &&
+        !hello.host_id.empty() && hello.host_id == net::host_identity())
+        return net::Transport::shm;
+    return net::Transport::tcp;
+}
+
+Result<std::unique_ptr<net::Connection>> answer_hello(std::unique_ptr<net::Connection> conn,
+                                                      const net::Hello &hello, net::HelloReply reply,
+                                                      uint32_t server_allows, int timeout_ms) {
+    const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    const std::string peer = conn->peer();
+    Result<net::ShmPending> shm = make_error(ErrorKind::failed, "not chosen");
+    if (choose_transport(hello, server_allows) == net::Transport::shm) {
+        shm = net::shm_create();
+        if (shm.ok())
+            reply.transport = static_cast<uint32_t>(net::Transport::shm);
+        else
+            log_warn("{}: shared memory unavailable, staying on TCP: {}", peer, shm.status().message());
+    }
+    TD_TRY(send_control(*conn, net::MsgType::hello_reply, reply, 0, ms_left(deadline)).with_context(peer));
+    if (reply.transport == static_cast<uint32_t>(net::Transport::tcp)) return conn;
+    net::TransportOffer offer;
+    offer.transport = reply.transport;
+    offer.shm = shm->offer;
+    TD_TRY(
+        send_control(*conn, net::MsgType::transport_offer, offer, 0, ms_left(deadline)).with_context(peer));
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(*conn, net::MsgType::transport_ready, payload, ms_left(deadline), peer));
+    TD_ASSIGN_OR_RETURN(net::TransportReady ready, net::decode_transport_ready(payload));
+    if (ready.ok == 0) {
+        log_warn("{} could not attach to shared memory, staying on TCP: {}", peer, ready.reason);
+        return conn;
+    }
+    shm->region
+        ->close_fd();  // the client holds its own mapping now; the memory lives as long as the mappings
+    return net::shm_connection(std::move(shm->region), std::move(conn), true);
+}
+
+Result<std::unique_ptr<net::Connection>> follow_transport(std::unique_ptr<net::Connection> conn,
+                                                          const net::HelloReply &reply,
+                                                          const std::string &peer_name, int timeout_ms) {
+    if (reply.transport == static_cast<uint32_t>(net::Transport::tcp)) return conn;
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(*conn, net::MsgType::transport_offer, payload, timeout_ms, peer_name));
+    TD_ASSIGN_OR_RETURN(net::TransportOffer offer, net::decode_transport_offer(payload));
+    if (offer.transport != reply.transport)
+        return invalid_input("{}offered transport {} after choosing {}", prefix(peer_name), offer.transport,
+                             reply.transport);
+    auto region = net::shm_attach(offer.shm);
+    net::TransportReady ready;
+    ready.ok = region.ok() ? 1 : 0;
+    if (!region.ok()) {
+        ready.reason = region.status().message();
+        log_warn("{}shared memory offered but not attached, staying on TCP: {}", prefix(peer_name),
+                 ready.reason);
+    }
+    TD_TRY(send_control(*conn, net::MsgType::transport_ready, ready, 0, timeout_ms).with_context(peer_name));
+    if (!region.ok()) return conn;
+    return net::shm_connection(std::move(region).value(), std::move(conn), false);
+}
+
+Result<Dialed> dial_node(const std::string &address, const net::Hello &hello_in,
+                         const net::ClusterSecret &secret, int connect_timeout_ms) {
+    net::Hello hello = hello_in;
+    if ((hello.transports & ~net::kTransportsTcp) != 0) hello.host_id = net::host_identity();
     std::string host;
     uint16_t port = 0;
     TD_TRY(net::parse_host_port(address, &host, &port));
@@ -122,7 +189,9 @@ Result<Dialed> dial_node(const std::string &address, const net::Hello &hello, co
                       fmt::format("cannot reach worker {}: {}", address, conn.status().message()));
     Dialed d;
     d.conn = std::move(conn).value();
-    TD_ASSIGN_OR_RETURN(d.reply, handshake_connect(*d.conn, hello, secret, fmt::format("worker {}", address)));
+    const std::string name = fmt::format("worker {}", address);
+    TD_ASSIGN_OR_RETURN(d.reply, handshake_connect(*d.conn, hello, secret, name));
+    TD_ASSIGN_OR_RETURN(d.conn, follow_transport(std::move(d.conn), d.reply, name));
     return d;
 }
 

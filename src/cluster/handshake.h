@@ -29,12 +29,32 @@ Result<net::HelloReply> handshake_connect(net::Connection &conn, net::Hello hell
 Result<net::Hello> handshake_accept(net::Connection &conn, const net::ClusterSecret &secret,
                                     const std::string &node_name, int timeout_ms = kHandshakeTimeoutMs);
 
+// The transport a connection continues over once both proofs hold: shm when both ends allow it, the client
+// names this host (Hello.host_id) and this build has it; else TCP.
+net::Transport choose_transport(const net::Hello &hello, uint32_t server_allows);
+
+// Server side, after handshake_accept: chooses the transport (reply.transport), sends the HelloReply and, for
+// shm, offers the shared rings and waits for the client to attach. Returns the connection to go on with: the
+// shared-memory one, or the TCP one when shm could not be set up on either end (both then stay on TCP; the
+// reason is logged).
+Result<std::unique_ptr<net::Connection>> answer_hello(std::unique_ptr<net::Connection> conn,
+                                                      const net::Hello &hello, net::HelloReply reply,
+                                                      uint32_t server_allows,
+                                                      int timeout_ms = kHandshakeTimeoutMs);
+
+// Client side, after handshake_connect: attaches to the transport the reply names (TCP: the same connection).
+Result<std::unique_ptr<net::Connection>> follow_transport(std::unique_ptr<net::Connection> conn,
+                                                          const net::HelloReply &reply,
+                                                          const std::string &peer_name,
+                                                          int timeout_ms = kHandshakeTimeoutMs);
+
 struct Dialed {
     std::unique_ptr<net::Connection> conn;
     net::HelloReply reply;
 };
-// tcp_connect to "host:port" and handshake_connect. An unreachable address is disconnected ("cannot reach
-// worker ADDR: ...").
+// tcp_connect to "host:port", handshake_connect and follow_transport. hello.transports says which transports
+// this end allows (host_id is filled in here). An unreachable address is disconnected ("cannot reach worker
+// ADDR: ...").
 Result<Dialed> dial_node(const std::string &address, const net::Hello &hello, const net::ClusterSecret &secret,
                          int connect_timeout_ms);
 

@@ -159,7 +159,7 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
     spec.name = "measured";
     std::vector<std::unique_ptr<ProbeClient>> clients;
     for (const std::string &w : workers) {
-        TD_ASSIGN_OR_RETURN(auto c, ProbeClient::connect(w, secret));
+        TD_ASSIGN_OR_RETURN(auto c, ProbeClient::connect(w, secret, 3000, o.transports));
         NodeSpec n;
         n.name = w;
         n.host = host_of(w);
@@ -171,6 +171,7 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
     // Links: a small message, one token's activation, an all-reduce part, and a stream.
     LinkOptions lo;
     lo.budget_ms = o.link_ms;
+    lo.transports = o.transports;
     lo.rtt_sizes = {
         64,
         static_cast<uint64_t>(net::wire_row_bytes(o.predict.wire, static_cast<size_t>(model.hp.n_embd))) + 64,
@@ -206,11 +207,12 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
             while (!done) {
                 auto c = listener->accept(100);
                 if (!c.ok()) continue;
-                conns.emplace_back([conn = std::move(c).value(), &secret]() mutable {
-                    if (Status a = accept_probe(*conn, "head", secret); a.ok())
-                        serve_probe(*conn, 1, secret);
+                conns.emplace_back([conn = std::move(c).value(), &secret, &o]() mutable {
+                    auto a = accept_probe(std::move(conn), "head", secret, o.transports);
+                    if (a.ok())
+                        serve_probe(**a, 1, secret);
                     else
-                        log_warn("plan: probe connection refused: {}", a.message());
+                        log_warn("plan: probe connection refused: {}", a.status().message());
                 });
             }
             for (auto &t : conns) t.join();

@@ -28,6 +28,9 @@ struct PlanOptions {
     int link_ms = 100;       // per measured message size
     int32_t n_threads = 0;   // threads per worker (0: each worker's own)
     bool contention = true;  // measure nodes that share a host together too
+    // The transports the measured links may take: the engine's (ClusterOptions::transports), so links between
+    // nodes of one host are measured over shared memory when the engine would use it.
+    uint32_t transports = net::kTransportsAll;
 };
 
 // Row counts a plan needs measured: micro-batches of every batch over 1..n_nodes stages, prompt chunks, 1.

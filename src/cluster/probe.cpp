@@ -136,7 +136,8 @@ LinkOptions default_link_options() {
 }
 
 Result<std::unique_ptr<ProbeClient>> ProbeClient::connect(const std::string &address,
-                                                          const net::ClusterSecret &secret, int timeout_ms) {
+                                                          const net::ClusterSecret &secret, int timeout_ms,
+                                                          uint32_t transports) {
     std::unique_ptr<ProbeClient> c(new ProbeClient());
     c->address_ = address;
     const auto t0 = Clock::now();
@@ -144,6 +145,7 @@ Result<std::unique_ptr<ProbeClient>> ProbeClient::connect(const std::string &add
     hello.role = net::ConnRole::probe;
     hello.build_id = build_id();
     hello.node_name = "probe";
+    hello.transports = transports;
     TD_ASSIGN_OR_RETURN(Dialed d, dial_node(address, hello, secret, timeout_ms));
     c->conn_ = std::move(d.conn);
     c->hello_ = std::move(d.reply);
@@ -266,6 +268,7 @@ Result<std::vector<net::LinkSample>> ProbeClient::link_to(const std::string &tar
     m.budget_ms = static_cast<uint32_t>(std::clamp(options.budget_ms, 1, int(net::kMaxProbeBudgetMs)));
     m.rtt_sizes = options.rtt_sizes;
     m.stream_sizes = options.stream_sizes;
+    m.transports = options.transports;
     const uint64_t id = next_id_++;
     TD_TRY(send_control(*conn_, net::MsgType::probe_link, m, id));
     const int n = static_cast<int>(m.rtt_sizes.size() + m.stream_sizes.size());
@@ -418,18 +421,20 @@ Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &reques
     return reply;
 }
 
-Status accept_probe(net::Connection &conn, const std::string &name, const net::ClusterSecret &secret) {
-    TD_ASSIGN_OR_RETURN(net::Hello hello, handshake_accept(conn, secret, name));
+Result<std::unique_ptr<net::Connection>> accept_probe(std::unique_ptr<net::Connection> conn,
+                                                      const std::string &name,
+                                                      const net::ClusterSecret &secret, uint32_t transports) {
+    TD_ASSIGN_OR_RETURN(net::Hello hello, handshake_accept(*conn, secret, name));
     if (hello.role != net::ConnRole::probe) {
-        send_error(conn, invalid_input("{} takes only probe connections", name));
-        return invalid_input("{}: role {} where a probe connection was expected", conn.peer(),
+        send_error(*conn, invalid_input("{} takes only probe connections", name));
+        return invalid_input("{}: role {} where a probe connection was expected", conn->peer(),
                              static_cast<uint32_t>(hello.role));
     }
     net::HelloReply r;
     r.build_id = build_id();
     r.node_name = name;
     r.n_threads = 1;
-    return send_control(conn, net::MsgType::hello_reply, r);
+    return answer_hello(std::move(conn), hello, r, transports);
 }
 
 void serve_probe(net::Connection &conn, int default_threads, const net::ClusterSecret &secret) {
@@ -471,7 +476,7 @@ void serve_probe(net::Connection &conn, int default_threads, const net::ClusterS
             auto req = net::decode_probe_link(payload);
             Result<std::vector<net::LinkSample>> r = req.status();
             if (req.ok()) {
-                auto c = ProbeClient::connect(req->address, secret);
+                auto c = ProbeClient::connect(req->address, secret, 3000, req->transports);
                 LinkOptions o;
                 if (c.ok()) {
                     o.rtt_sizes = req->rtt_sizes;

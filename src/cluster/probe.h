@@ -29,6 +29,7 @@ struct LinkOptions {
     std::vector<uint64_t> rtt_sizes;     // round-trip sizes; empty: none
     std::vector<uint64_t> stream_sizes;  // stream sizes; empty: none
     int budget_ms = 100;                 // per size
+    uint32_t transports = net::kTransportsTcp;  // link_to: what the worker's link to the target may take
 };
 // 64 B, 256 B ... 64 KiB round trips; 1, 4, 16, 64 MiB streams.
 LinkOptions default_link_options();
@@ -37,10 +38,14 @@ class ProbeClient {
 public:
     // Connects with a probe Hello and checks the protocol version (errors as the head's handshake words them:
     // "worker 10.0.0.2:9000 speaks protocol 2, this build speaks 3"; unreachable is disconnected).
-    static Result<std::unique_ptr<ProbeClient>> connect(const std::string &address, const net::ClusterSecret &secret,
-                                                       int timeout_ms = 3000);
+    // transports: what the probe link may take (net::transport_bit()s; TCP by default, as the plan's links).
+    static Result<std::unique_ptr<ProbeClient>> connect(const std::string &address,
+                                                        const net::ClusterSecret &secret,
+                                                        int timeout_ms = 3000,
+                                                        uint32_t transports = net::kTransportsTcp);
 
     const net::HelloReply &hello() const { return hello_; }
+    net::Transport transport() const { return conn_->transport(); }
     const std::string &address() const { return address_; }
     std::string local_address() const { return conn_->local(); }  // this end, as the worker sees it
     double connect_seconds() const { return connect_seconds_; }
@@ -85,7 +90,11 @@ Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &reques
 // The acceptor's side of a probe connection's handshake (cluster/handshake.h, then a hello_reply naming
 // `name`), for a listener that is not a worker (plan's head end). Errors: a peer without the secret, another
 // role or protocol version.
-Status accept_probe(net::Connection &conn, const std::string &name, const net::ClusterSecret &secret);
+// Returns the connection to serve: the same one, or shared memory when the prober allows it (`transports`)
+// and shares this host.
+Result<std::unique_ptr<net::Connection>> accept_probe(std::unique_ptr<net::Connection> conn,
+                                                      const std::string &name,
+                                                      const net::ClusterSecret &secret, uint32_t transports);
 
 // Serves one probe connection (after its handshake) until the peer closes it: echo, probe_compute (on a pool
 // of the request's threads, default_threads when it says 0), probe_link (which dials the named node with

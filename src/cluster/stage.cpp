@@ -21,8 +21,9 @@ uint64_t ns_since(Clock::time_point t0) {
 // Connects to a worker (a next hop or a peer rank): Hello, proofs of the secret, HelloReply.
 Result<std::unique_ptr<net::Connection>> dial(const std::string &address, net::ConnRole role,
                                               const std::string &node_name, uint64_t group, uint32_t rank,
-                                              const net::ClusterSecret &secret) {
+                                              uint32_t transports, const net::ClusterSecret &secret) {
     net::Hello hello;
+    hello.transports = transports;
     hello.role = role;
     hello.build_id = build_id();
     hello.node_name = node_name;
@@ -60,7 +61,7 @@ Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model,
         // the lower ranks dial us when they load.
         for (uint32_t r = load.tp_rank + 1; r < load.tp_size; ++r) {
             TD_ASSIGN_OR_RETURN(auto conn, dial(load.peers[r], net::ConnRole::peer, node_name, load.group,
-                                                load.tp_rank, secret));
+                                                load.tp_rank, load.transports, secret));
             TD_TRY(st->collective_->attach(static_cast<int>(r), std::move(conn)));
         }
     }
@@ -72,7 +73,8 @@ Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model,
 
     // Our output links: the next stage's ranks we feed, or the head's data port for the last stage.
     for (const std::string &next : load.next) {
-        TD_ASSIGN_OR_RETURN(auto conn, dial(next, net::ConnRole::data, node_name, 0, 0, secret));
+        TD_ASSIGN_OR_RETURN(auto conn,
+                            dial(next, net::ConnRole::data, node_name, 0, 0, load.transports, secret));
         st->senders_.push_back(std::make_unique<net::AsyncSender>(*conn));
         st->outs_.push_back(std::move(conn));
     }
@@ -127,6 +129,12 @@ net::StatsReply Stage::stats() const {
         r.tp_bytes_in = c.bytes_in;
         r.tp_wait_seconds = c.wait_seconds;
     }
+    r.links = fmt::format("in {}", in_ ? net::transport_name(in_->transport()) : "none");
+    if (!outs_.empty()) {
+        r.links += ", out";
+        for (const auto &o : outs_) r.links.append(" ").append(net::transport_name(o->transport()));
+    }
+    if (collective_) r.links += ", peers " + collective_->links();
     return r;
 }
 

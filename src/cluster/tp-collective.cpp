@@ -254,6 +254,17 @@ Status PeerCollective::gather(std::span<const uint8_t> mine, std::vector<std::ve
     return s;
 }
 
+std::string PeerCollective::links() const {
+    std::lock_guard lock(mu_);
+    std::string out;
+    for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        if (!out.empty()) out += ' ';
+        out += peers_[p].conn ? net::transport_name(peers_[p].conn->transport()) : "-";
+    }
+    return out;
+}
+
 PeerCollective::Stats PeerCollective::stats() const {
     Stats st;
     st.all_reduces = n_all_reduce_;

@@ -68,6 +68,8 @@ public:
         double wait_seconds = 0.0;
     };
     Stats stats() const;
+    // The transport of each attached link, in rank order ("shm shm"; "-" for a link not attached yet).
+    std::string links() const;
 
 private:
     struct Peer {

@@ -133,10 +133,13 @@ void Worker::handle_connection(std::unique_ptr<net::Connection> conn, uint64_t a
         conn->close();
         return;
     }
-    if (Status rs = send_control(*conn, net::MsgType::hello_reply, hello_reply()); !rs.ok()) {
-        log_warn("connection from {} closed: {}", peer, rs.message());
+    // The transport both ends allow: shared memory between processes of one host, else TCP.
+    auto answered = answer_hello(std::move(conn), *hello, hello_reply(), opt_.transports);
+    if (!answered.ok()) {
+        log_warn("connection from {} closed: {}", peer, answered.status().message());
         return;
     }
+    conn = std::move(answered).value();
     if (hello->build_id != build_id())
         log_warn("{} runs build {}, this worker runs {}", peer, hello->build_id, build_id());
     if (hello->role == net::ConnRole::control) {
@@ -289,7 +292,10 @@ Status Worker::load_stage(net::Connection &conn, const net::LoadStage &ls) {
                              model->hparams().n_layer, ls.n_layer);
     if (ls.n_threads > 0 && static_cast<int>(ls.n_threads) != pool_->n_threads())
         pool_ = std::make_unique<ThreadPool>(static_cast<int>(ls.n_threads));
-    TD_ASSIGN_OR_RETURN(std::unique_ptr<Stage> st, Stage::create(model, ls, *pool_, listener_->address(), opt_.secret));
+    net::LoadStage own = ls;
+    own.transports &= opt_.transports;  // the stage's links: what the head asks for and this worker allows
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<Stage> st,
+                        Stage::create(model, own, *pool_, listener_->address(), opt_.secret));
     net::StageReady ready;
     ready.weight_bytes = stage_weight_bytes(model->file(), ls.layer_first, ls.layer_last, ls.n_layer);
     ready.kv_bytes = st->kv_bytes();

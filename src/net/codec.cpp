@@ -268,7 +268,9 @@ template <typename Io, typename M>
 Status hello_tail_fields(Io &io, M &m) {
     TD_TRY(io.field(m.group, "group"));
     TD_TRY(io.field(m.rank, "rank"));
-    return io.bytes(m.nonce, "nonce");
+    TD_TRY(io.bytes(m.nonce, "nonce"));
+    TD_TRY(io.field(m.transports, "transports"));
+    return io.string(m.host_id, "host_id");
 }
 
 void encode(const Hello &m, std::vector<uint8_t> &out) {
@@ -315,7 +317,8 @@ Status hello_reply_fields(Io &io, M &m) {
     TD_TRY(io.field(m.mem_total, "mem_total"));
     TD_TRY(io.field(m.mem_available, "mem_available"));
     TD_TRY(io.finite(m.gflops, "gflops"));
-    return io.string(m.cpu, "cpu");
+    TD_TRY(io.string(m.cpu, "cpu"));
+    return io.field(m.transport, "transport");
 }
 
 void encode(const HelloReply &m, std::vector<uint8_t> &out) {
@@ -334,6 +337,51 @@ Result<HelloReply> decode_hello_reply(std::span<const uint8_t> payload) {
     }
     TD_TRY(hello_reply_fields(r, m));
     TD_TRY(r.finish());
+    if (m.transport > static_cast<uint32_t>(Transport::ucx))
+        return invalid_input("hello_reply: unknown transport {} (0 tcp, 1 shm, 2 ucx)", m.transport);
+    return m;
+}
+
+void encode(const TransportOffer &m, std::vector<uint8_t> &out) {
+    Writer w(out);
+    (void)w.field(m.transport, "transport");
+    if (m.transport == static_cast<uint32_t>(Transport::shm)) {
+        (void)w.field(m.shm.pid, "pid");
+        (void)w.field(m.shm.fd, "fd");
+        (void)w.field(m.shm.bytes, "bytes");
+        (void)w.bytes(m.shm.token, "token");
+    }
+}
+
+Result<TransportOffer> decode_transport_offer(std::span<const uint8_t> payload) {
+    Reader r("transport_offer", payload);
+    TransportOffer m;
+    TD_TRY(r.field(m.transport, "transport"));
+    if (m.transport != static_cast<uint32_t>(Transport::shm))
+        return invalid_input("transport_offer: transport {} has no offer (1 shm)", m.transport);
+    TD_TRY(r.field(m.shm.pid, "pid"));
+    TD_TRY(r.field(m.shm.fd, "fd"));
+    TD_TRY(r.field(m.shm.bytes, "bytes"));
+    TD_TRY(r.bytes(m.shm.token, "token"));
+    TD_TRY(r.finish());
+    if (m.shm.pid == 0 || m.shm.fd < 0)
+        return invalid_input("transport_offer: no process or file (pid {}, fd {})", m.shm.pid, m.shm.fd);
+    return m;
+}
+
+void encode(const TransportReady &m, std::vector<uint8_t> &out) {
+    Writer w(out);
+    (void)w.field(m.ok, "ok");
+    (void)w.string(m.reason, "reason");
+}
+
+Result<TransportReady> decode_transport_ready(std::span<const uint8_t> payload) {
+    Reader r("transport_ready", payload);
+    TransportReady m;
+    TD_TRY(r.field(m.ok, "ok"));
+    TD_TRY(r.string(m.reason, "reason"));
+    TD_TRY(r.finish());
+    if (m.ok > 1) return invalid_input("transport_ready: ok is {}, must be 0 or 1", m.ok);
     return m;
 }
 
@@ -414,7 +462,8 @@ Status load_stage_fields(Io &io, M &m, uint8_t &pad) {
     TD_TRY(io.field(pad, "padding"));
     TD_TRY(io.string(m.model_name, "model_name"));
     TD_TRY(io.strings(m.next, kMaxNextHops, "next"));
-    return io.strings(m.peers, kMaxTpSize, "peers");
+    TD_TRY(io.strings(m.peers, kMaxTpSize, "peers"));
+    return io.field(m.transports, "transports");
 }
 
 void encode(const LoadStage &m, std::vector<uint8_t> &out) {
@@ -584,7 +633,8 @@ Status stats_reply_fields(Io &io, M &m) {
     TD_TRY(io.field(m.tp_gathers, "tp_gathers"));
     TD_TRY(io.field(m.tp_bytes_out, "tp_bytes_out"));
     TD_TRY(io.field(m.tp_bytes_in, "tp_bytes_in"));
-    return io.field(m.tp_wait_seconds, "tp_wait_seconds");
+    TD_TRY(io.field(m.tp_wait_seconds, "tp_wait_seconds"));
+    return io.string(m.links, "links");
 }
 
 void encode(const StatsReply &m, std::vector<uint8_t> &out) {
@@ -854,8 +904,9 @@ Status probe_link_fields(Io &io, M &m) {
     TD_TRY(io.string(m.address, "address"));
     TD_TRY(io.field(m.budget_ms, "budget_ms"));
     TD_TRY(io.list(m.rtt_sizes, kMaxProbeSizes, "rtt_sizes", [&](auto &v) { return io.field(v, "rtt_sizes"); }));
-    return io.list(m.stream_sizes, kMaxProbeSizes, "stream_sizes",
-                   [&](auto &v) { return io.field(v, "stream_sizes"); });
+    TD_TRY(io.list(m.stream_sizes, kMaxProbeSizes, "stream_sizes",
+                   [&](auto &v) { return io.field(v, "stream_sizes"); }));
+    return io.field(m.transports, "transports");
 }
 
 template <typename Io, typename M>

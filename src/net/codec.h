@@ -30,6 +30,8 @@ void encode(const StageReady &m, std::vector<uint8_t> &out);
 void encode(const SeqStart &m, std::vector<uint8_t> &out);
 void encode(const SeqClear &m, std::vector<uint8_t> &out);
 void encode(const StatsReply &m, std::vector<uint8_t> &out);
+void encode(const TransportOffer &m, std::vector<uint8_t> &out);
+void encode(const TransportReady &m, std::vector<uint8_t> &out);
 Result<Hello> decode_hello(std::span<const uint8_t> payload);
 Result<HelloReply> decode_hello_reply(std::span<const uint8_t> payload);
 Result<ErrorMsg> decode_error(std::span<const uint8_t> payload);
@@ -41,6 +43,8 @@ Result<StageReady> decode_stage_ready(std::span<const uint8_t> payload);
 Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload);
 Result<SeqClear> decode_seq_clear(std::span<const uint8_t> payload);
 Result<StatsReply> decode_stats_reply(std::span<const uint8_t> payload);
+Result<TransportOffer> decode_transport_offer(std::span<const uint8_t> payload);
+Result<TransportReady> decode_transport_ready(std::span<const uint8_t> payload);
 // Measurements (version 3). decode checks every count against its kMaxProbe* limit, each row count in
 // 1..kMaxBatchRows, sizes <= kMaxEchoPayload and budgets <= kMaxProbeBudgetMs.
 void encode(const ProbeCompute &m, std::vector<uint8_t> &out);

@@ -57,6 +57,10 @@ const char *msg_type_name(MsgType type) {
             return "auth_challenge";
         case MsgType::auth_proof:
             return "auth_proof";
+        case MsgType::transport_offer:
+            return "transport_offer";
+        case MsgType::transport_ready:
+            return "transport_ready";
     }
     return "unknown";
 }
@@ -85,6 +89,9 @@ size_t max_payload(MsgType type) {
             return 64;
         case MsgType::auth_proof:
             return 32;
+        case MsgType::transport_offer:
+        case MsgType::transport_ready:
+            return 8192;
         case MsgType::echo:
         case MsgType::echo_reply:
             return kMaxEchoPayload;
@@ -100,7 +107,38 @@ size_t max_payload(MsgType type) {
 }
 
 bool msg_type_known(uint16_t type) {
-    return type >= static_cast<uint16_t>(MsgType::hello) && type <= static_cast<uint16_t>(MsgType::auth_proof);
+    return type >= static_cast<uint16_t>(MsgType::hello) &&
+           type <= static_cast<uint16_t>(MsgType::transport_ready);
+}
+
+const char *transport_name(Transport t) {
+    switch (t) {
+        case Transport::tcp:
+            return "tcp";
+        case Transport::shm:
+            return "shm";
+        case Transport::ucx:
+            return "ucx";
+    }
+    return "unknown";
+}
+
+bool transports_from_name(const std::string &name, uint32_t *bits, std::string *error) {
+    if (name == "auto") {
+        *bits = kTransportsAll;
+    } else if (name == "tcp") {
+        *bits = kTransportsTcp;
+    } else if (name == "shm") {
+        *bits = kTransportsTcp | transport_bit(Transport::shm);
+    } else if (name == "ucx") {
+        *error = "--transport ucx: this build has no UCX transport (auto, tcp and shm are available)";
+        return false;
+    } else {
+        error->assign("--transport ");
+        error->append(name).append(": expected auto, tcp, shm or ucx");
+        return false;
+    }
+    return true;
 }
 
 const char *reduce_type_name(ReduceType type) {

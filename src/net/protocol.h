@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 5;
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -84,6 +84,9 @@ enum class MsgType : uint16_t {
     // version 4: authentication (between hello and hello_reply on every connection)
     auth_challenge = 25,  // server -> client: the server's nonce and its proof over the client's Hello
     auth_proof = 26,      // client -> server: the client's proof over the same transcript
+    // version 6: transports (after hello_reply, when it names one other than TCP)
+    transport_offer = 27,  // server -> client: how to attach to the chosen transport (ShmOffer for shm)
+    transport_ready = 28,  // client -> server: attached (the TCP stream carries nothing after it), or why not
 };
 
 const char *msg_type_name(MsgType type);  // "forward", ...; "unknown" for others
@@ -106,6 +109,20 @@ size_t max_payload(MsgType type);
 // peer: a tensor-parallel rank's link to another rank of its group (Hello carries group and rank).
 // probe: measurements (netbench, plan); a worker serves any number of them beside its head's control link.
 enum class ConnRole : uint32_t { control = 1, data = 2, peer = 3, probe = 4 };
+
+// How a connection carries its frames once the handshake is done. TCP is always possible; the others are
+// negotiated (Hello.transports, HelloReply.transport) and fall back to TCP when either end cannot use them.
+// shm: both processes on one host, frames through rings in a mapping they share (net/shm.h).
+enum class Transport : uint32_t { tcp = 0, shm = 1, ucx = 2 };
+inline constexpr uint32_t transport_bit(Transport t) {
+    return 1u << static_cast<uint32_t>(t);
+}
+inline constexpr uint32_t kTransportsTcp = transport_bit(Transport::tcp);
+inline constexpr uint32_t kTransportsAll = transport_bit(Transport::tcp) | transport_bit(Transport::shm);
+const char *transport_name(Transport t);  // "tcp", "shm", "ucx"
+// "auto" (every transport this build has, best first), "tcp", "shm" (shm where both ends share a host, else
+// TCP), "ucx": the set of transports a node may use. Unknown names and ones this build lacks are errors.
+bool transports_from_name(const std::string &name, uint32_t *bits, std::string *error);
 
 // Activation encoding on the wire.
 enum class WireType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8 };
@@ -132,7 +149,7 @@ size_t wire_row_bytes(WireType type, size_t n_embd);
 // A server speaking another version answers the Hello with a HelloReply that carries only its version and
 // build id, so both ends can name the mismatch.
 struct Hello {  // u32 protocol_version, u32 role, string build_id, string node_name, u64 group, u32 rank,
-                // u8[32] nonce
+                // u8[32] nonce, u32 transports, string host_id
     uint32_t protocol_version = kProtocolVersion;
     ConnRole role = ConnRole::control;
     std::string build_id;   // TD_VERSION + git id
@@ -140,6 +157,8 @@ struct Hello {  // u32 protocol_version, u32 role, string build_id, string node_
     uint64_t group = 0;     // peer role: LoadStage.group of the sender's stage; else 0
     uint32_t rank = 0;      // peer role: the sender's rank in that group
     std::array<uint8_t, 32> nonce{};  // fresh random bytes for this connection
+    uint32_t transports = kTransportsTcp;  // transport_bit()s the client may use for this connection
+    std::string host_id;                   // the client's host (net::host_identity()): shm needs the same one
 };
 
 struct AuthChallenge {  // u8[32] nonce, u8[32] proof
@@ -160,6 +179,24 @@ struct HelloReply {  // u32 protocol_version, string build_id, string node_name,
     uint64_t mem_available = 0;  // bytes
     float gflops = 0.0f;         // measured at startup (matmul), for placement
     std::string cpu;             // model name, ISA in use
+    uint32_t transport = 0;      // Transport the connection continues over (not tcp: transport_offer follows)
+};
+
+// transport_offer for shm: the server's shared mapping, a memfd the client opens as /proc/<pid>/fd/<fd>
+// (same host, same user). The token, also written in the mapping, proves the client opened the right one.
+struct ShmOffer {  // u32 pid, i32 fd, u64 bytes, u8[16] token
+    uint32_t pid = 0;
+    int32_t fd = -1;
+    uint64_t bytes = 0;
+    std::array<uint8_t, 16> token{};
+};
+struct TransportOffer {  // u32 transport, then the transport's part (shm: ShmOffer)
+    uint32_t transport = 0;
+    ShmOffer shm;
+};
+struct TransportReady {  // u32 ok (1: attached, 0: both ends stay on TCP), string reason
+    uint32_t ok = 0;
+    std::string reason;
 };
 
 struct ErrorMsg {  // u32 kind (td::ErrorKind), string message
@@ -196,6 +233,7 @@ struct LoadStage {
     uint64_t stage_fingerprint = 0;
     uint32_t tp_reduce = 0;          // ReduceType of the all-reduce parts
     std::vector<std::string> peers;  // [tp_size] "host:port" of every rank's worker, in rank order
+    uint32_t transports = kTransportsTcp;  // what the stage's own links (next hops, peers) may use
 };
 
 struct LoadReply {
@@ -280,6 +318,9 @@ struct StatsReply {
     uint64_t tp_all_reduces = 0, tp_gathers = 0;
     uint64_t tp_bytes_out = 0, tp_bytes_in = 0;
     double tp_wait_seconds = 0.0;  // inside collectives: sending, and waiting for the peers' parts
+    // Version 6: how the stage's links travel, "in tcp, out shm, peers shm shm" (the input's, each next hop's
+    // and each peer's transport).
+    std::string links;
 };
 
 // ---- measurements (version 3, probe connections) ----------------------------------------------------
@@ -339,6 +380,7 @@ struct ProbeLink {
     uint32_t budget_ms = 100;            // per size, <= kMaxProbeBudgetMs
     std::vector<uint64_t> rtt_sizes;     // [<= kMaxProbeSizes]
     std::vector<uint64_t> stream_sizes;  // [<= kMaxProbeSizes]
+    uint32_t transports = kTransportsTcp;  // what the measured link may use, as the engine's would (v6)
 };
 struct ProbeLinkReply {
     std::vector<LinkSample> samples;  // [<= 2 * kMaxProbeSizes]

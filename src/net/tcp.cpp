@@ -261,27 +261,14 @@ Status TcpConnection::recv(FrameHeader &header, std::vector<uint8_t> &payload, i
                           "recv from {} timed out after {} ms inside a frame header; closed", peer_,
                           timeout_ms);
     }
-    Result<FrameHeader> h = decode_header(raw);
+    Result<FrameHeader> h = checked_header(raw, peer_);
     if (!h.ok()) {
-        recv_broken_ = h.status().with_context(fmt::format("frame from {}", peer_));
-        return recv_broken_;
-    }
-    if (h->payload_bytes > recv_limit_) {
-        recv_broken_ =
-            invalid_input("frame from {}: {} payload of {} bytes exceeds this connection's limit of {}",
-                          peer_, msg_type_name(static_cast<MsgType>(h->type)), h->payload_bytes, recv_limit_);
+        recv_broken_ = h.status();
         return recv_broken_;
     }
     header = *h;
-
-    // The buffer grows with the bytes that actually arrive (doubling from 1 MiB) unless its capacity already
-    // holds the frame: a peer that announces 1 GiB and sends nothing costs us 1 MiB, not 1 GiB.
     const size_t n = header.payload_bytes;
-    if (n <= payload.capacity()) {
-        payload.resize(n);
-    } else {
-        payload.resize(std::min(n, std::max(payload.capacity(), kRecvGrowStart)));
-    }
+    size_payload(payload, n, kRecvGrowStart);  // doubling from 1 MiB as the bytes arrive
     got = 0;
     while (got < n) {
         if (got == payload.size()) payload.resize(std::min(n, 2 * payload.size()));
@@ -303,19 +290,8 @@ Status TcpConnection::send(MsgType type, uint64_t request_id, uint32_t flags,
     std::lock_guard lock(send_mu_);
     const int64_t t0 = now_ns();
     if (closed_) return closed_status();
-    uint64_t total = 0;
-    for (const auto &p : parts) total += p.size();
-    if (total > max_payload(type)) {
-        return invalid_input("{}: payload of {} bytes exceeds the limit of {} bytes", msg_type_name(type),
-                             total, max_payload(type));
-    }
-    FrameHeader h;
-    h.type = static_cast<uint16_t>(type);
-    h.flags = flags;
-    h.payload_bytes = total;
-    h.request_id = request_id;
     uint8_t raw[kHeaderBytes];
-    encode_header(h, raw);
+    TD_ASSIGN_OR_RETURN(const uint64_t total, encode_frame_header(type, request_id, flags, parts, raw));
 
     const Deadline deadline(timeout_ms);
     size_t next_part = 0;  // parts[next_part..] not yet in the iov window

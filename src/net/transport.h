@@ -1,5 +1,6 @@
-// Connections between nodes. TCP today; shared memory and UCX/RDMA later implement the same interface.
-// Only this layer touches the OS network, so tests can run whole clusters over loopback.
+// Connections between nodes: TCP, or shared memory between processes of one host (net/shm.h) after a TCP
+// handshake chose it. Callers see one interface whatever carries the frames. Only this layer touches the OS
+// network, so tests can run whole clusters over loopback.
 #pragma once
 
 #include <atomic>
@@ -41,6 +42,7 @@ public:
     virtual bool readable() const = 0;
     virtual std::string peer() const = 0;   // "127.0.0.1:9000"
     virtual std::string local() const = 0;  // our side's address as the peer sees it
+    virtual Transport transport() const { return Transport::tcp; }
     const ConnStats &stats() const { return stats_; }
     // Caps the payload recv() accepts below max_payload(type) (e.g. a node that knows its largest step).
     // A larger announced payload is invalid_input before anything is read or allocated. Set before use.
@@ -58,6 +60,19 @@ public:
     }
 
 protected:
+    // A received header checked as every transport checks it: codec.h's decode_header, then the recv limit.
+    // Errors name `peer`; the stream can no longer be framed after one.
+    Result<FrameHeader> checked_header(const uint8_t raw[kHeaderBytes], const std::string &peer) const;
+    // Sizes `payload` for an n-byte frame before its bytes arrive: all of it when the capacity already holds
+    // it, else `first` bytes, which the receiver doubles as bytes come (a peer that announces 1 GiB and sends
+    // nothing costs `first`, not 1 GiB).
+    static void size_payload(std::vector<uint8_t> &payload, size_t n, size_t first);
+    // The header of a frame to send, written to `raw`; returns the payload's bytes (the parts' sum), or
+    // invalid_input when that exceeds max_payload(type).
+    static Result<uint64_t> encode_frame_header(MsgType type, uint64_t request_id, uint32_t flags,
+                                                std::span<const std::span<const uint8_t>> parts,
+                                                uint8_t raw[kHeaderBytes]);
+
     ConnStats stats_;
     uint64_t recv_limit_ = UINT64_MAX;
     int64_t recv_spin_ns_ = 0;

@@ -148,6 +148,13 @@ std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster:
             fmt::format("tandem_node_step_latency_seconds{{{}}} {}\n", node_label(i),
                         r.forward_steps > 0 ? r.compute_seconds / static_cast<double>(r.forward_steps) : 0.0);
     }
+    family("tandem_node_links_info", "gauge",
+           "How a node's links travel (tcp or shm): its input, its outputs and its tensor-parallel peers.");
+    for (size_t i = 0; i < n; ++i)
+        out += fmt::format("tandem_node_links_info{{{},links=\"{}\"}} 1\n", node_label(i),
+                           label(st.nodes[i].links));
+    out += fmt::format("tandem_node_links_info{{node=\"head\",layers=\"-\",links=\"{}\"}} 1\n",
+                       label(st.head_links));
     family("tandem_node_wait_seconds_total", "counter", "Time a worker sat idle waiting for input.");
     for (size_t i = 0; i < n; ++i)
         out +=

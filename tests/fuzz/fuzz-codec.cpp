@@ -44,6 +44,8 @@ void decode_payload(MsgType type, std::span<const uint8_t> p) {
         case MsgType::probe_link_reply: (void)decode_probe_link_reply(p); break;
         case MsgType::auth_challenge: (void)decode_auth_challenge(p); break;
         case MsgType::auth_proof: (void)decode_auth_proof(p); break;
+        case MsgType::transport_offer: (void)decode_transport_offer(p); break;
+        case MsgType::transport_ready: (void)decode_transport_ready(p); break;
         default: break;  // opaque payloads (ping, echo, tp_*): their receivers only check the size
     }
 }
@@ -89,6 +91,11 @@ TD_FUZZ_INIT(codec) {
     AuthChallenge ch;
     ch.nonce.fill(1);
     add(MsgType::auth_challenge, ch);
+    TransportOffer to;
+    to.transport = static_cast<uint32_t>(Transport::shm);
+    to.shm = ShmOffer{1234, 5, 4096 + (2u << 18), {}};
+    add(MsgType::transport_offer, to);
+    add(MsgType::transport_ready, TransportReady{0, "no"});
     const int32_t pos[2] = {0, 1}, seq[2] = {0, 0};
     const uint8_t want[2] = {0, 1};
     std::vector<float> hidden(2 * 64, 0.5f);

@@ -1,0 +1,175 @@
+// Round-trip latency of one message, over each transport between two processes of this host: a child process
+// echoes every frame back, this process times ping-pongs. Connections open as the cluster's do (TCP, the
+// authenticated handshake, then the transport the Hello asks for), so the numbers are the engine's own links.
+//
+// Rounds alternate the transports (tcp then shm, shm then tcp, ...) so both see the same host minute to
+// minute; each round's figure is the median of its round trips, the result the median over the rounds and the
+// median of the per-round ratios shm/tcp. Two receive modes: sleeping at once (the links' default: in poll
+// for TCP, on a futex for shm; then every round trip pays two wake-ups of a sleeping core) and spinning 200
+// us before sleeping (what the all-reduce does: what the transport itself costs).
+//
+//   transport-rtt [ROUNDS] [TRIPS_PER_ROUND]
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cluster/handshake.h"
+#include "cluster/node-info.h"
+#include "cluster/wire.h"
+#include "net/auth.h"
+#include "net/shm.h"
+#include "net/transport.h"
+
+using namespace td;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const net::ClusterSecret &secret() {
+    static const net::ClusterSecret s =
+        net::ClusterSecret::from_bytes("transport-rtt bench: a throwaway secret");
+    return s;
+}
+
+// The echo side: every connection on its own thread, each frame sent back as it came.
+[[noreturn]] void serve(net::Listener &listener) {
+    std::vector<std::thread> threads;
+    for (;;) {
+        auto c = listener.accept(-1);
+        if (!c.ok()) _exit(0);
+        threads.emplace_back([conn = std::move(c).value()]() mutable {
+            auto hello = cluster::handshake_accept(*conn, secret(), "echo");
+            if (!hello.ok()) return;
+            auto up = cluster::answer_hello(std::move(conn), *hello, net::HelloReply{}, net::kTransportsAll);
+            if (!up.ok()) return;
+            std::unique_ptr<net::Connection> link = std::move(up).value();
+            const int spin =
+                static_cast<int>(hello->rank);  // the client's receive mode, passed in Hello.rank
+            if (spin >= 0) link->set_recv_spin_us(spin);
+            net::FrameHeader h;
+            std::vector<uint8_t> payload;
+            while (link->recv(h, payload, -1).ok())
+                if (!link->send_msg(net::MsgType::echo_reply, h.request_id, payload).ok()) break;
+        });
+        threads.back().detach();
+    }
+}
+
+struct Link {
+    std::unique_ptr<net::Connection> conn;
+};
+
+Link dial(uint16_t port, net::Transport want, int spin_us) {
+    net::Hello hello;
+    hello.role = net::ConnRole::probe;
+    hello.build_id = cluster::build_id();
+    hello.node_name = "transport-rtt";
+    hello.transports = net::kTransportsTcp | net::transport_bit(want);
+    hello.rank = static_cast<uint32_t>(spin_us);
+    auto d = cluster::dial_node("127.0.0.1:" + std::to_string(port), hello, secret(), 3000);
+    if (!d.ok()) {
+        std::fprintf(stderr, "transport-rtt: %s\n", d.status().message().c_str());
+        std::exit(1);
+    }
+    if (d->conn->transport() != want) {
+        std::fprintf(stderr, "transport-rtt: asked for %s, got %s\n", net::transport_name(want),
+                     net::transport_name(d->conn->transport()));
+        std::exit(1);
+    }
+    if (spin_us >= 0) d->conn->set_recv_spin_us(spin_us);
+    return {std::move(d->conn)};
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// The median round trip in microseconds of `trips` ping-pongs of `bytes` (after a few unmeasured).
+double round_trips(net::Connection &c, size_t bytes, int trips) {
+    std::vector<uint8_t> out(bytes, 0x5a), in;
+    net::FrameHeader h;
+    std::vector<double> us;
+    for (int i = -20; i < trips; ++i) {
+        const auto t0 = Clock::now();
+        if (!c.send_msg(net::MsgType::echo, static_cast<uint64_t>(i + 100), out).ok() ||
+            !c.recv(h, in, 5000).ok() || in.size() != bytes) {
+            std::fprintf(stderr, "transport-rtt: the echo failed\n");
+            std::exit(1);
+        }
+        if (i >= 0) us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+    return median(us);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 15;
+    const int trips = argc > 2 ? std::max(10, std::atoi(argv[2])) : 400;
+    auto listener = net::tcp_listen("127.0.0.1", 0);
+    if (!listener.ok()) {
+        std::fprintf(stderr, "transport-rtt: %s\n", listener.status().message().c_str());
+        return 1;
+    }
+    const uint16_t port = (*listener)->port();
+    // Two nodes on two cores, as a cluster on one host runs: the echo on the last core, this process on the
+    // first (where the scheduler would otherwise put both on one core now and then, and a sleeping side's
+    // wake-up costs a reschedule instead of waking another core: 5 against 60-80 us on this VM).
+    const int n_cpus = static_cast<int>(std::thread::hardware_concurrency());
+    const auto pin = [](int cpu) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        (void)sched_setaffinity(0, sizeof set, &set);
+    };
+    const pid_t child = fork();  // before any thread exists in this process
+    if (child == 0) {
+        if (n_cpus > 1) pin(n_cpus - 1);
+        serve(**listener);
+    }
+    if (n_cpus > 1) pin(0);
+    listener->reset();  // our copy of the socket; shutting it down would close the child's too
+
+    const size_t sizes[] = {64, 8192};
+    const struct {
+        const char *name;
+        int spin_us;  // -1: the link's default
+    } modes[] = {{"sleep at once", 0}, {"spin 200 us", 200}};
+    std::printf("transport-rtt: %d rounds x %d round trips, median per round, median over rounds (shm: %s)\n",
+                rounds, trips, net::shm_supported() ? "yes" : "no");
+    std::printf("%-16s %8s %12s %12s %12s\n", "receive", "bytes", "tcp us", "shm us", "shm/tcp");
+    for (const auto &m : modes) {
+        Link tcp = dial(port, net::Transport::tcp, m.spin_us);
+        Link shm = dial(port, net::Transport::shm, m.spin_us);
+        for (size_t bytes : sizes) {
+            std::vector<double> t, s, ratio;
+            for (int r = 0; r < rounds; ++r) {
+                double a = 0, b = 0;
+                if (r % 2 == 0) {
+                    a = round_trips(*tcp.conn, bytes, trips);
+                    b = round_trips(*shm.conn, bytes, trips);
+                } else {
+                    b = round_trips(*shm.conn, bytes, trips);
+                    a = round_trips(*tcp.conn, bytes, trips);
+                }
+                t.push_back(a);
+                s.push_back(b);
+                ratio.push_back(b / a);
+            }
+            std::printf("%-16s %8zu %12.2f %12.2f %12.3f\n", m.name, bytes, median(t), median(s),
+                        median(ratio));
+            std::fflush(stdout);
+        }
+    }
+    ::kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    return 0;
+}
