@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The same cluster over TCP and over shared memory, side by side: two workers on this host (one thread each,
-# pinned to cores 0 and 1), `tandem bench` through them with --transport tcp and --transport shm:
+# The same cluster over TCP, shared memory and UCX, side by side: two workers on this host (one thread each,
+# pinned to cores 0 and 1), `tandem bench` through them with --transport tcp, shm and ucx (when built):
 #   --tp 2, tg<N_GEN>: one sequence token by token (two all-reduces per layer per token: latency decides)
 #   2-stage pipeline, tg<N_PAR_GEN> x PARALLEL sequences (aggregate tokens/s)
-# Every round runs all four back to back, alternating which transport goes first; the table reports medians
-# of the per-round ratios shm / tcp. The round trips of the links themselves are bench/transport-rtt's.
+# Every round runs them all back to back, rotating which transport goes first; the table reports medians
+# of the per-round ratios to tcp. The round trips of the links themselves are bench/transport-rtt's.
 #
 #   bench/cluster-transport.sh [ROUNDS] [MODEL...]
 #   env: TANDEM (binary), N_GEN (128), PARALLEL (16), N_PAR_GEN (32)
@@ -42,6 +42,9 @@ start_worker 1 "$tmp/b.log" --cache-dir "$tmp/cache1"
 a=$(worker_address "$tmp/a.log")
 b=$(worker_address "$tmp/b.log")
 
+# tcp and shm always; ucx when this build has it.
+transports=(tcp shm)
+"$bin" bench -m "${models[0]}" --workers "$a" --transport ucx -p 0 -n 1 -r 1 -o jsonl >/dev/null 2>&1 && transports+=(ucx)
 ts() { python3 -c 'import json,sys; print(" ".join("%.3f" % json.loads(l)["avg_ts"] for l in sys.stdin if l.strip()))'; }
 for model in "${models[@]}"; do
   common=(-m "$model" -t 1 -r 1 -o jsonl --workers "$a,$b" --split 1,1 --wire f16)
@@ -56,24 +59,36 @@ for model in "${models[@]}"; do
   load_before=$(cut -d' ' -f1-3 /proc/loadavg)
   : > "$tmp/rows"
   for r in $(seq 1 "$rounds"); do
-    if (( r % 2 )); then t=$(run tcp); s=$(run shm); else s=$(run shm); t=$(run tcp); fi
-    echo "$t $s" >> "$tmp/rows"
-    echo "round $r: tcp $t | shm $s" >&2
+    declare -A got=()
+    n=${#transports[@]}
+    for k in $(seq 0 $((n - 1))); do
+      t=${transports[$(( (k + r) % n ))]}
+      got[$t]=$(run "$t")
+    done
+    row=""
+    for t in "${transports[@]}"; do row+="${got[$t]} "; done
+    echo "$row" >> "$tmp/rows"
+    echo "round $r: ${transports[*]}: $row" >&2
+    unset got
   done
   load_after=$(cut -d' ' -f1-3 /proc/loadavg)
-  python3 - "$tmp/rows" "$(basename "$model")" "$n_gen" "$parallel" "$n_par_gen" "$load_before" "$load_after" <<'EOF'
+  python3 - "$tmp/rows" "$(basename "$model")" "$n_gen" "$parallel" "$n_par_gen" "$load_before" "$load_after" "${transports[@]}" <<'EOF'
 import statistics, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
-model, n_gen, par, n_par_gen, lb, la = sys.argv[2:]
+model, n_gen, par, n_par_gen, lb, la = sys.argv[2:8]
+names = sys.argv[8:]
 med = statistics.median
-print(f"\n**{model}**, {len(rows)} rounds, two workers on cores 0 and 1 of this host (t/s: medians; shm/tcp: "
+print(f"\n**{model}**, {len(rows)} rounds, two workers on cores 0 and 1 of this host (t/s: medians; x / tcp: "
       f"median of the per-round ratios, each listed)\n")
-print("| test | over tcp | over shm | shm / tcp |")
-print("|---|---:|---:|---:|")
+print("| test | " + " | ".join(f"over {n}" for n in names) + " | " + " | ".join(f"{n} / tcp" for n in names[1:]) + " |")
+print("|---|" + "---:|" * (2 * len(names) - 1))
 for k, name in enumerate([f"--tp 2, tg{n_gen} (one sequence)", f"2-stage pipeline, tg{n_par_gen} x {par} seqs (aggregate)"]):
-    t, s = [r[k] for r in rows], [r[2 + k] for r in rows]
-    ratio = [b / a for a, b in zip(t, s)]
-    print(f"| {name} | {med(t):.2f} | {med(s):.2f} | **{med(ratio):.2f}x** ({', '.join('%.2f' % x for x in ratio)}) |")
+    cols = [[r[2 * i + k] for r in rows] for i in range(len(names))]
+    cells = [f"{med(c):.2f}" for c in cols]
+    for i in range(1, len(names)):
+        ratio = [b / a for a, b in zip(cols[0], cols[i])]
+        cells.append(f"**{med(ratio):.2f}x** ({', '.join('%.2f' % x for x in ratio)})")
+    print(f"| {name} | " + " | ".join(cells) + " |")
 print(f"\nLoad average before {lb}, after {la}.")
 EOF
 done

@@ -2,11 +2,12 @@
 // echoes every frame back, this process times ping-pongs. Connections open as the cluster's do (TCP, the
 // authenticated handshake, then the transport the Hello asks for), so the numbers are the engine's own links.
 //
-// Rounds alternate the transports (tcp then shm, shm then tcp, ...) so both see the same host minute to
+// Rounds rotate the transports (tcp, shm, ucx; then shm, ucx, tcp; ...) so all see the same host minute to
 // minute; each round's figure is the median of its round trips, the result the median over the rounds and the
-// median of the per-round ratios shm/tcp. Two receive modes: sleeping at once (the links' default: in poll
-// for TCP, on a futex for shm; then every round trip pays two wake-ups of a sleeping core) and spinning 200
-// us before sleeping (what the all-reduce does: what the transport itself costs).
+// median of the per-round ratios to tcp. ucx is UCX with the transports it picks itself (on one host: its
+// shared memory). Two receive modes: sleeping at once (the links' default: in poll for TCP, on a futex for
+// shm, on UCX's event fd; then every round trip pays two wake-ups of a sleeping core) and spinning 200 us
+// before sleeping (what the all-reduce does: what the transport itself costs).
 //
 //   transport-rtt [ROUNDS] [TRIPS_PER_ROUND]
 #include <sched.h>
@@ -26,6 +27,7 @@
 #include "net/auth.h"
 #include "net/shm.h"
 #include "net/transport.h"
+#include "net/ucx.h"
 
 using namespace td;
 using Clock = std::chrono::steady_clock;
@@ -47,7 +49,8 @@ const net::ClusterSecret &secret() {
         threads.emplace_back([conn = std::move(c).value()]() mutable {
             auto hello = cluster::handshake_accept(*conn, secret(), "echo");
             if (!hello.ok()) return;
-            auto up = cluster::answer_hello(std::move(conn), *hello, net::HelloReply{}, net::kTransportsAll);
+            auto up =
+                cluster::answer_hello(std::move(conn), *hello, net::HelloReply{}, net::built_transports());
             if (!up.ok()) return;
             std::unique_ptr<net::Connection> link = std::move(up).value();
             const int spin =
@@ -143,29 +146,39 @@ int main(int argc, char **argv) {
         const char *name;
         int spin_us;  // -1: the link's default
     } modes[] = {{"sleep at once", 0}, {"spin 200 us", 200}};
-    std::printf("transport-rtt: %d rounds x %d round trips, median per round, median over rounds (shm: %s)\n",
-                rounds, trips, net::shm_supported() ? "yes" : "no");
-    std::printf("%-16s %8s %12s %12s %12s\n", "receive", "bytes", "tcp us", "shm us", "shm/tcp");
+    std::vector<net::Transport> transports = {net::Transport::tcp};
+    if (net::shm_supported()) transports.push_back(net::Transport::shm);
+    if (net::ucx_supported()) transports.push_back(net::Transport::ucx);
+    std::printf("transport-rtt: %d rounds x %d round trips, median per round, median over rounds (ucx: %s)\n",
+                rounds, trips,
+                net::ucx_supported() ? "UCX's best transport between processes of one host" : "not built");
+    std::printf("%-16s %8s", "receive", "bytes");
+    for (net::Transport t : transports) std::printf(" %9s us", net::transport_name(t));
+    for (size_t i = 1; i < transports.size(); ++i)
+        std::printf(" %10s/tcp", net::transport_name(transports[i]));
+    std::printf("\n");
     for (const auto &m : modes) {
-        Link tcp = dial(port, net::Transport::tcp, m.spin_us);
-        Link shm = dial(port, net::Transport::shm, m.spin_us);
+        std::vector<Link> links;
+        for (net::Transport t : transports) links.push_back(dial(port, t, m.spin_us));
+        const size_t n = links.size();
         for (size_t bytes : sizes) {
-            std::vector<double> t, s, ratio;
+            std::vector<std::vector<double>> us(n), ratio(n);
             for (int r = 0; r < rounds; ++r) {
-                double a = 0, b = 0;
-                if (r % 2 == 0) {
-                    a = round_trips(*tcp.conn, bytes, trips);
-                    b = round_trips(*shm.conn, bytes, trips);
-                } else {
-                    b = round_trips(*shm.conn, bytes, trips);
-                    a = round_trips(*tcp.conn, bytes, trips);
+                // Each round starts with another transport, so none always goes first.
+                std::vector<double> x(n);
+                for (size_t k = 0; k < n; ++k) {
+                    const size_t i = (k + static_cast<size_t>(r)) % n;
+                    x[i] = round_trips(*links[i].conn, bytes, trips);
                 }
-                t.push_back(a);
-                s.push_back(b);
-                ratio.push_back(b / a);
+                for (size_t i = 0; i < n; ++i) {
+                    us[i].push_back(x[i]);
+                    ratio[i].push_back(x[i] / x[0]);
+                }
             }
-            std::printf("%-16s %8zu %12.2f %12.2f %12.3f\n", m.name, bytes, median(t), median(s),
-                        median(ratio));
+            std::printf("%-16s %8zu", m.name, bytes);
+            for (size_t i = 0; i < n; ++i) std::printf(" %12.2f", median(us[i]));
+            for (size_t i = 1; i < n; ++i) std::printf(" %14.3f", median(ratio[i]));
+            std::printf("\n");
             std::fflush(stdout);
         }
     }

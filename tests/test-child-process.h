@@ -5,6 +5,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -115,6 +116,10 @@ public:
             "worker", "--listen", "127.0.0.1:" + std::to_string(port), "--cache-dir", cache_dir, "-t", "1"};
         if (!model.empty()) args.insert(args.end(), {"--model", model});
         args.insert(args.end(), extra_args.begin(), extra_args.end());
+        // The workers allow what the test's heads do (--td-transport), unless the test says otherwise.
+        if (!test_transport_name().empty() &&
+            std::find(extra_args.begin(), extra_args.end(), "--transport") == extra_args.end())
+            args.insert(args.end(), {"--transport", test_transport_name()});
         proc_.start(args, "listening on ", extra_env);
         address_ = proc_.ready_text();
         port_ =

@@ -276,7 +276,12 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
     to.shm = ShmOffer{4242, 17, 4096 + (8u << 20), {}};
     to.shm.token.fill(0x44);
     add(MsgType::transport_offer, to);
-    add(MsgType::transport_ready, TransportReady{0, "cannot open /proc/4242/fd/17"});
+    add(MsgType::transport_ready, TransportReady{0, "cannot open /proc/4242/fd/17", ""});
+    TransportOffer uo;
+    uo.transport = static_cast<uint32_t>(Transport::ucx);
+    uo.ucx_address = std::string(500, '\x7e');
+    add(MsgType::transport_offer, uo);
+    add(MsgType::transport_ready, TransportReady{1, "", std::string(400, '\x01')});
     return v;
 }
 
@@ -609,6 +614,37 @@ TEST(NetCodec, StringLimitsAreCheckedBeforeCopying) {
     auto d = decode_error(b);
     ASSERT_TRUE(d.ok());
     EXPECT_EQ(d->message.size(), kMaxString);
+}
+
+TEST(NetCodec, UcxAddressesRoundTripWithinTheirLimit) {
+    TransportOffer o;
+    o.transport = static_cast<uint32_t>(Transport::ucx);
+    o.ucx_address = std::string(
+        "\0\x01"
+        "address"
+        "\xff",
+        10);  // opaque bytes, zeros included
+    Bytes b;
+    encode(o, b);
+    auto d = decode_transport_offer(b);
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    EXPECT_EQ(d->ucx_address, o.ucx_address);
+    put_le<uint32_t>(b, 4, kMaxUcxAddress + 1);  // the address's length
+    d = decode_transport_offer(b);
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.status().message().find("ucx_address is 32769 bytes, limit 32768"), std::string::npos)
+        << d.status().message();
+    o.ucx_address.clear();  // an offer of UCX without an address to link to
+    b.clear();
+    encode(o, b);
+    EXPECT_FALSE(decode_transport_offer(b).ok());
+    TransportReady r{1, "", std::string(kMaxUcxAddress, 'a')};
+    b.clear();
+    encode(r, b);
+    EXPECT_LE(b.size(), max_payload(MsgType::transport_ready));
+    auto rd = decode_transport_ready(b);
+    ASSERT_TRUE(rd.ok()) << rd.status().message();
+    EXPECT_EQ(rd->ucx_address.size(), kMaxUcxAddress);
 }
 
 TEST(NetCodec, SemanticChecks) {

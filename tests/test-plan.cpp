@@ -369,7 +369,7 @@ TEST(HostCheck, AnEmptyTreeIsCannotTellNeverACrash) {
     HostCheckOptions o;
     o.root = root.path();
     const auto checks = run_host_checks(o);
-    EXPECT_GE(checks.size(), 14u);
+    EXPECT_GE(checks.size(), 15u);
     for (const HostCheck &c : checks) {
         EXPECT_EQ(c.status, CheckStatus::unknown) << c.name << ": " << c.detail;
         EXPECT_FALSE(c.detail.empty()) << c.name;
@@ -402,6 +402,16 @@ TEST(HostCheck, AWellTunedHostIsOk) {
         "Max locked memory         unlimited            unlimited            bytes\n");
     put(root, "proc/meminfo", "MemTotal: 131072000 kB\nSwapTotal: 0 kB\nSwapFree: 0 kB\n");
     put(root, "sys/devices/system/node/node0/meminfo", "");
+    // A RoCE NIC ready for RDMA: port 1 active with a RoCE v2 GID on an interface of MTU 9000; port 2 unused.
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/link_layer", "Ethernet\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/gids/0", "fe80:0000:0000:0000:0000:0000:0000:0001\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/0", "IB/RoCE v1\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/gids/1", "fe80:0000:0000:0000:0000:0000:0000:0001\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/1", "RoCE v2\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/1", "eth0\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/2/state", "1: DOWN\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/2/link_layer", "Ethernet\n");
     HostCheckOptions o;
     o.root = root.path();
     o.read_gbps = 190;
@@ -409,8 +419,14 @@ TEST(HostCheck, AWellTunedHostIsOk) {
     put(root, "cluster.secret", "0123456789abcdef0123456789abcdef\n");
     ::chmod((root.path() + "/cluster.secret").c_str(), 0600);
     o.secret_path = root.path() + "/cluster.secret";
-    for (const HostCheck &c : run_host_checks(o))
-        EXPECT_EQ(c.status, CheckStatus::ok) << c.name << ": " << c.detail;
+    const auto checks = run_host_checks(o);
+    for (const HostCheck &c : checks) EXPECT_EQ(c.status, CheckStatus::ok) << c.name << ": " << c.detail;
+    EXPECT_NE(find(checks, "RDMA").detail.find("mlx5_0 port 1: ACTIVE, RoCE v2 GID 1 on eth0 (MTU 9000)"),
+              std::string::npos)
+        << find(checks, "RDMA").detail;
+    // A host without an RDMA device has nothing to check.
+    fs::remove_all(fs::path(root.path()) / "sys/class/infiniband");
+    EXPECT_EQ(find(run_host_checks(o), "RDMA").status, CheckStatus::ok);
 }
 
 TEST(HostCheck, EachProblemWarnsWithTheCommandThatFixesIt) {
@@ -438,6 +454,17 @@ TEST(HostCheck, EachProblemWarnsWithTheCommandThatFixesIt) {
     put(root, "proc/sys/vm/swappiness", "60\n");
     put(root, "sys/devices/system/node/node0/x", "");
     put(root, "sys/devices/system/node/node1/x", "");
+    // RoCE on an interface of MTU 1500 (RDMA packets of 1024 bytes); a second NIC with no IP address (no v2
+    // GID).
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/state", "4: ACTIVE\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/link_layer", "Ethernet\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/gids/3", "0000:0000:0000:0000:0000:ffff:c0a8:0102\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/types/3", "RoCE v2\n");
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/gid_attrs/ndevs/3", "enp1s0\n");
+    put(root, "sys/class/infiniband/mlx5_1/ports/1/state", "4: ACTIVE\n");
+    put(root, "sys/class/infiniband/mlx5_1/ports/1/link_layer", "Ethernet\n");
+    put(root, "sys/class/infiniband/mlx5_1/ports/1/gids/1", "0000:0000:0000:0000:0000:0000:0000:0000\n");
+    put(root, "sys/class/infiniband/mlx5_1/ports/1/gid_attrs/types/1", "RoCE v2\n");
     HostCheckOptions o;
     o.root = root.path();
     o.interface = "enp1s0";
@@ -459,6 +486,14 @@ TEST(HostCheck, EachProblemWarnsWithTheCommandThatFixesIt) {
     EXPECT_NE(find(checks, "MTU").fix.find("mtu 9000"), std::string::npos);
     EXPECT_NE(find(checks, "memory bandwidth").detail.find("about 200 GB/s"), std::string::npos);
     EXPECT_EQ(find(checks, "cluster secret").fix, "chmod 600 " + o.secret_path);
+    EXPECT_NE(find(checks, "RDMA").fix.find("sudo ip link set enp1s0 mtu 9000"), std::string::npos)
+        << find(checks, "RDMA").fix;
+    EXPECT_NE(find(checks, "RDMA").detail.find("mlx5_1 port 1: ACTIVE RoCE port without a RoCE v2 GID"),
+              std::string::npos)
+        << find(checks, "RDMA").detail;
+    // Without an RDMA device, a small locked-memory limit harms nothing.
+    fs::remove_all(fs::path(root.path()) / "sys/class/infiniband");
+    EXPECT_EQ(find(run_host_checks(o), "locked-memory limit").status, CheckStatus::ok);
     o.secret_path = root.path() + "/missing.secret";
     EXPECT_NE(find(run_host_checks(o), "cluster secret").fix.find("start `tandem worker` once"), std::string::npos);
 }
@@ -471,6 +506,7 @@ TEST(HostCheck, GarbageInTheFilesIsCannotTell) {
     put(root, "proc/self/limits",
         "Max locked memory         many                 many                 bytes\n");
     put(root, "sys/devices/system/cpu/cpu0/cpuidle/state0/name", "POLL\n");  // no latency file
+    put(root, "sys/class/infiniband/mlx5_0/ports/1/state", "\n");            // no link layer
     HostCheckOptions o;
     o.root = root.path();
     o.interface = "eth9";
@@ -482,7 +518,7 @@ TEST(DoctorCli, JsonParsesOnThisHost) {
     auto r = test::run_tandem({"doctor", "--json", "--no-bandwidth", "--workers", "127.0.0.1:9"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
-    ASSERT_GE(j["checks"].size(), 14u);
+    ASSERT_GE(j["checks"].size(), 15u);
     const std::set<std::string> statuses = {"OK", "WARN", "cannot tell"};
     for (const auto &c : j["checks"]) EXPECT_TRUE(statuses.count(c["status"].get<std::string>())) << c.dump();
     for (const auto &c : j["checks"])

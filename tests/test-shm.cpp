@@ -356,8 +356,8 @@ TEST(NetShm, TheHandshakeChoosesShmOnOneHostAndTcpOtherwise) {
         {shm, kTransportsAll, host_identity(), Transport::shm},
         {kTransportsTcp, kTransportsAll, host_identity(), Transport::tcp},  // the client says TCP
         {kTransportsAll, kTransportsTcp, host_identity(), Transport::tcp},  // the server says TCP
-        {kTransportsAll, kTransportsAll, "another-host", Transport::tcp},   // not this host
-        {kTransportsAll, kTransportsAll, "", Transport::tcp},               // a client that did not say
+        {shm, kTransportsAll, "another-host", Transport::tcp},              // not this host
+        {shm, kTransportsAll, "", Transport::tcp},                          // a client that did not say
     };
     for (const Case &c : cases) {
         Negotiated n = negotiate(c.client, c.server, c.host);
@@ -393,7 +393,7 @@ TEST(NetShm, AClientThatCannotAttachStaysOnTcp) {
     ASSERT_TRUE(cluster::recv_expect(*t.a, MsgType::transport_offer, payload, 2000, "test").ok());
     ASSERT_TRUE(decode_transport_offer(payload).ok());
     ASSERT_TRUE(
-        cluster::send_control(*t.a, MsgType::transport_ready, TransportReady{0, "no such file"}).ok());
+        cluster::send_control(*t.a, MsgType::transport_ready, TransportReady{0, "no such file", ""}).ok());
     server.join();
     ASSERT_TRUE(server_conn);
     EXPECT_EQ(server_conn->transport(), Transport::tcp);

@@ -24,25 +24,35 @@ inline const net::ClusterSecret &test_secret() {
 // The transports the cluster tests' heads allow: the test binary's argument --td-transport=NAME (auto, tcp,
 // shm), with which ctest runs the cluster suites once more over TCP (tests/CMakeLists.txt); else
 // $TD_TEST_TRANSPORT; else auto (shm: every node is on this host).
-inline uint32_t test_transports() {
-    static const uint32_t bits = [] {
-        std::string name;
-        if (const char *env = std::getenv("TD_TEST_TRANSPORT")) name = env;
+// The --transport name the cluster tests run with ("" when none was given: auto).
+inline const std::string &test_transport_name() {
+    static const std::string name = [] {
+        std::string n;
+        if (const char *env = std::getenv("TD_TEST_TRANSPORT")) n = env;
         std::ifstream cmdline("/proc/self/cmdline");
         const std::string flag = "--td-transport=";
         for (std::string arg; std::getline(cmdline, arg, '\0');)
-            if (arg.rfind(flag, 0) == 0) name = arg.substr(flag.size());
-        uint32_t b = net::kTransportsAll;
+            if (arg.rfind(flag, 0) == 0) n = arg.substr(flag.size());
+        return n;
+    }();
+    return name;
+}
+inline uint32_t test_transports() {
+    static const uint32_t bits = [] {
+        uint32_t b = net::auto_transports();
         std::string error;
-        if (!name.empty() && !net::transports_from_name(name, &b, &error)) std::abort();
+        if (!test_transport_name().empty() && !net::transports_from_name(test_transport_name(), &b, &error))
+            std::abort();
         return b;
     }();
     return bits;
 }
 // The transport a link between two nodes of this host takes in these tests.
 inline net::Transport test_link_transport() {
-    return (test_transports() & net::transport_bit(net::Transport::shm)) != 0 ? net::Transport::shm
-                                                                              : net::Transport::tcp;
+    const uint32_t bits = test_transports();
+    if ((bits & net::transport_bit(net::Transport::shm)) != 0) return net::Transport::shm;
+    if ((bits & net::transport_bit(net::Transport::ucx)) != 0) return net::Transport::ucx;
+    return net::Transport::tcp;
 }
 
 // ../shared (or $TANDEM_SHARED_DIR): models/, reference/, vocab/.

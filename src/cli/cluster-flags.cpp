@@ -81,9 +81,11 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
         "nodes) or 2,1; auto: measure the workers and links and run what `tandem plan` recommends");
     cmd->add_option("--wire", flags.wire, "Activation encoding between stages: f32, f16 or q8_0")
         ->default_val("f16");
-    cmd->add_option("--transport", flags.transport,
-                    "How links between nodes travel: auto (shared memory between processes of one host, else "
-                    "TCP), tcp, or shm (shared memory where both ends share a host, else TCP)")
+    cmd->add_option(
+           "--transport", flags.transport,
+           "How links between nodes travel: auto (shared memory between processes of one host, UCX "
+           "where it sees an RDMA device, else TCP), tcp, shm (shared memory where both ends share a "
+           "host, else TCP), or ucx (UCX: RDMA, else its own shared memory or TCP)")
         ->default_val("auto");
     cmd->add_option("--head-layers", flags.head_layers,
                     "Layers the head runs itself before the workers (0: embedding and sampling only)")

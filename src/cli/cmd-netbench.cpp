@@ -70,7 +70,9 @@ int netbench_main(const NetbenchOptions &opt) {
     uint32_t allowed = 0;
     if (std::string error; !net::transports_from_name(opt.transport, &allowed, &error))
         return fail(invalid_input("{}", error));
-    // Each transport on its own probe connection: TCP always, shared memory when the worker shares this host.
+    if (opt.transport == "auto") allowed = net::built_transports();  // measure every one this build has
+    // Each transport on its own probe connection: TCP, shared memory when the worker shares this host, UCX
+    // when both builds have it.
     struct Run {
         net::Transport transport;
         std::unique_ptr<cluster::ProbeClient> client;
@@ -78,15 +80,18 @@ int netbench_main(const NetbenchOptions &opt) {
     };
     std::vector<Run> runs;
     std::vector<std::string> unavailable;
-    for (net::Transport t : {net::Transport::tcp, net::Transport::shm}) {
+    for (net::Transport t : {net::Transport::tcp, net::Transport::shm, net::Transport::ucx}) {
         if (t != net::Transport::tcp && (allowed & net::transport_bit(t)) == 0) continue;
-        if (t == net::Transport::tcp && opt.transport == "shm") continue;  // only shared memory asked for
+        if (t == net::Transport::tcp && opt.transport != "auto" && opt.transport != "tcp")
+            continue;  // only it
         auto client = cluster::ProbeClient::connect(opt.address, *secret, 3000,
                                                     net::kTransportsTcp | net::transport_bit(t));
         if (!client.ok()) return fail(client.status());
         if ((*client)->transport() != t) {
-            unavailable.push_back(fmt::format(
-                "{}: not available (the worker is on another host, or refused it)", net::transport_name(t)));
+            unavailable.push_back(fmt::format("{}: not available ({})", net::transport_name(t),
+                                              t == net::Transport::shm
+                                                  ? "the worker is on another host, or refused it"
+                                                  : "the worker's build has no UCX, or refused it"));
             continue;
         }
         auto samples = (*client)->measure_link(lo);
@@ -190,8 +195,8 @@ void register_netbench(CLI::App &app, Runners &runners) {
         ->default_val("f16");
     cmd->add_option(
            "--transport", opt->transport,
-           "Which transports to measure: auto (TCP, and shared memory when the worker shares this host), "
-           "tcp or shm")
+           "Which transports to measure: auto (TCP; shared memory when the worker shares this host; UCX when "
+           "both builds have it), tcp, shm or ucx")
         ->default_val("auto");
     add_secret_flag(cmd, opt->secret_file);
     runners.push_back([cmd, opt] { return cmd->parsed() ? netbench_main(*opt) : -1; });

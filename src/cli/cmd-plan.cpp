@@ -185,7 +185,7 @@ void register_plan(CLI::App &app, Runners &runners) {
     cmd->add_option(
            "--transport", opt->transport,
            "Transports the measured links may take, as the run's --transport: auto (shared memory between "
-           "nodes of one host), tcp, shm")
+           "nodes of one host, UCX over RDMA), tcp, shm, ucx")
         ->default_val("auto");
     add_secret_flag(cmd, opt->secret_file);
     runners.push_back([cmd, opt] { return cmd->parsed() ? plan_main(*opt) : -1; });

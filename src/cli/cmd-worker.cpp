@@ -31,7 +31,9 @@ int worker_main(const WorkerCliOptions &opt) {
         return fail(s.with_context("--listen"));
     wo.n_threads = opt.n_threads;
     wo.model_path = opt.model;
-    if (std::string error; !net::transports_from_name(opt.transport, &wo.transports, &error))
+    if (opt.transport == "auto")
+        wo.transports = net::built_transports();  // accepts what a head asks for; dials what the head allows
+    else if (std::string error; !net::transports_from_name(opt.transport, &wo.transports, &error))
         return fail(invalid_input("{}", error));
     wo.cache_dir = opt.cache_dir.empty() ? tandem_cache_dir() + "/stages" : opt.cache_dir;
     // Packed weights beside the stage files when --cache-dir is given, else in the user cache.
@@ -73,7 +75,8 @@ void register_worker(CLI::App &app, Runners &runners) {
     cmd->add_option("-t,--threads", opt->n_threads, "Threads (0: all cores)")->default_val(0);
     cmd->add_option(
            "--transport", opt->transport,
-           "Links this worker may use: auto (shared memory with nodes on this host, else TCP), tcp, shm")
+           "Links this worker may use: auto (whatever the head asks for and this build has: shared memory "
+           "with nodes on this host, UCX, TCP), tcp, shm, ucx")
         ->default_val("auto");
     cmd->add_option("-m,--model", opt->model,
                     "Local copy of the model (used when its weights match the head's)");

@@ -88,7 +88,7 @@ struct ClusterOptions {
     net::ClusterSecret secret;     // proved to every worker, and asked of every connection to the head
     // Transports every link of the cluster may use (--transport: net::transports_from_name); each link takes
     // the best both of its ends allow (shm between processes of one host), else TCP.
-    uint32_t transports = net::kTransportsAll;
+    uint32_t transports = net::auto_transports();
 };
 
 struct NodeStatus {

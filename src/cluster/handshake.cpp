@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "net/codec.h"
 #include "net/shm.h"
+#include "net/ucx.h"
 
 namespace td::cluster {
 namespace {
@@ -118,6 +119,8 @@ net::Transport choose_transport(const net::Hello &hello, uint32_t server_allows)
     if ((both & net::transport_bit(net::Transport::shm)) != 0 && net::shm_supported() &&
         !hello.host_id.empty() && hello.host_id == net::host_identity())
         return net::Transport::shm;
+    if ((both & net::transport_bit(net::Transport::ucx)) != 0 && net::ucx_supported())
+        return net::Transport::ucx;
     return net::Transport::tcp;
 }
 
@@ -127,26 +130,41 @@ Result<std::unique_ptr<net::Connection>> answer_hello(std::unique_ptr<net::Conne
     const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
     const std::string peer = conn->peer();
     Result<net::ShmPending> shm = make_error(ErrorKind::failed, "not chosen");
-    if (choose_transport(hello, server_allows) == net::Transport::shm) {
+    Result<std::unique_ptr<net::UcxWorker>> ucx = make_error(ErrorKind::failed, "not chosen");
+    const net::Transport chosen = choose_transport(hello, server_allows);
+    if (chosen == net::Transport::shm) {
         shm = net::shm_create();
         if (shm.ok())
             reply.transport = static_cast<uint32_t>(net::Transport::shm);
         else
             log_warn("{}: shared memory unavailable, staying on TCP: {}", peer, shm.status().message());
+    } else if (chosen == net::Transport::ucx) {
+        ucx = net::ucx_prepare();
+        if (ucx.ok())
+            reply.transport = static_cast<uint32_t>(net::Transport::ucx);
+        else
+            log_warn("{}: UCX unavailable, staying on TCP: {}", peer, ucx.status().message());
     }
     TD_TRY(send_control(*conn, net::MsgType::hello_reply, reply, 0, ms_left(deadline)).with_context(peer));
     if (reply.transport == static_cast<uint32_t>(net::Transport::tcp)) return conn;
     net::TransportOffer offer;
     offer.transport = reply.transport;
-    offer.shm = shm->offer;
+    if (shm.ok()) offer.shm = shm->offer;
+    if (ucx.ok()) offer.ucx_address = (*ucx)->address();
     TD_TRY(
         send_control(*conn, net::MsgType::transport_offer, offer, 0, ms_left(deadline)).with_context(peer));
     std::vector<uint8_t> payload;
     TD_TRY(recv_expect(*conn, net::MsgType::transport_ready, payload, ms_left(deadline), peer));
     TD_ASSIGN_OR_RETURN(net::TransportReady ready, net::decode_transport_ready(payload));
     if (ready.ok == 0) {
-        log_warn("{} could not attach to shared memory, staying on TCP: {}", peer, ready.reason);
+        log_warn("{} could not attach to {}, staying on TCP: {}", peer,
+                 net::transport_name(static_cast<net::Transport>(reply.transport)), ready.reason);
         return conn;
+    }
+    if (ucx.ok()) {
+        // The client already sends over UCX: an endpoint we cannot open back loses the connection.
+        TD_TRY((*ucx)->link(ready.ucx_address).with_context(peer));
+        return net::ucx_connection(std::move(ucx).value(), std::move(conn));
     }
     shm->region
         ->close_fd();  // the client holds its own mapping now; the memory lives as long as the mappings
@@ -163,6 +181,24 @@ Result<std::unique_ptr<net::Connection>> follow_transport(std::unique_ptr<net::C
     if (offer.transport != reply.transport)
         return invalid_input("{}offered transport {} after choosing {}", prefix(peer_name), offer.transport,
                              reply.transport);
+    if (offer.transport == static_cast<uint32_t>(net::Transport::ucx)) {
+        auto w = net::ucx_prepare();
+        if (w.ok()) {
+            if (Status s = (*w)->link(offer.ucx_address); !s.ok()) w = std::move(s);
+        }
+        net::TransportReady ready;
+        ready.ok = w.ok() ? 1 : 0;
+        if (w.ok()) {
+            ready.ucx_address = (*w)->address();
+        } else {
+            ready.reason = w.status().message();
+            log_warn("{}UCX offered but not linked, staying on TCP: {}", prefix(peer_name), ready.reason);
+        }
+        TD_TRY(
+            send_control(*conn, net::MsgType::transport_ready, ready, 0, timeout_ms).with_context(peer_name));
+        if (!w.ok()) return conn;
+        return net::ucx_connection(std::move(w).value(), std::move(conn));
+    }
     auto region = net::shm_attach(offer.shm);
     net::TransportReady ready;
     ready.ok = region.ok() ? 1 : 0;

@@ -30,13 +30,14 @@ Result<net::Hello> handshake_accept(net::Connection &conn, const net::ClusterSec
                                     const std::string &node_name, int timeout_ms = kHandshakeTimeoutMs);
 
 // The transport a connection continues over once both proofs hold: shm when both ends allow it, the client
-// names this host (Hello.host_id) and this build has it; else TCP.
+// names this host (Hello.host_id) and this build has it; else ucx when both allow it and this build has it;
+// else TCP.
 net::Transport choose_transport(const net::Hello &hello, uint32_t server_allows);
 
 // Server side, after handshake_accept: chooses the transport (reply.transport), sends the HelloReply and, for
-// shm, offers the shared rings and waits for the client to attach. Returns the connection to go on with: the
-// shared-memory one, or the TCP one when shm could not be set up on either end (both then stay on TCP; the
-// reason is logged).
+// shm, offers the shared rings (ucx: this side's worker address) and waits for the client to attach. Returns
+// the connection to go on with: the shm or ucx one, or the TCP one when it could not be set up on either end
+// (both then stay on TCP; the reason is logged).
 Result<std::unique_ptr<net::Connection>> answer_hello(std::unique_ptr<net::Connection> conn,
                                                       const net::Hello &hello, net::HelloReply reply,
                                                       uint32_t server_allows,

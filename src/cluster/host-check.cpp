@@ -281,6 +281,11 @@ HostCheck check_memlock(const fs::path &root) {
             } catch (...) {
                 return c;
             }
+            if (v < (uint64_t{1} << 30) && !fs::exists(root / "sys/class/infiniband")) {
+                c.status = CheckStatus::ok;  // only RDMA locks buffers, and this host has no RDMA device
+                c.detail += " (no RDMA device here: only RDMA needs locked memory)";
+                return c;
+            }
             verdict(c, v >= (uint64_t{1} << 30), "RDMA registers activation buffers and needs them locked",
                     "ulimit -l unlimited   # for good: '* - memlock unlimited' in /etc/security/limits.conf");
         }
@@ -288,6 +293,106 @@ HostCheck check_memlock(const fs::path &root) {
     }
     c.detail = "proc/self/limits has no locked-memory line";
     return c;
+}
+
+// RDMA NICs (what UCX would use between hosts): each device's ports from sys/class/infiniband. A port must be
+// ACTIVE; a RoCE port (link layer Ethernet) also needs a RoCE v2 GID (the interface has an IP address) and
+// its interface an MTU that carries 4096-byte RDMA packets (>= 4200 with the RoCE headers; 1500 drops the
+// RDMA MTU to 1024). OK when one port is ready; no device at all is OK too (nothing to check: TCP or shm
+// links).
+HostCheck check_rdma(const fs::path &root) {
+    HostCheck c{"RDMA", CheckStatus::unknown, "", ""};
+    const fs::path dir = root / "sys/class/infiniband";
+    std::error_code ec;
+    if (!fs::exists(root / "sys/class", ec)) {
+        c.detail = "sys/class is not readable";
+        return c;
+    }
+    if (!fs::exists(dir, ec)) {
+        c.status = CheckStatus::ok;
+        c.detail = "no RDMA device (links take TCP, or shared memory within a host)";
+        return c;
+    }
+    std::vector<std::string> ready, problems, fixes, unreadable;
+    std::vector<fs::path> devices;
+    for (const auto &e : fs::directory_iterator(dir, ec)) devices.push_back(e.path());
+    std::sort(devices.begin(), devices.end());
+    for (const fs::path &dev : devices) {
+        const std::string name = dev.filename().string();
+        std::vector<fs::path> ports;
+        for (const auto &e : fs::directory_iterator(dev / "ports", ec)) ports.push_back(e.path());
+        std::sort(ports.begin(), ports.end());
+        for (const fs::path &port : ports) {
+            const std::string where = fmt::format("{} port {}", name, port.filename().string());
+            std::string state, layer;
+            if (!read_line(port / "state", &state) || !read_line(port / "link_layer", &layer)) {
+                unreadable.push_back(where + ": state or link layer not readable");
+                continue;
+            }
+            if (state.find("ACTIVE") == std::string::npos) {
+                problems.push_back(fmt::format("{}: {}", where, state));
+                fixes.push_back(
+                    fmt::format("ibv_devinfo -d {}   # then check the cable and the switch port", name));
+                continue;
+            }
+            if (layer != "Ethernet") {  // InfiniBand: an active port is all UCX needs
+                ready.push_back(fmt::format("{}: ACTIVE, {}", where, layer));
+                continue;
+            }
+            // RoCE: the first v2 GID that is set, and the interface it belongs to.
+            std::string netdev;
+            int gid_index = -1;
+            std::vector<fs::path> gids;
+            for (const auto &e : fs::directory_iterator(port / "gid_attrs/types", ec))
+                gids.push_back(e.path());
+            std::sort(gids.begin(), gids.end(), [](const fs::path &a, const fs::path &b) {
+                return std::atoi(a.filename().c_str()) < std::atoi(b.filename().c_str());
+            });
+            for (const fs::path &g : gids) {
+                std::string type, gid;
+                const std::string idx = g.filename().string();
+                if (!read_line(g, &type) || type.find("v2") == std::string::npos) continue;
+                if (!read_line(port / "gids" / idx, &gid) || gid.find_first_not_of("0:") == std::string::npos)
+                    continue;
+                gid_index = std::atoi(idx.c_str());
+                (void)read_line(port / "gid_attrs/ndevs" / idx, &netdev);
+                break;
+            }
+            if (gid_index < 0) {
+                problems.push_back(where + ": ACTIVE RoCE port without a RoCE v2 GID");
+                fixes.push_back(
+                    fmt::format("give {}'s interface an IP address (rdma link show; ip addr add ...)", name));
+                continue;
+            }
+            uint64_t mtu = 0;
+            if (netdev.empty() || !read_u64(root / "sys/class/net" / netdev / "mtu", &mtu)) {
+                unreadable.push_back(
+                    fmt::format("{}: RoCE v2 GID {}, interface MTU not readable", where, gid_index));
+                continue;
+            }
+            if (mtu < 4200) {
+                problems.push_back(
+                    fmt::format("{}: RoCE v2 GID {} on {}, MTU {} (RDMA packets of 1024 bytes)", where,
+                                gid_index, netdev, mtu));
+                fixes.push_back(fmt::format("sudo ip link set {} mtu 9000   # and the switch ports", netdev));
+                continue;
+            }
+            ready.push_back(
+                fmt::format("{}: ACTIVE, RoCE v2 GID {} on {} (MTU {})", where, gid_index, netdev, mtu));
+        }
+    }
+    std::string detail;
+    for (const auto *list : {&ready, &problems, &unreadable})
+        for (const std::string &x : *list) detail += (detail.empty() ? "" : "; ") + x;
+    c.detail = detail.empty() ? "sys/class/infiniband lists no device with ports" : detail;
+    if (ready.empty() && problems.empty()) return c;  // cannot tell
+    std::string fix;
+    for (const std::string &f : fixes) fix += (fix.empty() ? "" : " && ") + f;
+    if (!ready.empty()) {
+        c.status = CheckStatus::ok;  // UCX takes the ready port; the others are listed
+        return c;
+    }
+    return verdict(c, false, "no RDMA port UCX could use at full speed", fix);
 }
 
 HostCheck check_swap(const fs::path &root) {
@@ -438,6 +543,7 @@ std::vector<HostCheck> run_host_checks(const HostCheckOptions &o) {
     out.push_back(check_irq(root));
     out.push_back(check_thp(root));
     out.push_back(check_memlock(root));
+    out.push_back(check_rdma(root));
     out.push_back(check_swap(root));
     out.push_back(check_numa(root));
     HostCheck bw{"memory bandwidth", CheckStatus::unknown, "", ""};

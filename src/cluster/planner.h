@@ -30,7 +30,7 @@ struct PlanOptions {
     bool contention = true;  // measure nodes that share a host together too
     // The transports the measured links may take: the engine's (ClusterOptions::transports), so links between
     // nodes of one host are measured over shared memory when the engine would use it.
-    uint32_t transports = net::kTransportsAll;
+    uint32_t transports = net::auto_transports();
 };
 
 // Row counts a plan needs measured: micro-batches of every batch over 1..n_nodes stages, prompt chunks, 1.

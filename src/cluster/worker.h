@@ -47,7 +47,7 @@ struct WorkerOptions {
     StageCacheOptions cache; // its size cap and the disk space it leaves free (stage-cache.h)
     std::string pack_dir;    // where packed weights are cached (ModelLoadOptions::pack_dir); "": none
     net::ClusterSecret secret;  // every connection must prove it holds the same (create() refuses none)
-    uint32_t transports = net::kTransportsAll;  // what this worker's links may use (--transport)
+    uint32_t transports = net::auto_transports();  // what this worker's links may use (--transport)
 };
 
 class Worker {

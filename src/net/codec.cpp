@@ -68,6 +68,12 @@ public:
         out_.insert(out_.end(), v.begin(), v.end());
         return {};
     }
+    Status blob(const std::string &s, size_t max, const char *) {
+        const size_t n = std::min(s.size(), max);
+        put<uint32_t>(out_, static_cast<uint32_t>(n));
+        out_.insert(out_.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
+        return {};
+    }
     Status timing(const double &v, const char *) { return field(v, nullptr); }
     // u32 count, then each element's fields.
     template <typename V, typename F>
@@ -119,6 +125,18 @@ public:
         if (n > max) return invalid_input("{}: {} has {} entries, limit {}", what_, name, n, max);
         v.resize(n);
         for (std::string &s : v) TD_TRY(string(s, name));
+        return {};
+    }
+
+    // u32 length (<= max), then that many bytes.
+    Status blob(std::string &s, size_t max, const char *name) {
+        uint32_t n = 0;
+        TD_TRY(field(n, name));
+        if (n > max) return invalid_input("{}: {} is {} bytes, limit {}", what_, name, n, max);
+        if (left() < n)
+            return invalid_input("{}: {} needs {} bytes, payload has {} left", what_, name, n, left());
+        s.assign(reinterpret_cast<const char *>(p_.data() + off_), n);
+        off_ += n;
         return {};
     }
 
@@ -350,6 +368,8 @@ void encode(const TransportOffer &m, std::vector<uint8_t> &out) {
         (void)w.field(m.shm.fd, "fd");
         (void)w.field(m.shm.bytes, "bytes");
         (void)w.bytes(m.shm.token, "token");
+    } else if (m.transport == static_cast<uint32_t>(Transport::ucx)) {
+        (void)w.blob(m.ucx_address, kMaxUcxAddress, "ucx_address");
     }
 }
 
@@ -357,8 +377,14 @@ Result<TransportOffer> decode_transport_offer(std::span<const uint8_t> payload) 
     Reader r("transport_offer", payload);
     TransportOffer m;
     TD_TRY(r.field(m.transport, "transport"));
+    if (m.transport == static_cast<uint32_t>(Transport::ucx)) {
+        TD_TRY(r.blob(m.ucx_address, kMaxUcxAddress, "ucx_address"));
+        TD_TRY(r.finish());
+        if (m.ucx_address.empty()) return invalid_input("transport_offer: an empty UCX address");
+        return m;
+    }
     if (m.transport != static_cast<uint32_t>(Transport::shm))
-        return invalid_input("transport_offer: transport {} has no offer (1 shm)", m.transport);
+        return invalid_input("transport_offer: transport {} has no offer (1 shm, 2 ucx)", m.transport);
     TD_TRY(r.field(m.shm.pid, "pid"));
     TD_TRY(r.field(m.shm.fd, "fd"));
     TD_TRY(r.field(m.shm.bytes, "bytes"));
@@ -373,6 +399,7 @@ void encode(const TransportReady &m, std::vector<uint8_t> &out) {
     Writer w(out);
     (void)w.field(m.ok, "ok");
     (void)w.string(m.reason, "reason");
+    (void)w.blob(m.ucx_address, kMaxUcxAddress, "ucx_address");
 }
 
 Result<TransportReady> decode_transport_ready(std::span<const uint8_t> payload) {
@@ -380,6 +407,7 @@ Result<TransportReady> decode_transport_ready(std::span<const uint8_t> payload) 
     TransportReady m;
     TD_TRY(r.field(m.ok, "ok"));
     TD_TRY(r.string(m.reason, "reason"));
+    TD_TRY(r.blob(m.ucx_address, kMaxUcxAddress, "ucx_address"));
     TD_TRY(r.finish());
     if (m.ok > 1) return invalid_input("transport_ready: ok is {}, must be 0 or 1", m.ok);
     return m;

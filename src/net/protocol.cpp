@@ -1,6 +1,9 @@
 // Names and limits of the wire messages (protocol.h).
 #include "net/protocol.h"
 
+#include "net/shm.h"
+#include "net/ucx.h"
+
 namespace td::net {
 
 const char *msg_type_name(MsgType type) {
@@ -91,7 +94,7 @@ size_t max_payload(MsgType type) {
             return 32;
         case MsgType::transport_offer:
         case MsgType::transport_ready:
-            return 8192;
+            return kMaxUcxAddress + 8192;
         case MsgType::echo:
         case MsgType::echo_reply:
             return kMaxEchoPayload;
@@ -125,20 +128,39 @@ const char *transport_name(Transport t) {
 
 bool transports_from_name(const std::string &name, uint32_t *bits, std::string *error) {
     if (name == "auto") {
-        *bits = kTransportsAll;
+        *bits = auto_transports();
     } else if (name == "tcp") {
         *bits = kTransportsTcp;
     } else if (name == "shm") {
         *bits = kTransportsTcp | transport_bit(Transport::shm);
     } else if (name == "ucx") {
-        *error = "--transport ucx: this build has no UCX transport (auto, tcp and shm are available)";
-        return false;
+        if (!ucx_supported()) {
+            *error =
+                "--transport ucx: this build has no UCX transport (install libucx-dev and rebuild; auto, tcp "
+                "and shm are available)";
+            return false;
+        }
+        *bits = kTransportsTcp | transport_bit(Transport::ucx);
     } else {
         error->assign("--transport ");
         error->append(name).append(": expected auto, tcp, shm or ucx");
         return false;
     }
     return true;
+}
+
+uint32_t auto_transports() {
+    uint32_t bits = kTransportsTcp;
+    if (shm_supported()) bits |= transport_bit(Transport::shm);
+    if (ucx_supported() && ucx_has_rdma()) bits |= transport_bit(Transport::ucx);
+    return bits;
+}
+
+uint32_t built_transports() {
+    uint32_t bits = kTransportsTcp;
+    if (shm_supported()) bits |= transport_bit(Transport::shm);
+    if (ucx_supported()) bits |= transport_bit(Transport::ucx);
+    return bits;
 }
 
 const char *reduce_type_name(ReduceType type) {

@@ -32,10 +32,11 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 6;
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
+inline constexpr size_t kMaxUcxAddress = 32768;  // a UCX worker address (transport_offer / transport_ready)
 inline constexpr size_t kMaxControlPayload = 1 << 20;                // control messages other than weights
 inline constexpr size_t kMaxWeightsChunk = 16u << 20;                // one WeightsChunk
 inline constexpr size_t kMaxBatchRows = 8192;                        // rows in one Forward
@@ -112,17 +113,26 @@ enum class ConnRole : uint32_t { control = 1, data = 2, peer = 3, probe = 4 };
 
 // How a connection carries its frames once the handshake is done. TCP is always possible; the others are
 // negotiated (Hello.transports, HelloReply.transport) and fall back to TCP when either end cannot use them.
-// shm: both processes on one host, frames through rings in a mapping they share (net/shm.h).
+// shm: both processes on one host, frames through rings in a mapping they share (net/shm.h). ucx: UCX's
+// tag-matching API (net/ucx.h), over RDMA where the hosts have it, else UCX's own shm / TCP.
 enum class Transport : uint32_t { tcp = 0, shm = 1, ucx = 2 };
 inline constexpr uint32_t transport_bit(Transport t) {
     return 1u << static_cast<uint32_t>(t);
 }
 inline constexpr uint32_t kTransportsTcp = transport_bit(Transport::tcp);
-inline constexpr uint32_t kTransportsAll = transport_bit(Transport::tcp) | transport_bit(Transport::shm);
+// Every transport a link may be asked to use; what this build and host can use is auto_transports().
+inline constexpr uint32_t kTransportsAll =
+    transport_bit(Transport::tcp) | transport_bit(Transport::shm) | transport_bit(Transport::ucx);
 const char *transport_name(Transport t);  // "tcp", "shm", "ucx"
-// "auto" (every transport this build has, best first), "tcp", "shm" (shm where both ends share a host, else
-// TCP), "ucx": the set of transports a node may use. Unknown names and ones this build lacks are errors.
+// "auto" (auto_transports()), "tcp", "shm" (shm where both ends share a host, else TCP), "ucx" (UCX, else
+// TCP): the set of transports a node may use. Unknown names and ones this build lacks are errors.
 bool transports_from_name(const std::string &name, uint32_t *bits, std::string *error);
+// What "auto" allows: tcp; shm where this build has it; ucx where UCX sees an RDMA device (over plain
+// Ethernet UCX's TCP is no faster than ours, and between processes of one host shm wins).
+uint32_t auto_transports();
+// Every transport this build and host can run (tcp, shm, ucx where built): what a worker started with "auto"
+// accepts when a connector asks for it (the connector's own set decides).
+uint32_t built_transports();
 
 // Activation encoding on the wire.
 enum class WireType : uint32_t { f32 = 0, f16 = 1, q8_0 = 8 };
@@ -190,13 +200,16 @@ struct ShmOffer {  // u32 pid, i32 fd, u64 bytes, u8[16] token
     uint64_t bytes = 0;
     std::array<uint8_t, 16> token{};
 };
-struct TransportOffer {  // u32 transport, then the transport's part (shm: ShmOffer)
+struct TransportOffer {  // u32 transport, then the transport's part (shm: ShmOffer; ucx: blob address)
     uint32_t transport = 0;
     ShmOffer shm;
+    std::string ucx_address;  // the acceptor's UCX worker address (ucp_worker_get_address), <= kMaxUcxAddress
 };
-struct TransportReady {  // u32 ok (1: attached, 0: both ends stay on TCP), string reason
+struct TransportReady {  // u32 ok (1: attached, 0: both ends stay on TCP), string reason, blob ucx_address
+                         // (v7)
     uint32_t ok = 0;
     std::string reason;
+    std::string ucx_address;  // ucx, ok 1: the connector's UCX worker address; else empty
 };
 
 struct ErrorMsg {  // u32 kind (td::ErrorKind), string message

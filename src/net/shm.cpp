@@ -36,6 +36,7 @@
 
 #include "net/auth.h"
 #include "net/codec.h"
+#include "net/spin.h"
 
 namespace td::net {
 
@@ -95,12 +96,6 @@ struct SharedHeader {
 };
 static_assert(sizeof(SharedHeader) <= kHeaderRegion, "the header fits its page");
 
-int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
 class Deadline {
 public:
     explicit Deadline(int timeout_ms)
@@ -117,14 +112,6 @@ private:
     bool forever_;
     int64_t end_ns_;
 };
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
-}
 
 void futex_wait(std::atomic<uint32_t> &word, uint32_t expected, int ms) {
 #ifdef __linux__

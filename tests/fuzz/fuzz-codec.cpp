@@ -95,7 +95,12 @@ TD_FUZZ_INIT(codec) {
     to.transport = static_cast<uint32_t>(Transport::shm);
     to.shm = ShmOffer{1234, 5, 4096 + (2u << 18), {}};
     add(MsgType::transport_offer, to);
-    add(MsgType::transport_ready, TransportReady{0, "no"});
+    add(MsgType::transport_ready, TransportReady{0, "no", ""});
+    TransportOffer uo;
+    uo.transport = static_cast<uint32_t>(Transport::ucx);
+    uo.ucx_address = std::string(300, '\x5a');
+    add(MsgType::transport_offer, uo);
+    add(MsgType::transport_ready, TransportReady{1, "", std::string(200, '\x11')});
     const int32_t pos[2] = {0, 1}, seq[2] = {0, 0};
     const uint8_t want[2] = {0, 1};
     std::vector<float> hidden(2 * 64, 0.5f);
