@@ -224,22 +224,23 @@ Status UcxConnection::wait_until(Done done, int timeout_ms, int64_t spin_ns, boo
             *timed_out = true;
             return {};
         }
+        // Counted as a sleeper before arming: another thread's progress from here on signals the fd, so an
+        // event it consumes after our arm still wakes us.
         ucs_status_t armed;
         {
             std::lock_guard lock(mu_);
             if (done()) return {};
+            sleepers_.fetch_add(1, std::memory_order_acq_rel);
             armed = ucp_worker_arm(w_->worker);
         }
-        if (armed == UCS_ERR_BUSY) continue;  // events came in meanwhile: progress them
         int ms = kSleepSliceMs;
         if (!forever) ms = static_cast<int>(std::clamp<int64_t>((end - now + 999999) / 1000000, 1, ms));
-        if (armed != UCS_OK) {
+        if (armed == UCS_OK) {
+            pollfd p{w_->efd, POLLIN, 0};
+            (void)::poll(&p, 1, ms);
+        } else if (armed != UCS_ERR_BUSY) {  // busy: events came in meanwhile, progress them
             std::this_thread::sleep_for(std::chrono::milliseconds(1));  // no event fd to sleep on
-            continue;
         }
-        pollfd p{w_->efd, POLLIN, 0};
-        sleepers_.fetch_add(1, std::memory_order_acq_rel);
-        (void)::poll(&p, 1, ms);
         sleepers_.fetch_sub(1, std::memory_order_acq_rel);
     }
 }
@@ -285,6 +286,7 @@ Status UcxConnection::send(MsgType type, uint64_t request_id, uint32_t flags,
     ucs_status_ptr_t req;
     {
         std::lock_guard lock(mu_);
+        if (w_->ep == nullptr) return closed_status();  // closed by another thread since the check above
         req = ucp_tag_send_nbx(w_->ep, iov.data(), iov.size(), kFrameTag, &param);
     }
     if (UCS_PTR_IS_ERR(req)) return ucx_error(ErrorKind::disconnected, "send", UCS_PTR_STATUS(req));
