@@ -174,6 +174,9 @@ private:
     // peer's TCP connection closed and nothing more came within kDrainNs).
     template <typename Done>
     Status wait_until(Done done, int timeout_ms, int64_t spin_ns, bool *timed_out);
+    // Waits for a send or receive request and frees it; *st is its final status. A wait that fails or times
+    // out (*timed_out) abandons the request and closes the connection: part of a frame may have moved.
+    Status complete(void *request, int timeout_ms, ucs_status_t *st, bool *timed_out);
     // An in-flight request that will not be waited for: cancelled, given a bounded chance to finish, freed.
     void abandon(void *request);
     // A probed message that will not be received: taken into a buffer too small for it (UCX truncates it and
@@ -189,6 +192,7 @@ private:
     std::atomic<bool> closed_{false};
     std::atomic<bool> peer_gone_{false};
     Status broken_;  // a message that cannot be a frame: every later recv fails
+    std::vector<ucp_dt_iov_t> send_iov_;  // send()'s scatter-gather list, reused (send_mu_)
 };
 
 template <typename Done>
@@ -245,6 +249,23 @@ Status UcxConnection::wait_until(Done done, int timeout_ms, int64_t spin_ns, boo
     }
 }
 
+Status UcxConnection::complete(void *request, int timeout_ms, ucs_status_t *st, bool *timed_out) {
+    Status s = wait_until(
+        [&] {
+            *st = ucp_request_check_status(request);
+            return *st != UCS_INPROGRESS;
+        },
+        timeout_ms, 0, timed_out);
+    if (!s.ok() || *timed_out) {
+        abandon(request);
+        close();
+        return s;
+    }
+    std::lock_guard lock(mu_);
+    ucp_request_free(request);
+    return {};
+}
+
 void UcxConnection::abandon(void *request) {
     std::lock_guard lock(mu_);
     if (ucp_request_check_status(request) == UCS_INPROGRESS) ucp_request_cancel(w_->worker, request);
@@ -275,8 +296,8 @@ Status UcxConnection::send(MsgType type, uint64_t request_id, uint32_t flags,
     TD_ASSIGN_OR_RETURN(const uint64_t total, encode_frame_header(type, request_id, flags, parts, raw));
 
     // The frame goes out from the caller's buffers: header, then each non-empty part.
-    std::vector<ucp_dt_iov_t> iov;
-    iov.reserve(parts.size() + 1);
+    std::vector<ucp_dt_iov_t> &iov = send_iov_;
+    iov.clear();
     iov.push_back({raw, kHeaderBytes});
     for (const auto &p : parts)
         if (!p.empty()) iov.push_back({const_cast<uint8_t *>(p.data()), p.size()});
@@ -293,23 +314,10 @@ Status UcxConnection::send(MsgType type, uint64_t request_id, uint32_t flags,
     if (req != nullptr) {
         ucs_status_t st = UCS_INPROGRESS;
         bool timed_out = false;
-        Status s = wait_until(
-            [&] {
-                st = ucp_request_check_status(req);
-                return st != UCS_INPROGRESS;
-            },
-            timeout_ms, 0, &timed_out);
-        if (!s.ok() || timed_out) {
-            abandon(req);
-            close();  // part of the frame may have gone: the stream is lost
-            if (!s.ok()) return s;
+        TD_TRY(complete(req, timeout_ms, &st, &timed_out));
+        if (timed_out)
             return make_error(ErrorKind::failed, "send of {} to {} timed out after {} ms; closed",
                               msg_type_name(type), peer_, timeout_ms);
-        }
-        {
-            std::lock_guard lock(mu_);
-            ucp_request_free(req);
-        }
         if (st != UCS_OK) {
             close();
             return ucx_error(ErrorKind::disconnected, "send", st);
@@ -370,24 +378,11 @@ Status UcxConnection::recv(FrameHeader &header, std::vector<uint8_t> &payload, i
             timeout_ms < 0
                 ? -1
                 : static_cast<int>(std::max<int64_t>(1, timeout_ms - (now_ns() - start) / 1000000));
-        Status s = wait_until(
-            [&] {
-                st = ucp_request_check_status(req);
-                return st != UCS_INPROGRESS;
-            },
-            left_ms, 0, &timed_out);
-        if (!s.ok() || timed_out) {
-            abandon(req);
-            close();
-            if (!s.ok()) return s;
+        TD_TRY(complete(req, left_ms, &st, &timed_out));
+        if (timed_out)
             return make_error(ErrorKind::failed,
                               "recv from {} timed out after {} ms inside a {}-byte frame; closed", peer_,
                               timeout_ms, len);
-        }
-        {
-            std::lock_guard lock(mu_);
-            ucp_request_free(req);
-        }
         if (st != UCS_OK) {
             broken_ = ucx_error(ErrorKind::disconnected, "receive", st);
             close();
