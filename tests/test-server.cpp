@@ -501,6 +501,111 @@ TEST_P(ServerTest, ApiKeyIsRequiredExceptForHealth) {
              {{"Authorization", "Bearer sekrit"}});
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << r->body;
+    // The dashboard's files hold no data and load without the key (the page then asks for it); its data does
+    // not.
+    for (const char *path : {"/", "/index.html", "/app.js", "/style.css"}) {
+        r = c.Get(path);
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 200) << path;
+    }
+    r = c.Get("/status");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 401);
+    r = c.Get("/status", {{"Authorization", "Bearer sekrit"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+}
+
+// GET /status: what the dashboard draws. The scheduler's counters, and the engine's nodes: this machine
+// alone, the two pipeline stages with their layers and the three links of the ring, or two tensor-parallel
+// ranks.
+TEST_P(ServerTest, StatusDescribesTheServerAndItsNodes) {
+    TestServer s(opts());
+    auto c = s.client();
+    ASSERT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 8}, {"temperature", 0}}).empty());
+    json st;
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    do {
+        auto r = c.Get("/status");
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200);
+        EXPECT_EQ(r->get_header_value("Content-Type"), "application/json");
+        st = json::parse(r->body);
+        // A cluster's nodes come with the engine thread's next probe (about a second), with the step counted.
+        if (!cluster() || (!st["engine"]["nodes"].empty() && st["engine"]["nodes"][0]["forward_steps"] > 0))
+            break;
+        std::this_thread::sleep_for(50ms);
+    } while (std::chrono::steady_clock::now() < deadline);
+    EXPECT_EQ(st["status"], "ok") << st.dump();
+    EXPECT_EQ(st["server"]["generated_tokens"], 8) << st.dump();
+    EXPECT_EQ(st["server"]["requests_finished"]["length"], 1) << st.dump();
+    EXPECT_EQ(st["server"]["slots_total"], 4) << st.dump();
+    EXPECT_EQ(st["server"]["queue_depth"], 0) << st.dump();
+    const json &nodes = st["engine"]["nodes"];
+    const json &links = st["engine"]["links"];
+    if (!cluster()) {
+        ASSERT_EQ(nodes.size(), 1u) << st.dump();
+        EXPECT_EQ(nodes[0]["address"], "local");
+        EXPECT_EQ(nodes[0]["layers"], json::array({0, 4}));
+        EXPECT_GT(nodes[0]["mem_total"].get<uint64_t>(), 0u);
+        EXPECT_TRUE(links.empty());
+        EXPECT_EQ(st["layout"], "");
+        return;
+    }
+    ASSERT_EQ(nodes.size(), 2u) << st.dump();
+    EXPECT_EQ(nodes[0]["address"], s.workers().first().address());
+    EXPECT_EQ(nodes[1]["address"], s.workers().second_address());
+    for (const json &n : nodes) {
+        EXPECT_GT(n["forward_steps"].get<uint64_t>(), 0u) << n.dump();
+        EXPECT_GT(n["weight_bytes"].get<uint64_t>(), 0u) << n.dump();
+        EXPECT_GT(n["threads"].get<uint32_t>(), 0u) << n.dump();
+    }
+    EXPECT_FALSE(st["layout"].get<std::string>().empty());
+    if (pipeline()) {
+        EXPECT_EQ(nodes[0]["layers"], json::array({0, 1}));
+        EXPECT_EQ(nodes[1]["layers"], json::array({2, 4}));
+        EXPECT_EQ(nodes[1]["stage"], 1);
+        ASSERT_EQ(links.size(), 3u) << st.dump();
+        EXPECT_EQ(links[0]["from"], "head");
+        EXPECT_EQ(links[2]["to"], "head");
+    } else {
+        EXPECT_EQ(nodes[0]["tp_size"], 2);
+        EXPECT_EQ(nodes[1]["rank"], 1);
+        EXPECT_EQ(nodes[1]["layers"], json::array({0, 4}));
+        EXPECT_GT(nodes[0]["tp_all_reduces"].get<uint64_t>(), 0u);
+        ASSERT_GE(links.size(), 2u) << st.dump();
+    }
+    for (const json &l : links) EXPECT_GT(l["bytes"].get<uint64_t>(), 0u) << l.dump();
+}
+
+// The dashboard comes from the binary: HTML, script and style with their types, never cached stale, scripts
+// only from this server.
+TEST(ServerDashboard, PagesComeFromTheBinaryWithTheirTypes) {
+    TestServer s(ServerOptions{});
+    auto c = s.client();
+    auto r = c.Get("/");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/html; charset=utf-8");
+    EXPECT_NE(r->body.find("<script src=\"app.js\""), std::string::npos);
+    EXPECT_EQ(r->get_header_value("Content-Security-Policy").rfind("default-src 'self'", 0), 0u);
+    EXPECT_EQ(r->get_header_value("X-Content-Type-Options"), "nosniff");
+    auto index = c.Get("/index.html");
+    ASSERT_TRUE(index);
+    EXPECT_EQ(index->body, r->body);
+    r = c.Get("/app.js");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/javascript; charset=utf-8");
+    EXPECT_NE(r->body.find("/v1/chat/completions"), std::string::npos);
+    r = c.Get("/style.css");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/css; charset=utf-8");
+    r = c.Post("/", "x", "text/plain");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 405);
+    r = c.Get("/app.js.map");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404);
 }
 
 // 256 connections that each sent half a request header and 256 that sent nothing hold no thread: an

@@ -49,6 +49,7 @@ struct ServeOptions {
     int32_t max_queue = -1;
     int http_threads = 0;
     int max_per_client = 0;
+    bool no_webui = false;
     int32_t max_resumes = 0;
     std::string api_key;
     std::string api_key_file;
@@ -111,6 +112,7 @@ int serve_main(const ServeOptions &opt) {
         hp.api_key = *key;
     }
     hp.max_per_client = opt.max_per_client;
+    hp.web_ui = !opt.no_webui;
     hp.ssl_cert = opt.ssl_cert;
     hp.ssl_key = opt.ssl_key;
     hp.model_id = opt.alias.empty() ? std::filesystem::path(*path).stem().string() : opt.alias;
@@ -159,6 +161,9 @@ int serve_main(const ServeOptions &opt) {
                  hp.model_id.c_str(), opt.n_parallel, (*model)->n_ctx_slot(), where.c_str(),
                  (*model)->chat_template().name().c_str(),
                  (*model)->chat_template().fallback() ? " (fallback)" : "");
+    if (hp.web_ui)
+        std::fprintf(stderr, "tandem serve: dashboard (chat and cluster) at %s://%s:%d/\n",
+                     opt.ssl_cert.empty() ? "http" : "https", opt.host.c_str(), *port);
     std::fflush(stderr);
 
     listener.join();
@@ -211,6 +216,8 @@ void register_serve(CLI::App &app, Runners &runners) {
                     "Generation requests one client address may have open at once; more get 429 (0: no limit)")
         ->default_val(0)
         ->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--no-webui", opt->no_webui,
+                  "Do not serve the web dashboard (chat and cluster pages) at / (the API and /status stay)");
     cmd->add_option("--timeout", opt->timeout_s, "Seconds a write to a client may block")->default_val(600);
     cmd->add_option("--api-key", opt->api_key, "Require 'Authorization: Bearer KEY' (except /health)");
     cmd->add_option("--api-key-file", opt->api_key_file,

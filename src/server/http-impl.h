@@ -54,6 +54,8 @@ struct HttpServer::Impl {
 
     using Handler = std::function<void(const HttpRequest &, HttpResponse &)>;
     std::map<std::string, std::pair<std::string, Handler>> routes;  // path -> (method, handler)
+    std::map<std::string, bool> public_paths;  // paths served without the API key (/health, the dashboard)
+    std::chrono::steady_clock::time_point t_start = std::chrono::steady_clock::now();
 
     explicit Impl(HttpParams p) : params(std::move(p)) {}
 
@@ -90,6 +92,7 @@ struct HttpServer::Impl {
     void handle_health(HttpResponse &res);
     void handle_models(HttpResponse &res);
     void handle_metrics(HttpResponse &res);
+    void handle_status(HttpResponse &res);
     void handle_tokenize(const HttpRequest &req, HttpResponse &res);
     void handle_detokenize(const HttpRequest &req, HttpResponse &res);
     void handle_apply_template(const HttpRequest &req, HttpResponse &res);

@@ -15,6 +15,7 @@
 #include "server/http-impl.h"
 #include "server/http-tls.h"
 #include "server/openai.h"
+#include "server/web-assets.h"
 #include "text/detokenizer.h"
 
 namespace td::server {
@@ -419,6 +420,59 @@ void HttpServer::Impl::handle_metrics(HttpResponse &res) {
     res.body = std::move(out);
 }
 
+void HttpServer::Impl::handle_status(HttpResponse &res) {
+    json body = {{"model", params.model_id},
+                 {"uptime_seconds",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()}};
+    int64_t http_errors = 0;
+    {
+        std::lock_guard lock(mu);
+        for (const auto &[key, n] : request_counts)
+            if (key.second >= 500 && key.first != "/health") http_errors += n;  // not "still loading"
+    }
+    ServerBackend be;
+    if (!get_backend(be)) {
+        body["status"] = "loading";
+        return reply_json(res, 200, body);
+    }
+    const Status h = be.scheduler->health();
+    body["status"] = h.ok() ? "ok" : "error";
+    if (!h.ok()) body["message"] = h.message();
+    const EngineInfo info = be.scheduler->engine_info();
+    body["layout"] = info.layout;
+    body["recoveries"] = info.recoveries;
+    const SchedulerStats s = be.scheduler->stats();
+    json finished = json::object();
+    for (FinishReason f :
+         {FinishReason::stop, FinishReason::length, FinishReason::cancelled, FinishReason::error})
+        finished[finish_reason_name(f)] = s.n_finished[static_cast<int>(f)];
+    body["server"] = {{"tokens_per_second", s.tokens_per_second},
+                      {"queue_depth", s.n_queued},
+                      {"slots_active", s.n_active},
+                      {"slots_total", s.n_slots},
+                      {"kv_pool", s.kv_pool},
+                      {"kv_used", s.kv_used},
+                      {"prompt_tokens", s.n_prompt_tokens},
+                      {"prompt_tokens_cached", s.n_prompt_cached},
+                      {"generated_tokens", s.n_generated_tokens},
+                      {"steps", s.n_steps},
+                      {"requests_finished", finished},
+                      {"requests_resumed", s.n_resumed},
+                      {"preemptions", s.n_preempted},
+                      {"http_errors", http_errors},
+                      {"ttft_seconds_mean",
+                       s.ttft_count > 0 ? s.ttft_seconds_sum / static_cast<double>(s.ttft_count) : 0.0},
+                      {"micro_batches", be.scheduler->n_micro_batches()}};
+    const std::string engine = be.engine_status ? be.engine_status() : std::string();
+    json e = engine.empty() ? json::object() : json::parse(engine, nullptr, false);
+    if (e.is_discarded() || !e.is_object()) e = json::object();
+    if (!e.contains("nodes")) e["nodes"] = json::array();
+    if (!e.contains("links")) e["links"] = json::array();
+    body["engine"] = std::move(e);
+    res.set_header("Cache-Control", "no-cache");
+    reply_json(res, 200, body);
+}
+
 void HttpServer::Impl::handle_tokenize(const HttpRequest &req, HttpResponse &res) {
     ServerBackend be;
     if (!get_backend(be)) return reply_error(res, 503, "the model is still loading");
@@ -477,7 +531,7 @@ void HttpServer::Impl::handle(const HttpRequest &req, HttpResponse &res) {
     auto route = routes.find(req.path);
     // Only known paths become metric labels (a client must not grow the label set at will).
     const std::string label = route == routes.end() ? "other" : req.path;
-    if (!params.api_key.empty() && req.path != "/health") {
+    if (!params.api_key.empty() && !public_paths.contains(req.path)) {
         // Compared in constant time, so the response time says nothing about how much of a guess was right.
         const std::string got = req.header("authorization");
         const std::string want = "Bearer " + params.api_key;
@@ -512,7 +566,28 @@ void HttpServer::Impl::setup() {
     routes["/v1/completions"] = {"POST", [this](const HttpRequest &req, HttpResponse &res) {
                                      handle_generate(req, res, ApiKind::completion);
                                  }};
+    routes["/status"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_status(res); }};
     setup_ollama();
+    // The dashboard's files, from the binary. They carry no data, so like /health they need no API key.
+    public_paths["/health"] = true;
+    for (const WebAsset &a : params.web_ui ? web_assets() : std::vector<WebAsset>()) {
+        const auto serve = [a](const HttpRequest &, HttpResponse &res) {
+            res.status = 200;
+            res.content_type = std::string(a.content_type);
+            res.body = std::string(a.body);
+            res.set_header("Cache-Control", "no-cache");
+            res.set_header("X-Content-Type-Options", "nosniff");
+            // Scripts and styles only from this server (no inline script, no CDN); API calls to this server.
+            res.set_header("Content-Security-Policy",
+                           "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+        };
+        routes[std::string(a.path)] = {"GET", serve};
+        public_paths[std::string(a.path)] = true;
+        if (a.path == "/index.html") {
+            routes["/"] = {"GET", serve};
+            public_paths["/"] = true;
+        }
+    }
     core = std::make_unique<HttpCore>(
         params.limits, [this](const HttpRequest &req, HttpResponse &res) { handle(req, res); },
         [](int status, const std::string &message) {

@@ -8,6 +8,13 @@
 //   GET  /metrics               Prometheus text
 //   POST /tokenize              {"content", "add_special"?} -> {"tokens"}
 //   POST /detokenize            {"tokens"} -> {"content"}
+//   GET  /status                JSON for the dashboard: health, layout, recoveries, the scheduler's counters
+//                               (tokens/s, queue, slots, KV, requests by outcome) and the engine's nodes and
+//                               links
+//   GET  /, /app.js, /style.css the web dashboard (server/web-assets.h): a chat page over
+//   /v1/chat/completions
+//                               and a cluster page over /status. Served without the API key, like /health
+//                               (they hold no data; the page asks for the key when /status answers 401)
 //   /api/chat, /api/generate, /api/tags, /api/ps, /api/show, /api/version: Ollama's API (server/ollama.h)
 //
 // Streaming responses are Server-Sent Events ("data: {...}\n\n", then "data: [DONE]\n\n"). A stream whose
@@ -48,6 +55,7 @@ struct HttpParams {
     // Generation requests (running or waiting) one client address may have open at once; more get 429.
     // 0: no limit.
     int max_per_client = 0;
+    bool web_ui = true;  // serve the dashboard at / (server/web-assets.h); false: --no-webui
 };
 
 // What requests are served with, once the model is loaded. Everything must outlive the HttpServer (or
@@ -59,6 +67,9 @@ struct ServerBackend {
     // Extra Prometheus lines from the engine (a cluster's per-node and per-link latency); may be empty.
     std::function<std::string()> engine_metrics;
     const ModelCard *card = nullptr;  // what Ollama's /api/tags and /api/show describe; null: not known
+    // The engine's nodes and links as a JSON object (served_model.h's cluster_status_json; one node for one
+    // machine), for GET /status. Null or "": not known.
+    std::function<std::string()> engine_status;
 };
 
 class HttpServer {

@@ -1,11 +1,15 @@
 #include "server/served-model.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "cluster/cluster-engine.h"
+#include "cluster/node-info.h"
 #include "core/log.h"
+#include "server/openai.h"
 #include "text/vocab.h"
 
 namespace td::server {
@@ -27,6 +31,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     TD_ASSIGN_OR_RETURN(sm->template_, ChatFormatter::for_model(sm->model_->file(), sm->tokenizer_->vocab(),
                                                                 params.chat_template));
     sm->card_ = model_card(*sm->model_, sm->template_);
+    sm->n_layer_ = sm->model_->hparams().n_layer;
 
     if (params.n_ctx_per_seq < 0) return invalid_input("--ctx-per-seq must be >= 0, got {}", params.n_ctx_per_seq);
     int32_t n_ctx_slot = sm->model_->hparams().n_ctx_train;
@@ -68,8 +73,13 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
         // first computes group B.
         if (params.n_micro_batches <= 0) sp.n_micro_batches = sm->n_stages_;
         // The probe runs on the engine thread, the only one that may drive the ClusterEngine.
-        sp.probe = [cluster](Engine &) -> Result<std::string> {
+        sp.probe = [cluster, box = sm->status_](Engine &) -> Result<std::string> {
             TD_ASSIGN_OR_RETURN(cluster::ClusterStats st, cluster->stats());
+            std::string status = cluster_status_json(*cluster, st);
+            {
+                std::lock_guard lock(box->mu);
+                box->json = std::move(status);
+            }
             return cluster_metrics(*cluster, st);
         };
         sp.describe = [cluster](Engine &) { return EngineInfo{cluster->layout(), cluster->recoveries()}; };
@@ -90,6 +100,30 @@ ServerBackend ServedModel::backend() {
     Scheduler *sched = scheduler_.get();
     be.engine_metrics = [sched] { return sched->engine_metrics(); };
     be.card = &card_;
+    if (n_stages_ > 0) {
+        be.engine_status = [box = status_] {
+            std::lock_guard lock(box->mu);
+            return box->json;
+        };
+    } else {
+        // One machine: this host is the only node and holds every layer.
+        be.engine_status = [n_layer = n_layer_, threads = n_threads()] {
+            const cluster::MemInfo mem = cluster::read_meminfo();
+            char host[256] = {};
+            gethostname(host, sizeof(host) - 1);
+            nlohmann::json node = {{"address", "local"},
+                                   {"name", host},
+                                   {"stage", 0},
+                                   {"rank", 0},
+                                   {"tp_size", 1},
+                                   {"layers", {0, n_layer - 1}},
+                                   {"cpu", cluster::cpu_description()},
+                                   {"threads", threads},
+                                   {"mem_total", mem.total},
+                                   {"mem_available", mem.available}};
+            return json_dump({{"nodes", nlohmann::json::array({node})}, {"links", nlohmann::json::array()}});
+        };
+    }
     return be;
 }
 
@@ -238,6 +272,71 @@ std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster:
         out += fmt::format("tandem_link_send_latency_seconds{{{}}} {}\n", link_label(l),
                            l.msgs > 0 ? l.send_seconds / static_cast<double>(l.msgs) : 0.0);
     return out;
+}
+
+std::string cluster_status_json(const cluster::ClusterEngine &engine, const cluster::ClusterStats &st) {
+    using nlohmann::json;
+    const auto &nodes = engine.nodes();
+    const size_t n = std::min(nodes.size(), st.nodes.size());
+    json out_nodes = json::array();
+    for (size_t i = 0; i < n; ++i) {
+        const cluster::NodeStatus &ns = nodes[i];
+        const net::StatsReply &r = st.nodes[i];
+        json node = {{"address", ns.address},
+                     {"name", ns.hello.node_name},
+                     {"stage", ns.stage},
+                     {"rank", ns.rank},
+                     {"tp_size", ns.tp_size},
+                     {"layers", {ns.layers.first, ns.layers.second - 1}},
+                     {"cpu", ns.hello.cpu},
+                     {"threads", ns.hello.n_threads},
+                     {"mem_total", ns.hello.mem_total},
+                     {"mem_available", ns.hello.mem_available},
+                     {"gflops", ns.hello.gflops},
+                     {"weight_bytes", ns.ready.weight_bytes},
+                     {"kv_bytes", ns.ready.kv_bytes},
+                     {"source", ns.source},
+                     {"links", r.links},
+                     {"forward_steps", r.forward_steps},
+                     {"compute_seconds", r.compute_seconds},
+                     {"wait_seconds", r.wait_seconds},
+                     {"step_latency_seconds",
+                      r.forward_steps > 0 ? r.compute_seconds / static_cast<double>(r.forward_steps) : 0.0},
+                     {"bytes_in", r.bytes_in},
+                     {"bytes_out", r.bytes_out}};
+        if (ns.tp_size > 1) {
+            node["tp_all_reduces"] = r.tp_all_reduces;
+            node["tp_bytes_out"] = r.tp_bytes_out;
+            node["tp_wait_seconds"] = r.tp_wait_seconds;
+        }
+        out_nodes.push_back(std::move(node));
+    }
+    // The same links as cluster_metrics: head -> stage 1, each rank -> the ranks it feeds, last stage ->
+    // head.
+    json links = json::array();
+    const auto link = [&](std::string from, std::string to, uint64_t msgs, uint64_t bytes, double seconds) {
+        links.push_back({{"from", std::move(from)},
+                         {"to", std::move(to)},
+                         {"messages", msgs},
+                         {"bytes", bytes},
+                         {"send_seconds", seconds},
+                         {"send_latency_seconds", msgs > 0 ? seconds / static_cast<double>(msgs) : 0.0}});
+    };
+    std::string first;
+    for (size_t i = 0; i < n; ++i)
+        if (nodes[i].stage == 0) first += (first.empty() ? "" : ",") + nodes[i].address;
+    if (n > 0) link("head", first, st.head_msgs_sent, st.head_bytes_sent, st.head_send_seconds);
+    for (size_t i = 0; i < n; ++i) {
+        if (nodes[i].next.empty()) continue;
+        std::string to;
+        for (const std::string &x : nodes[i].next) to += (to.empty() ? "" : ",") + x;
+        link(nodes[i].address, to, st.nodes[i].msgs_out, st.nodes[i].bytes_out, st.nodes[i].send_seconds);
+    }
+    // json_dump: a node's name or CPU string that is not UTF-8 is replaced, not thrown on.
+    return json_dump({{"nodes", std::move(out_nodes)},
+                      {"links", std::move(links)},
+                      {"head_links", st.head_links},
+                      {"spares", engine.spares()}});
 }
 
 }  // namespace td::server

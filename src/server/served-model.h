@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/status.h"
@@ -83,6 +84,13 @@ private:
     std::unique_ptr<Scheduler> scheduler_;
     int32_t n_stages_ = 0;
     std::string placement_;
+    int32_t n_layer_ = 0;
+    // The probe's last cluster_status_json (the engine thread writes it, HTTP threads read it).
+    struct StatusBox {
+        std::mutex mu;
+        std::string json;
+    };
+    std::shared_ptr<StatusBox> status_ = std::make_shared<StatusBox>();
 };
 
 }  // namespace td::server
@@ -97,5 +105,11 @@ namespace td::server {
 // Prometheus lines for a cluster's per-node and per-link counters (tandem_node_*, tandem_link_*); the links
 // are head -> stage 1 -> ... -> last stage -> head.
 std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster::ClusterStats &stats);
+// The same counters as JSON for GET /status and the dashboard: {"nodes": [...], "links": [...],
+// "head_links"}. A node: address, name, stage, rank, tp_size, layers [first, last], cpu, threads, mem_total,
+// mem_available, gflops, weight_bytes, kv_bytes, source, links, forward_steps, compute_seconds, wait_seconds,
+// step_latency_seconds, bytes_in, bytes_out (and tp_* with tensor parallelism). A link: from, to, messages,
+// bytes, send_seconds, send_latency_seconds.
+std::string cluster_status_json(const cluster::ClusterEngine &engine, const cluster::ClusterStats &stats);
 
 }  // namespace td::server
