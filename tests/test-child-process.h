@@ -32,7 +32,8 @@ public:
         ready_text_.clear();
         ready_ = false;
         err_path_ = log_dir_.file("stderr");
-        std::vector<std::string> all = {tandem_bin()};
+        std::vector<std::string> all = prefix_;
+        all.push_back(tandem_bin());
         all.insert(all.end(), args.begin(), args.end());
         std::vector<char *> argv;
         for (auto &a : all) argv.push_back(a.data());
@@ -73,6 +74,10 @@ public:
         }
     }
 
+    // Runs the binary through another program from the next start() on: {"/usr/sbin/ip", "netns", "exec",
+    // NS}.
+    void set_prefix(std::vector<std::string> prefix) { prefix_ = std::move(prefix); }
+
     void kill() { signal_and_reap(SIGKILL); }
     // Sends `sig` (SIGSTOP, SIGCONT) without waiting.
     void signal(int sig) {
@@ -94,6 +99,7 @@ public:
 
 private:
     TempDir log_dir_;
+    std::vector<std::string> prefix_;
     std::string err_path_;
     pid_t pid_ = -1;
     bool ready_ = false;

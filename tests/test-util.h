@@ -121,9 +121,11 @@ inline std::string read_file(const std::string &path) {
 }
 
 // Runs the tandem binary with args, capturing stdout and stderr (through temp files); stdin reads
-// `stdin_path`.
+// `stdin_path`. A `prefix` runs it through another program (`/usr/sbin/ip netns exec NS`; its first element a
+// path).
 inline ProcessResult run_tandem_with_stdin_file(const std::vector<std::string> &args,
-                                                const std::string &stdin_path) {
+                                                const std::string &stdin_path,
+                                                const std::vector<std::string> &prefix = {}) {
     TempDir dir;
     const std::string out_path = dir.file("out"), err_path = dir.file("err");
     posix_spawn_file_actions_t fa;
@@ -131,7 +133,8 @@ inline ProcessResult run_tandem_with_stdin_file(const std::vector<std::string> &
     posix_spawn_file_actions_addopen(&fa, 0, stdin_path.c_str(), O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> all = {tandem_bin()};
+    std::vector<std::string> all = prefix;
+    all.push_back(tandem_bin());
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char *> argv;
     for (auto &a : all) argv.push_back(a.data());

@@ -6,6 +6,7 @@
 
 #include "cli/common.h"
 #include "cluster/cluster-engine.h"
+#include "cluster/discovery.h"
 #include "cluster/placement.h"
 #include "cluster/planner.h"
 #include "net/protocol.h"
@@ -57,9 +58,48 @@ Status choose_layout(const Model &model, const ContextParams &params, int32_t n_
 
 }  // namespace
 
+void add_discover_flags(CLI::App *cmd, DiscoverFlags &flags) {
+    cmd->add_flag("--discover", flags.discover,
+                  "Find the workers on the LAN (mDNS, _tandem._tcp) instead of listing them with --workers");
+    cmd->add_option("--cluster", flags.cluster, "With --discover: use only the workers of this cluster name")
+        ->default_val("default");
+    cmd->add_option("--min-workers", flags.min_workers,
+                    "With --discover: wait until this many usable workers answer (up to --discover-timeout)")
+        ->default_val(0)
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--discover-timeout", flags.timeout_s,
+                    "With --discover: seconds to look (default 2, or up to 30 waiting for --min-workers)")
+        ->default_val(0.0)
+        ->check(CLI::NonNegativeNumber);
+}
+
+Status apply_discovery(const DiscoverFlags &flags, std::string &workers) {
+    if (!flags.discover) {
+        if (flags.min_workers > 0) return invalid_input("--min-workers needs --discover");
+        return {};
+    }
+    if (!workers.empty()) return invalid_input("give --workers or --discover, not both");
+    cluster::DiscoverOptions o;
+    o.cluster_name = flags.cluster;
+    o.min_workers = flags.min_workers;
+    if (flags.timeout_s > 0) {
+        o.window = o.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeout_s * 1000));
+    }
+    std::fprintf(stderr, "tandem: looking for workers of cluster '%s' on the LAN (mDNS)%s\n",
+                 o.cluster_name.c_str(),
+                 o.min_workers > 0 ? fmt::format(", waiting for {}", o.min_workers).c_str() : "");
+    TD_ASSIGN_OR_RETURN(std::vector<cluster::FoundWorker> found, cluster::discover_workers(o));
+    TD_TRY(cluster::enough_workers(found, o));
+    workers = cluster::usable_worker_list(found);
+    std::fprintf(stderr, "tandem: discovered:\n%s", cluster::describe_found(found).c_str());
+    std::fflush(stderr);
+    return {};
+}
+
 void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
     cmd->add_option("--workers", flags.workers,
                     "Run as a pipeline on these workers: HOST:PORT,HOST:PORT,...");
+    add_discover_flags(cmd, flags.discover);
     cmd->add_option("--layers", flags.layers,
                     "Layers per worker, e.g. 0-7,8-15 (default: by measured speed)");
     cmd->add_option(

@@ -14,8 +14,24 @@
 
 namespace td::cli {
 
+// --discover: find the workers on the LAN over mDNS instead of listing them (cluster/discovery.h).
+struct DiscoverFlags {
+    bool discover = false;
+    std::string cluster = "default";  // --cluster: only workers announced with this name
+    int min_workers = 0;              // wait until this many are usable (0: take what answers in the window)
+    double timeout_s = 0.0;           // 0: a 2 s window, or up to 30 s waiting for --min-workers
+};
+
+void add_discover_flags(CLI::App *cmd, DiscoverFlags &flags);
+
+// With --discover: browses for the workers of flags.cluster, says on stderr which it uses and which it does
+// not (and why), and sets `workers` to the usable ones. Errors: --workers given too, no mDNS in this build,
+// or fewer usable workers than wanted. Without --discover: nothing.
+Status apply_discovery(const DiscoverFlags &flags, std::string &workers);
+
 struct ClusterFlags {
     std::string workers;  // "h1:p1,h2:p2"; empty: run locally
+    DiscoverFlags discover;  // --discover fills `workers` (apply_discovery)
     std::string layers;   // "0-7,8-15"
     std::string split;    // "1,1"
     int32_t tp = 1;       // nodes per tensor-parallel stage

@@ -250,7 +250,11 @@ void register_bench(CLI::App &app, Runners &runners) {
                     "Sequences run together, comma-separated (t/s counts all their tokens)")
         ->default_val("1");
     add_cluster_flags(cmd, opt->cluster);
-    runners.push_back([cmd, opt] { return cmd->parsed() ? bench_main(*opt) : -1; });
+    runners.push_back([cmd, opt] {
+        if (!cmd->parsed()) return -1;
+        if (Status s = apply_discovery(opt->cluster.discover, opt->cluster.workers); !s.ok()) return fail(s);
+        return bench_main(*opt);
+    });
 }
 
 }  // namespace td::cli

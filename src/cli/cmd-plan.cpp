@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "cli/cluster-flags.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cluster/placement.h"
@@ -22,6 +23,7 @@ namespace {
 struct PlanCliOptions {
     std::string model;
     std::string workers;
+    DiscoverFlags discover;  // --discover: find the workers to measure
     std::string offline;
     std::string shape;
     std::string type = "q4_k_m";
@@ -160,6 +162,7 @@ void register_plan(CLI::App &app, Runners &runners) {
         "Predict every layout of a model over measured workers (or a described cluster) and recommend one");
     cmd->add_option("-m,--model", opt->model, "GGUF model (only its header is read)");
     cmd->add_option("--workers", opt->workers, "Workers to measure: HOST:PORT,...");
+    add_discover_flags(cmd, opt->discover);
     cmd->add_option("--offline", opt->offline,
                     "A described cluster (JSON; examples in docs/clusters/) instead");
     cmd->add_option(
@@ -188,7 +191,11 @@ void register_plan(CLI::App &app, Runners &runners) {
            "nodes of one host, UCX over RDMA), tcp, shm, ucx")
         ->default_val("auto");
     add_secret_flag(cmd, opt->secret_file);
-    runners.push_back([cmd, opt] { return cmd->parsed() ? plan_main(*opt) : -1; });
+    runners.push_back([cmd, opt] {
+        if (!cmd->parsed()) return -1;
+        if (Status s = apply_discovery(opt->discover, opt->workers); !s.ok()) return fail(s);
+        return plan_main(*opt);
+    });
 }
 
 }  // namespace td::cli

@@ -157,7 +157,11 @@ void register_run(CLI::App &app, Runners &runners) {
         ->default_val(0.0f);
     cmd->add_option("-s,--seed", opt->seed, "Random seed (-1: random)")->default_val(-1);
     add_cluster_flags(cmd, opt->cluster);
-    runners.push_back([cmd, opt] { return cmd->parsed() ? run_main(*opt) : -1; });
+    runners.push_back([cmd, opt] {
+        if (!cmd->parsed()) return -1;
+        if (Status s = apply_discovery(opt->cluster.discover, opt->cluster.workers); !s.ok()) return fail(s);
+        return run_main(*opt);
+    });
 }
 
 }  // namespace td::cli

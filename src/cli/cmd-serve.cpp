@@ -236,7 +236,11 @@ void register_serve(CLI::App &app, Runners &runners) {
         ->default_val(0);
     add_cluster_flags(cmd, opt->cluster);
     add_recovery_flags(cmd, opt->cluster);
-    runners.push_back([cmd, opt] { return cmd->parsed() ? serve_main(*opt) : -1; });
+    runners.push_back([cmd, opt] {
+        if (!cmd->parsed()) return -1;
+        if (Status s = apply_discovery(opt->cluster.discover, opt->cluster.workers); !s.ok()) return fail(s);
+        return serve_main(*opt);
+    });
 }
 
 }  // namespace td::cli

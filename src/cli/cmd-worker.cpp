@@ -6,8 +6,10 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cluster/discovery.h"
 #include "cluster/worker.h"
 #include "net/auth.h"
+#include "net/mdns.h"
 #include "net/transport.h"
 
 namespace td::cli {
@@ -23,7 +25,36 @@ struct WorkerCliOptions {
     std::string cache_min_free = "1G";
     std::string secret_file;
     std::string transport = "auto";
+    std::string cluster = cluster::kDefaultClusterName;
+    bool no_announce = false;
 };
+
+// Announces the worker on the LAN (mDNS) unless it listens on loopback only or --no-announce; a failure is a
+// warning (the head can still name it with --workers).
+std::unique_ptr<net::MdnsAnnouncer> announce(const WorkerCliOptions &opt, const cluster::Worker &worker,
+                                             const std::string &host) {
+    if (opt.no_announce) return nullptr;
+    const bool loopback = host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+    if (loopback || !net::mdns_supported()) {
+        if (opt.cluster != cluster::kDefaultClusterName)
+            std::fprintf(
+                stderr, "tandem worker: not announced on the LAN (%s)\n",
+                loopback ? "listening on loopback; use --listen 0.0.0.0:PORT" : "this build has no mDNS");
+        return nullptr;
+    }
+    const std::string address = worker.address();
+    const uint16_t port = static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+    auto a = net::MdnsAnnouncer::start(cluster::announcement_name(port), port,
+                                       cluster::announcement_txt(worker.describe(), opt.cluster));
+    if (!a.ok()) {
+        std::fprintf(stderr, "tandem worker: warning: not announced on the LAN: %s\n",
+                     a.status().message().c_str());
+        return nullptr;
+    }
+    std::fprintf(stderr, "tandem worker: announcing cluster '%s' on the LAN (mDNS _tandem._tcp, %s)\n",
+                 opt.cluster.c_str(), (*a)->stack().c_str());
+    return std::move(a).value();
+}
 
 int worker_main(const WorkerCliOptions &opt) {
     cluster::WorkerOptions wo;
@@ -60,6 +91,7 @@ int worker_main(const WorkerCliOptions &opt) {
     if (!worker.ok()) return fail(worker.status());
     std::fprintf(stderr, "tandem worker listening on %s\n", (*worker)->address().c_str());
     std::fflush(stderr);
+    auto announcer = announce(opt, **worker, wo.host);
     (*worker)->serve();
     return 0;
 }
@@ -93,6 +125,13 @@ void register_worker(CLI::App &app, Runners &runners) {
         "Keep the weights in the GGUF's row layout instead of packing them for the fast kernels (packed "
         "copies are cached in the cache dir)");
     add_secret_flag(cmd, opt->secret_file);
+    cmd->add_option(
+           "--cluster", opt->cluster,
+           "Cluster name in this worker's LAN announcement: heads with --discover use only their own")
+        ->default_val(cluster::kDefaultClusterName);
+    cmd->add_flag(
+        "--no-announce", opt->no_announce,
+        "Do not announce this worker on the LAN (mDNS); it is not announced when it listens on loopback");
     runners.push_back([cmd, opt] { return cmd->parsed() ? worker_main(*opt) : -1; });
 }
 

@@ -29,6 +29,7 @@ int main(int argc, char **argv) {
     td::cli::register_plan(app, runners);
     td::cli::register_doctor(app, runners);
     td::cli::register_relay(app, runners);
+    td::cli::register_discover(app, runners);
 
     try {
         app.parse(argc, argv);

@@ -58,6 +58,8 @@ public:
     ~Worker();
 
     std::string address() const { return listener_->address(); }
+    // What this worker answers Hello with (threads, memory now, measured speed, build), for its announcement.
+    net::HelloReply describe() const { return hello_reply(); }
     // Accepts connections until stop(); each connection is served on its own thread.
     void serve();
     // Makes serve() return (closes the listener and every connection). Thread-safe.
