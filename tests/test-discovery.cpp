@@ -153,6 +153,18 @@ TEST_F(Discovery, AHeadInAnotherNamespaceUsesItsClusterAndSaysWhyNotTheOthers) {
     EXPECT_NE(r.err.find("not used: belongs to cluster 'other'"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("not used: speaks protocol 6"), std::string::npos) << r.err;
 
+    // `tandem up --yes` in B finds the same two and serves on them (the launcher's nodes come from discovery
+    // when no --workers is given).
+    test::ChildProcess up;
+    up.set_prefix(ns.in_b());
+    up.start({"up", "-m", test::shared_path("models/stories260K.gguf"), "--cluster", "lab", "--min-workers",
+              "2", "--port", "0", "--yes"},
+             "server ready at http://127.0.0.1:", {}, std::chrono::seconds(90));
+    ASSERT_TRUE(up.running()) << up.log();
+    EXPECT_NE(up.log().find("tandem up: 2 usable nodes of 4 found"), std::string::npos) << up.log();
+    EXPECT_NE(up.log().find(a1), std::string::npos) << up.log();
+    EXPECT_EQ(up.signal_and_reap(SIGTERM), 0) << up.log();
+
     // --min-workers waits for the count and returns as soon as it is there; more than there are fails in
     // time, naming what it found.
     const auto t0 = std::chrono::steady_clock::now();

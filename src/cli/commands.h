@@ -22,5 +22,6 @@ void register_plan(CLI::App &app, Runners &runners);
 void register_doctor(CLI::App &app, Runners &runners);
 void register_relay(CLI::App &app, Runners &runners);
 void register_discover(CLI::App &app, Runners &runners);
+void register_up(CLI::App &app, Runners &runners);
 
 }  // namespace td::cli

@@ -30,6 +30,7 @@ int main(int argc, char **argv) {
     td::cli::register_doctor(app, runners);
     td::cli::register_relay(app, runners);
     td::cli::register_discover(app, runners);
+    td::cli::register_up(app, runners);
 
     try {
         app.parse(argc, argv);
