@@ -44,8 +44,11 @@ std::unique_ptr<net::MdnsAnnouncer> announce(const WorkerCliOptions &opt, const 
     }
     const std::string address = worker.address();
     const uint16_t port = static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+    // A worker bound to one address is announced only on that address's interface (the others lead nowhere).
+    const bool any = host.empty() || host == "0.0.0.0" || host == "::";
     auto a = net::MdnsAnnouncer::start(cluster::announcement_name(port), port,
-                                       cluster::announcement_txt(worker.describe(), opt.cluster));
+                                       cluster::announcement_txt(worker.describe(), opt.cluster),
+                                       any ? -1 : net::interface_of_address(host));
     if (!a.ok()) {
         std::fprintf(stderr, "tandem worker: warning: not announced on the LAN: %s\n",
                      a.status().message().c_str());

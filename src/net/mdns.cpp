@@ -1,5 +1,9 @@
 #include "net/mdns.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+
 #include <algorithm>
 #include <cctype>
 #include <condition_variable>
@@ -27,6 +31,20 @@
 
 namespace td::net {
 
+int interface_of_address(const std::string &address) {
+    in_addr want{};
+    if (inet_pton(AF_INET, address.c_str(), &want) != 1) return -1;
+    ifaddrs *list = nullptr;
+    if (getifaddrs(&list) != 0) return -1;
+    int index = -1;
+    for (ifaddrs *i = list; i != nullptr && index < 0; i = i->ifa_next)
+        if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
+            reinterpret_cast<sockaddr_in *>(i->ifa_addr)->sin_addr.s_addr == want.s_addr)
+            index = static_cast<int>(if_nametoindex(i->ifa_name));
+    freeifaddrs(list);
+    return index;
+}
+
 #ifndef TD_HAVE_AVAHI
 
 bool mdns_supported() {
@@ -34,7 +52,7 @@ bool mdns_supported() {
 }
 
 Result<std::unique_ptr<MdnsAnnouncer>> MdnsAnnouncer::start(const std::string &, uint16_t,
-                                                            const std::map<std::string, std::string> &) {
+                                                            const std::map<std::string, std::string> &, int) {
     return make_error(ErrorKind::unimplemented,
                       "this build has no mDNS (Avahi's development packages were missing)");
 }
@@ -205,8 +223,9 @@ private:
 
 class AvahiAnnouncer : public MdnsAnnouncer {
 public:
-    AvahiAnnouncer(std::string instance, uint16_t port, std::map<std::string, std::string> txt)
-        : name_(std::move(instance)), port_(port), txt_(std::move(txt)) {}
+    AvahiAnnouncer(std::string instance, uint16_t port, std::map<std::string, std::string> txt,
+                   AvahiIfIndex iface)
+        : name_(std::move(instance)), port_(port), txt_(std::move(txt)), iface_(iface) {}
     ~AvahiAnnouncer() override {
         if (!stack_) return;
         stack_->lock();
@@ -255,17 +274,17 @@ private:
             cgroup_ = avahi_entry_group_new(st_->client(), &AvahiAnnouncer::client_group_cb, this);
             rc = cgroup_ == nullptr
                      ? -1
-                     : avahi_entry_group_add_service_strlst(cgroup_, AVAHI_IF_UNSPEC, AVAHI_PROTO_INET,
+                     : avahi_entry_group_add_service_strlst(cgroup_, iface_, AVAHI_PROTO_INET,
                                                             static_cast<AvahiPublishFlags>(0), name.c_str(),
                                                             kMdnsServiceType, nullptr, nullptr, port_, txt);
             if (rc == 0) rc = avahi_entry_group_commit(cgroup_);
         } else {
             sgroup_ = avahi_s_entry_group_new(st_->server(), &AvahiAnnouncer::server_group_cb, this);
-            rc = sgroup_ == nullptr ? -1
-                                    : avahi_server_add_service_strlst(
-                                          st_->server(), sgroup_, AVAHI_IF_UNSPEC, AVAHI_PROTO_INET,
-                                          static_cast<AvahiPublishFlags>(0), name.c_str(), kMdnsServiceType,
-                                          nullptr, nullptr, port_, txt);
+            rc = sgroup_ == nullptr
+                     ? -1
+                     : avahi_server_add_service_strlst(st_->server(), sgroup_, iface_, AVAHI_PROTO_INET,
+                                                       static_cast<AvahiPublishFlags>(0), name.c_str(),
+                                                       kMdnsServiceType, nullptr, nullptr, port_, txt);
             if (rc == 0) rc = avahi_s_entry_group_commit(sgroup_);
         }
         avahi_string_list_free(txt);
@@ -319,6 +338,7 @@ private:
     std::string name_;
     const uint16_t port_;
     const std::map<std::string, std::string> txt_;
+    const AvahiIfIndex iface_;
     bool registered_ = false;
     bool failed_ = false;
     std::unique_ptr<Stack> stack_;
@@ -364,8 +384,19 @@ public:
 
 private:
     std::vector<MdnsService> sorted() const {
+        // One service per instance (found_ has it once per interface it was seen on): the first address that
+        // is not loopback wins.
+        std::map<std::string, MdnsService> by_instance;
+        for (const auto &[key, s] : found_) {
+            auto it = by_instance.find(s.instance);
+            const bool loopback = s.address.rfind("127.", 0) == 0;
+            if (it == by_instance.end())
+                by_instance.emplace(s.instance, s);
+            else if (it->second.address.rfind("127.", 0) == 0 && !loopback)
+                it->second = s;
+        }
         std::vector<MdnsService> out;
-        for (const auto &[key, s] : found_) out.push_back(s);
+        for (const auto &[name, s] : by_instance) out.push_back(s);
         std::sort(out.begin(), out.end(), [](const MdnsService &a, const MdnsService &b) {
             return std::make_pair(a.address, a.port) < std::make_pair(b.address, b.port);
         });
@@ -490,8 +521,10 @@ private:
 }  // namespace
 
 Result<std::unique_ptr<MdnsAnnouncer>> MdnsAnnouncer::start(const std::string &instance, uint16_t port,
-                                                            const std::map<std::string, std::string> &txt) {
-    auto a = std::make_unique<AvahiAnnouncer>(instance, port, txt);
+                                                            const std::map<std::string, std::string> &txt,
+                                                            int interface_index) {
+    auto a = std::make_unique<AvahiAnnouncer>(instance, port, txt,
+                                              interface_index < 0 ? AVAHI_IF_UNSPEC : interface_index);
     TD_TRY(a->open());
     return std::unique_ptr<MdnsAnnouncer>(std::move(a));
 }

@@ -41,11 +41,12 @@ struct MdnsService {
 
 class MdnsAnnouncer {
 public:
-    // Announces `instance` (renamed "instance #2" on a name collision) at `port` of every address of this
-    // host, with `txt` as its TXT record. Errors: no Avahi in this build, or the stack could not start (the
-    // daemon refused, no socket for UDP 5353).
+    // Announces `instance` (renamed "instance #2" on a name collision) at `port`, with `txt` as its TXT
+    // record, on the network interface `interface_index` (if_nametoindex), or on every one with -1. Errors:
+    // no Avahi in this build, or the stack could not start (the daemon refused, no socket for UDP 5353).
     static Result<std::unique_ptr<MdnsAnnouncer>> start(const std::string &instance, uint16_t port,
-                                                        const std::map<std::string, std::string> &txt);
+                                                        const std::map<std::string, std::string> &txt,
+                                                        int interface_index = -1);
     virtual ~MdnsAnnouncer() = default;  // withdraws the announcement
     // "avahi-daemon" or "embedded avahi-core".
     virtual std::string stack() const = 0;
@@ -56,7 +57,12 @@ public:
     virtual bool wait_registered(std::chrono::milliseconds timeout) = 0;
 };
 
-// Browses for kMdnsServiceType for up to `timeout`, resolving each instance. `enough` sees every resolved
+// The index of the interface that holds IPv4 address `address` ("10.0.0.2"); -1 when none does.
+int interface_of_address(const std::string &address);
+
+// Browses for kMdnsServiceType for up to `timeout`, resolving each instance. An instance seen on several
+// interfaces (a host on two networks, or its loopback) is one service, at its first address that is not
+// loopback. `enough` sees every resolved
 // service so far whenever the set changes; browsing ends early when it returns true. Returns the services
 // found, sorted by address and port. Errors: no Avahi in this build, or no stack could start.
 Result<std::vector<MdnsService>> mdns_browse(
