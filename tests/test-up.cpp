@@ -182,7 +182,8 @@ TEST(Up, InTmuxShowsTheNodesAndThePlanThenStartsAndStopsTheServer) {
     EXPECT_NE(log.find("EXIT=0"), std::string::npos) << log;  // (a sanitizer's report would fail it too)
 }
 
-// Without a terminal: --yes starts the recommended layout and says where; SIGTERM stops the server too.
+// Without a terminal: --yes starts the layout --pick names (here the pipeline) and says where; SIGTERM stops
+// the server too.
 TEST(Up, WithoutATerminalYesStartsTheRecommendedLayout) {
     if (!test::shared_exists(k_model)) GTEST_SKIP() << "missing " << k_model;
     test::TempDir cache;
@@ -190,7 +191,7 @@ TEST(Up, WithoutATerminalYesStartsTheRecommendedLayout) {
     ASSERT_TRUE(w1.running() && w2.running());
     test::ChildProcess up;
     up.start({"up", "-m", test::shared_path(k_model), "--workers", w1.address() + "," + w2.address(),
-              "--port", "0", "--yes"},
+              "--port", "0", "--yes", "--pick", "pipeline"},
              "server ready at http://127.0.0.1:", {}, std::chrono::seconds(90));
     ASSERT_TRUE(up.running()) << up.log();
     const int port = std::atoi(up.ready_text().c_str());
@@ -202,8 +203,17 @@ TEST(Up, WithoutATerminalYesStartsTheRecommendedLayout) {
     auto r = c.Get("/health");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_NE(up.log().find(" --layers "), std::string::npos) << up.log();  // the pipeline's flags
+    EXPECT_NE(json::parse(r->body).value("layout", "").find(" -> "), std::string::npos) << r->body;
     EXPECT_EQ(up.signal_and_reap(SIGTERM), 0) << up.log();
     EXPECT_TRUE(refuses(port)) << "the server outlived tandem up";
+
+    // A kind of layout that does not fit (hybrid needs 3 nodes) is said, not swapped for another.
+    auto hybrid =
+        test::run_tandem({"up", "-m", test::shared_path(k_model), "--workers",
+                          w1.address() + "," + w2.address(), "--port", "0", "--yes", "--pick", "hybrid"});
+    EXPECT_EQ(hybrid.exit_code, 1) << hybrid.err;
+    EXPECT_NE(hybrid.err.find("no hybrid layout fits these nodes"), std::string::npos) << hybrid.err;
 
     // Without a terminal and without --yes it says what to do instead of waiting for keys.
     auto no = test::run_tandem({"up", "-m", test::shared_path(k_model), "--workers", w1.address()});

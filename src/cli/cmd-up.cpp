@@ -61,6 +61,7 @@ struct UpOptions {
     std::string workers;
     DiscoverFlags discover;
     bool yes = false;
+    std::string pick = "recommended";  // --pick: the layout --yes starts (and the one selected at first)
     std::string host = "127.0.0.1";
     int port = 8080;
     int32_t parallel = 4;
@@ -381,6 +382,15 @@ std::vector<cluster::PlanEntry> plan_entries(const cluster::Plan &plan, int *rec
     return out;
 }
 
+// The entry --pick names: the recommendation, or the fastest of a kind; -1 when no layout of that kind fits.
+int picked_index(const std::vector<cluster::PlanEntry> &entries, int recommended, const std::string &pick) {
+    if (pick == "recommended") return recommended;
+    const std::string kind = pick == "one-node" ? "one node" : pick == "tp" ? "tensor parallel" : pick;
+    for (size_t i = 0; i < entries.size(); ++i)
+        if (entries[i].layout.kind() == kind) return static_cast<int>(i);
+    return -1;
+}
+
 std::vector<std::string> split_words(const std::string &s) {
     std::vector<std::string> out;
     std::istringstream in(s);
@@ -497,6 +507,7 @@ int up_main(const UpOptions &opt_in) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
     bool said_ready = false;
     bool plan_printed = false;
+    int exit_code = 0;
     for (;;) {
         const int key = tty ? getch() : ERR;
         if (!tty) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -518,8 +529,22 @@ int up_main(const UpOptions &opt_in) {
                 spec = sh.plan->cluster;
             }
         }
+        const int picked = entries.empty() ? -1 : picked_index(entries, recommended, opt.pick);
         if (selected < 0 || selected >= static_cast<int>(entries.size()))
-            selected = entries.empty() ? -1 : recommended;
+            selected = entries.empty() ? -1 : picked >= 0 ? picked : recommended;
+        if (!entries.empty() && picked < 0 && opt.yes && !started) {
+            // Nothing to start: say so (the plan's lines above say what fits) instead of starting another
+            // layout.
+            if (!tty) {
+                std::fprintf(
+                    stderr, "tandem up: no %s layout fits these nodes; --pick recommended starts %s\n",
+                    opt.pick.c_str(), entries[static_cast<size_t>(recommended)].layout.label().c_str());
+                exit_code = 1;
+                break;
+            }
+            plan_note =
+                fmt::format("no {} layout fits these nodes (--pick); choose one and press Enter", opt.pick);
+        }
         if (!started && models.size() > 1 && (key == KEY_LEFT || key == KEY_RIGHT)) {
             const size_t next = (model_index + (key == KEY_RIGHT ? 1 : models.size() - 1)) % models.size();
             auto loaded = load_shape(models[next]);
@@ -541,8 +566,9 @@ int up_main(const UpOptions &opt_in) {
             if (key == KEY_UP && selected > 0) --selected;
             if (key == KEY_DOWN && selected + 1 < static_cast<int>(entries.size())) ++selected;
             if (key == 'p') sh.replan = true;
-            if (key == '\n' || key == KEY_ENTER || opt.yes)
-                start(entries[static_cast<size_t>(selected)], spec);
+            if (key == '\n' || key == KEY_ENTER || (opt.yes && picked >= 0))
+                start(entries[static_cast<size_t>(key == '\n' || key == KEY_ENTER ? selected : picked)],
+                      spec);
         }
         const ServeChild::State ss = server.state();
         if (started && ss.ready && ss.port > 0 && Clock::now() - t_status > std::chrono::milliseconds(900)) {
@@ -664,7 +690,7 @@ int up_main(const UpOptions &opt_in) {
         for (const std::string &l : ss.lines) std::fprintf(stderr, "%s\n", l.c_str());
         return 1;
     }
-    return 0;
+    return exit_code;
 }
 
 }  // namespace
@@ -680,7 +706,12 @@ void register_up(CLI::App &app, Runners &runners) {
                     "Use these workers (HOST:PORT,...) instead of finding them on the LAN");
     add_discover_flags(cmd, opt->discover);
     cmd->add_flag("-y,--yes", opt->yes,
-                  "Start the recommended layout without asking (also without a terminal)");
+                  "Start the --pick layout (the recommended one) without asking (also without a terminal)");
+    cmd->add_option("--pick", opt->pick,
+                    "The layout --yes starts and the one selected at first: recommended, or the fastest "
+                    "one-node, pipeline, tp or hybrid layout")
+        ->default_val("recommended")
+        ->check(CLI::IsMember({"recommended", "one-node", "pipeline", "tp", "hybrid"}));
     cmd->add_option("--host", opt->host, "Address the server listens on")->default_val("127.0.0.1");
     cmd->add_option("--port", opt->port, "Port the server listens on (0: any free one)")->default_val(8080);
     cmd->add_option("--parallel", opt->parallel, "Requests served at once (the plan predicts for this many)")
