@@ -6,7 +6,8 @@
 #   tg<N_PAR_GEN> x PARALLEL sequences decoding together (aggregate tokens/s)
 # Each worker has one thread pinned to its own core (taskset -c 0 and -c 1); the one-node baseline has one
 # thread on core 0. The head is not pinned (the ranks embed and sample; the head only queues steps and reads
-# the sampled tokens). Every round runs every side back to back and also measures a plain read
+# the sampled tokens). A fourth side is what two boxes are: `--head-node`, the head itself rank 0 (head
+# pinned to core 0 with one thread) and one worker on core 1. Every round runs every side back to back and also measures a plain read
 # (bench/membw) with one thread on core 0 and with two threads on cores 0 and 1, each reading its own buffer
 # as two nodes would: on a machine whose cores share one memory bus, generation (a memory stream) cannot gain
 # more than that read does. The table reports medians of the per-round ratios.
@@ -70,8 +71,12 @@ for model in "${models[@]}"; do
     pipe=(--workers "$a,$b" --split 1,1 --wire f16)
     pp=$("$bin" bench "${common[@]}" "${pipe[@]}" -p "$n_prompt" -n "$n_gen" 2>"$tmp/pipe.err" | ts)
     pp_par=$("$bin" bench "${common[@]}" "${pipe[@]}" -p 0 -n "$n_par_gen" --parallel "$parallel" 2>>"$tmp/pipe.err" | ts)
-    echo "$one $one_par $tp2 $tp2_par $pp $pp_par $bw1 $bw2" >> "$tmp/rows"
-    echo "round $r $(basename "$model"): one $one $one_par | tp2 $tp2 $tp2_par | pipeline $pp $pp_par | read $bw1 $bw2 GB/s" >&2
+    # Two boxes as people have them: the head is rank 0 (pinned with its rank's thread to core 0), one worker.
+    hn=(--workers "$b" --tp 2 --split 1,1 --wire f16 --head-node)
+    hn2=$(taskset -c 0 "$bin" bench "${common[@]}" "${hn[@]}" -p "$n_prompt" -n "$n_gen" 2>"$tmp/hn.err" | ts)
+    hn2_par=$(taskset -c 0 "$bin" bench "${common[@]}" "${hn[@]}" -p 0 -n "$n_par_gen" --parallel "$parallel" 2>>"$tmp/hn.err" | ts)
+    echo "$one $one_par $tp2 $tp2_par $pp $pp_par $bw1 $bw2 $hn2 $hn2_par" >> "$tmp/rows"
+    echo "round $r $(basename "$model"): one $one $one_par | tp2 $tp2 $tp2_par | pipeline $pp $pp_par | head+1 $hn2 $hn2_par | read $bw1 $bw2 GB/s" >&2
   done
   load_after=$(cut -d' ' -f1-3 /proc/loadavg)
   python3 - "$tmp/rows" "$(basename "$model")" "$n_prompt" "$n_gen" "$parallel" "$n_par_gen" "$load_before" "$load_after" <<'EOF'
@@ -92,6 +97,15 @@ for k, name in enumerate(names):
     f = lambda xs: ", ".join("%.2f" % x for x in xs)
     print(f"| {name} | {med(one):.2f} | {med(tp):.2f} | **{med(rt):.2f}x** ({f(rt)}) | {med(pipe):.2f} | "
           f"{med(rp):.2f}x ({f(rp)}) | {med(rtp):.2f}x |")
+print(f"\n`--tp 2 --head-node` with one worker (the head is rank 0: two boxes, not three processes):\n")
+print("| test | head + 1 worker, --tp 2 | head+1 / one | head+1 / two workers |")
+print("|---|---:|---:|---:|")
+for k, name in enumerate(names):
+    one, tp, hn = col(k), col(3 + k), col(11 + k)
+    rh = [h / o for h, o in zip(hn, one)]
+    rht = [h / t for h, t in zip(hn, tp)]
+    f = lambda xs: ", ".join("%.2f" % x for x in xs)
+    print(f"| {name} | {med(hn):.2f} | **{med(rh):.2f}x** ({f(rh)}) | {med(rht):.2f}x |")
 bw1, bw2 = col(9), col(10)
 ceil = [b2 / b1 for b1, b2 in zip(bw1, bw2)]
 print(f"\nPlain read, same rounds: one thread on core 0 {med(bw1):.1f} GB/s, two threads on cores 0 and 1 "

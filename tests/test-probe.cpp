@@ -4,7 +4,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "cluster/cost-model.h"
 #include "cluster/planner.h"
@@ -268,6 +271,52 @@ TEST(LayoutAuto, BenchRunsWhatThePlanRecommendsAndSaysWhy) {
                           "8"});
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("--layout auto chooses"), std::string::npos) << r.err;
+}
+
+// plan --head-node: this machine is measured as the first node ("head node"), its links to the workers stand
+// for both directions, and the flags of each layout that uses it (with --head-node) run one machine's text.
+TEST(PlanCli, TheHeadNodeIsMeasuredAndItsLayoutsFlagsRunThem) {
+    TempDir dir;
+    WorkerProcess a(dir.file("a"));
+    ASSERT_TRUE(a.running());
+    const std::string model = test::shared_path(kModel);
+    auto r = test::run_tandem({"plan", "-m", model, "--workers", a.address(), "--head-node", "-t", "1",
+                               "--batch", "1", "--probe-ms", "5", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    ASSERT_EQ(j["nodes"].size(), 2u) << r.out;
+    EXPECT_EQ(j["nodes"][0]["name"], "head node");
+    EXPECT_EQ(j["nodes"][1]["name"], a.address());
+    std::set<std::pair<std::string, std::string>> links;
+    for (const auto &l : j["links"]) links.emplace(l["from"].get<std::string>(), l["to"].get<std::string>());
+    for (const auto &want : {std::pair<std::string, std::string>{"head", "head node"},
+                             {"head node", "head"},
+                             {"head node", a.address()},
+                             {a.address(), "head node"},
+                             {"head", a.address()},
+                             {a.address(), "head"}})
+        EXPECT_TRUE(links.count(want)) << want.first << " -> " << want.second;
+    std::map<std::string, std::string> flags;  // kind -> flags of the first layout of that kind
+    for (const auto &l : j["batches"][0]["layouts"])
+        flags.emplace(l["kind"].get<std::string>(), l["flags"].get<std::string>());
+    ASSERT_TRUE(flags.count("tensor parallel")) << r.out;
+    EXPECT_EQ(flags["tensor parallel"].rfind("--workers " + a.address() + " --head-node --tp 2", 0), 0u)
+        << flags["tensor parallel"];
+    ASSERT_TRUE(flags.count("pipeline")) << r.out;
+    EXPECT_NE(flags["pipeline"].find(" --head-node"), std::string::npos) << flags["pipeline"];
+
+    const std::vector<std::string> gen = {"run", "-m", model, "-n", "16", "--temp", "0", "-t", "1"};
+    auto local = test::run_tandem(gen);
+    ASSERT_EQ(local.exit_code, 0) << local.err;
+    for (const char *kind : {"tensor parallel", "pipeline"}) {
+        SCOPED_TRACE(kind);
+        std::vector<std::string> args = gen;
+        std::istringstream words(flags[kind]);
+        for (std::string w; words >> w;) args.push_back(w);
+        auto run = test::run_tandem(args);
+        ASSERT_EQ(run.exit_code, 0) << run.err;
+        EXPECT_EQ(run.out, local.out);
+    }
 }
 
 }  // namespace

@@ -314,6 +314,67 @@ TEST_F(ServerCluster, ServeCommandRunsOnWorkers) {
     EXPECT_NE(log.find(w.first().address()), std::string::npos) << log;
 }
 
+// Two boxes, `tandem serve --tp 2 --workers W --head-node --replan`: the head computes half of every layer,
+// concurrent requests get one machine's text, /status names the head's node; when W dies the head re-plans
+// onto its own node and keeps serving alone, and the lost worker stands by as a spare once it is back.
+TEST_F(ServerCluster, ServeCommandWithTheHeadAsARankKeepsServingAloneAfterItsWorkerDies) {
+    const std::string model = test::shared_path(k_model);
+    const std::string prompt = "Once upon a time";
+    auto run = test::run_tandem({"run", "-m", model, "-p", prompt, "-n", "24", "--temp", "0", "-t", "1"});
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const std::string expected = run.out.substr(0, run.out.size() - 1);  // run ends with a newline
+
+    test::TempDir cache;
+    test::WorkerProcess w(cache.file("w"));
+    ASSERT_TRUE(w.running()) << w.log();
+    const uint16_t port = w.port();
+    test::ChildProcess serve;
+    serve.start({"serve",  "-m",  model,       "--port",    "0",        "--parallel", "3",
+                 "-c",     "768", "--workers", w.address(), "--tp",     "2",          "--head-node",
+                 "--wire", "f32", "-t",        "1",         "--replan", "--alias",    "stories"},
+                "listening on http://127.0.0.1:");
+    ASSERT_TRUE(serve.running()) << serve.log();
+    httplib::Client c("127.0.0.1", std::stoi(serve.ready_text()));
+    c.set_read_timeout(60, 0);
+    wait_health(c, 200, std::chrono::seconds(30));
+    const json req = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}};
+    std::vector<std::string> texts(3);
+    {
+        std::vector<std::thread> ts;
+        for (size_t i = 0; i < texts.size(); ++i)
+            ts.emplace_back([&, i] {
+                httplib::Client ci("127.0.0.1", std::stoi(serve.ready_text()));
+                ci.set_read_timeout(60, 0);
+                texts[i] = completion_text(ci, req);
+            });
+        for (auto &t : ts) t.join();
+    }
+    for (const std::string &t : texts) EXPECT_EQ(t, expected);
+    auto st = c.Get("/status");
+    ASSERT_TRUE(st);
+    ASSERT_EQ(st->status, 200) << st->body;
+    const json status = json::parse(st->body);
+    EXPECT_EQ(status["layout"], "head node + " + w.address() + " [0-4]") << status.dump();
+    ASSERT_EQ(status["engine"]["nodes"].size(), 2u) << status.dump();
+    EXPECT_EQ(status["engine"]["nodes"][0]["address"], "head node") << status.dump();
+
+    w.kill();
+    std::string after;
+    for (int attempt = 0; attempt < 3 && after.empty();
+         ++attempt) {  // the request that finds it gone may fail
+        auto r = post(c, "/v1/completions", req);
+        if (r && r->status == 200) after = json::parse(r->body)["choices"][0]["text"].get<std::string>();
+    }
+    EXPECT_EQ(after, expected);
+    const json h = health_naming(c, "head node [0-4]");
+    EXPECT_EQ(h["layout"], "head node [0-4]") << h.dump();
+    ASSERT_EQ(h["recoveries"].size(), 1u) << h.dump();
+    EXPECT_NE(h["recoveries"][0].get<std::string>().find("127.0.0.1:" + std::to_string(port)),
+              std::string::npos)
+        << h.dump();
+    EXPECT_EQ(serve.signal_and_reap(SIGTERM), 0) << serve.log();
+}
+
 TEST_F(ServerCluster, ServeCommandNamesAnUnreachableWorker) {
     // A port nobody listens on: bind one, note it, close it.
     test::TempDir cache;

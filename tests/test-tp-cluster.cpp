@@ -116,29 +116,43 @@ struct Layout {
     std::string split;  // per-worker shares ("": measured speed)
 };
 
+SamplerParams seeded(uint64_t seed) {
+    SamplerParams sp;
+    sp.temperature = 0.8f;
+    sp.top_p = 0.9f;
+    sp.seed = seed;
+    return sp;
+}
+
+// n real `tandem worker` processes, their caches in `cache` (w0, w1, ...).
+struct Workers {
+    std::vector<std::unique_ptr<WorkerProcess>> procs;
+    std::vector<WorkerProcess *> ptrs;
+};
+Workers start_workers(size_t n, const test::TempDir &cache) {
+    Workers w;
+    for (size_t i = 0; i < n; ++i) {
+        std::string name = "w";  // (not "w" + to_string: g++ 12 -O3 warns falsely on it, -Wrestrict)
+        name += std::to_string(i);
+        w.procs.push_back(std::make_unique<WorkerProcess>(cache.file(name)));
+        EXPECT_TRUE(w.procs.back()->running()) << w.procs.back()->log();
+        w.ptrs.push_back(w.procs.back().get());
+    }
+    return w;
+}
+
 TEST(TpCluster, GreedyAndSeededEqualOneMachineOverTwoThreeAndTwoByTwo) {
     REQUIRE_MODEL();
     auto model = load_model();
     const GenRun want = local(model, greedy(), 64, true);
-    SamplerParams seeded;
-    seeded.temperature = 0.8f;
-    seeded.top_p = 0.9f;
-    seeded.seed = 42;
-    const GenRun want_seeded = local(model, seeded, 64, false);
+    const GenRun want_seeded = local(model, seeded(42), 64, false);
     for (const Layout &l : {Layout{2, 2, "", ""}, Layout{3, 3, "", ""}, Layout{4, 1, "2,2", ""},
                             Layout{2, 2, "", "3,1"}}) {
         SCOPED_TRACE(::testing::Message() << l.n_workers << " workers, tp " << l.tp << " layout " << l.layout
                                           << " split " << l.split);
         test::TempDir cache;
-        std::vector<std::unique_ptr<WorkerProcess>> procs;
-        std::vector<WorkerProcess *> ws;
-        for (size_t i = 0; i < l.n_workers; ++i) {
-            std::string name = "w";  // (not "w" + to_string: g++ 12 -O3 warns falsely on it, -Wrestrict)
-            name += std::to_string(i);
-            procs.push_back(std::make_unique<WorkerProcess>(cache.file(name)));
-            ASSERT_TRUE(procs.back()->running());
-            ws.push_back(procs.back().get());
-        }
+        Workers workers = start_workers(l.n_workers, cache);
+        const std::vector<WorkerProcess *> &ws = workers.ptrs;
         ClusterOptions o = tp_options(ws, l.tp, l.layout);
         o.split = l.split;
         auto e = ClusterEngine::create(model, o);
@@ -154,7 +168,7 @@ TEST(TpCluster, GreedyAndSeededEqualOneMachineOverTwoThreeAndTwoByTwo) {
         auto sparse = generate_run(**e, greedy(), 64, false);  // the ranks send only their best candidates
         ASSERT_TRUE(sparse.ok()) << sparse.status().message();
         EXPECT_EQ(sparse->tokens, want.tokens);
-        auto s = generate_run(**e, seeded, 64, false);
+        auto s = generate_run(**e, seeded(42), 64, false);
         ASSERT_TRUE(s.ok()) << s.status().message();
         EXPECT_EQ(s->tokens, want_seeded.tokens);
         // Each rank holds only its KV heads: a one-stage group's KV caches add up to one machine's.
@@ -352,6 +366,84 @@ TEST(TpCluster, HalfPrecisionAllReducesMoveTheLogitsALittle) {
     }
 }
 
+// --head-node: the head is rank 0 of the first group (a worker in the head's process), so two boxes are the
+// head and one worker. The same ids, logits and seeded text as one machine over --tp 2, a 2x2 hybrid and a
+// whole-layer head stage before a group; the head's node counts its two all-reduces per layer; a killed
+// worker ends the stream naming it within 3 s and the head serves again once it is back.
+TEST(TpCluster, HeadNodeIsRankZeroOfTheFirstGroup) {
+    REQUIRE_MODEL();
+    auto model = load_model();
+    const GenRun want = local(model, greedy(), 64, true);
+    const GenRun want_seeded = local(model, seeded(7), 64, false);
+    for (const Layout &l : {Layout{1, 2, "", ""}, Layout{3, 1, "2,2", ""}, Layout{2, 1, "1,2", ""}}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "head + " << l.n_workers << " workers, tp " << l.tp << " layout " << l.layout);
+        test::TempDir cache;
+        Workers workers = start_workers(l.n_workers, cache);
+        const std::vector<WorkerProcess *> &ws = workers.ptrs;
+        ClusterOptions o = tp_options(ws, l.tp, l.layout);
+        o.head_node = true;
+        o.head_threads = 1;
+        auto e = ClusterEngine::create(model, o);
+        ASSERT_TRUE(e.ok()) << e.status().message();
+        const std::vector<NodeStatus> &nodes = (*e)->nodes();
+        ASSERT_EQ(nodes.size(), l.n_workers + 1);
+        EXPECT_EQ(nodes[0].address, "head node");
+        EXPECT_EQ(nodes[0].stage, 0);
+        EXPECT_EQ(nodes[0].rank, 0);
+        EXPECT_EQ(nodes[0].tp_size, l.layout == "1,2" ? 1 : 2);
+        EXPECT_EQ((*e)->layout().rfind("head node", 0), 0u) << (*e)->layout();
+        auto got = generate_run(**e, greedy(), 64, true);
+        ASSERT_TRUE(got.ok()) << got.status().message() << "\n" << ws[0]->log();
+        expect_close(want, *got);
+        auto s = generate_run(**e, seeded(7), 64, false);
+        ASSERT_TRUE(s.ok()) << s.status().message();
+        EXPECT_EQ(s->tokens, want_seeded.tokens);
+        if (l.tp == 2) {  // the head's node works on every step: 2 all-reduces per layer of each
+            auto st = (*e)->stats();
+            ASSERT_TRUE(st.ok()) << st.status().message();
+            const net::StatsReply &head = st->nodes[0];
+            EXPECT_GT(head.forward_steps, 0u);
+            EXPECT_EQ(head.tp_all_reduces,
+                      2u * static_cast<uint64_t>(model->hparams().n_layer) * head.forward_steps);
+            EXPECT_EQ(head.tp_all_reduces, st->nodes[1].tp_all_reduces);
+            EXPECT_NE((*e)->format_stats(*st).find("head node"), std::string::npos);
+
+            const uint16_t port = ws[0]->port();
+            Clock::time_point t_kill;
+            auto failed = generate_run(**e, greedy(), 64, false, [&](int i) {
+                if (i != 8) return;
+                t_kill = Clock::now();
+                ws[0]->kill();
+            });
+            const double took = std::chrono::duration<double>(Clock::now() - t_kill).count();
+            ASSERT_FALSE(failed.ok());
+            EXPECT_NE(failed.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+                << failed.status().message();
+            EXPECT_LT(took, 3.0) << failed.status().message();
+            ws[0]->start(cache.file("w0"), port, "", {});
+            ASSERT_TRUE(ws[0]->running()) << ws[0]->log();
+            auto again = generate_run(**e, greedy(), 64, true);
+            ASSERT_TRUE(again.ok()) << again.status().message();
+            expect_close(want, *again);
+        }
+    }
+    ClusterOptions o = tp_options({}, 2);
+    o.workers = "127.0.0.1:1,127.0.0.1:2";
+    o.head_node = true;
+    auto odd = ClusterEngine::create(model, o);
+    ASSERT_FALSE(odd.ok());
+    EXPECT_NE(
+        odd.status().message().find("needs a multiple of 2 workers (stages of 2 nodes), got 3 (--head-node"),
+        std::string::npos)
+        << odd.status().message();
+    o.tp = 1;
+    o.head_layers = 1;
+    odd = ClusterEngine::create(model, o);
+    ASSERT_FALSE(odd.ok());
+    EXPECT_NE(odd.status().message().find("give one of them"), std::string::npos) << odd.status().message();
+}
+
 // The README's commands: `tandem run --workers A,B --tp 2` prints one machine's text, `tandem bench --tp 2`
 // reports the layout, and the flags without --workers are refused.
 TEST(TpCluster, RunAndBenchCommandsWithTp) {
@@ -378,6 +470,14 @@ TEST(TpCluster, RunAndBenchCommandsWithTp) {
         {"bench", "-m", model, "--workers", workers, "--tp", "2", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "-o", "jsonl"});
     ASSERT_EQ(bench.exit_code, 0) << bench.err;
     EXPECT_NE(bench.out.find("\"pipeline\": \"1-stage 0-4x2"), std::string::npos) << bench.out;
+
+    // Two boxes: the head and one worker, both computing every layer.
+    args = gen;
+    args.insert(args.end(), {"--workers", w1.address(), "--tp", "2", "--head-node"});
+    auto head_node = test::run_tandem(args);
+    ASSERT_EQ(head_node.exit_code, 0) << head_node.err;
+    EXPECT_EQ(head_node.out, local.out);
+    EXPECT_NE(head_node.err.find("head node "), std::string::npos) << head_node.err;
 
     auto bad = test::run_tandem({"run", "-m", model, "--tp", "2", "-n", "1"});
     EXPECT_EQ(bad.exit_code, 1);

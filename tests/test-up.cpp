@@ -108,8 +108,12 @@ TEST(Up, InTmuxShowsTheNodesAndThePlanThenStartsAndStopsTheServer) {
     test::WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
     ASSERT_TRUE(w1.running() && w2.running());
     const std::string err = cache.file("up.err");
+    // The server asks for an API key (a flag after --): up reads /status with it.
+    const std::string key_file = cache.file("api.key");
+    std::ofstream(key_file) << "up-test-key\n";
     Tmux t(test::tandem_bin() + " up -m " + test::shared_path(k_model) + " --workers " + w1.address() + "," +
-           w2.address() + " --port 0 --parallel 2 2>" + err + "; echo EXIT=$? >>" + err + "; sleep 120");
+           w2.address() + " --port 0 --parallel 2 -- --api-key-file " + key_file + " 2>" + err +
+           "; echo EXIT=$? >>" + err + "; sleep 120");
     ASSERT_TRUE(t.ok());
 
     // The nodes with what they measured, and the plan with its recommendation.
@@ -154,6 +158,7 @@ TEST(Up, InTmuxShowsTheNodesAndThePlanThenStartsAndStopsTheServer) {
     // Requests: the live view counts them.
     httplib::Client c("127.0.0.1", port);
     c.set_read_timeout(60, 0);
+    c.set_bearer_token_auth("up-test-key");
     for (int i = 0; i < 2; ++i) {
         auto r = c.Post("/v1/completions", json({{"prompt", "Once upon a time"}, {"max_tokens", 32}}).dump(),
                         "application/json");
@@ -214,6 +219,34 @@ TEST(Up, WithoutATerminalYesStartsTheRecommendedLayout) {
                           w1.address() + "," + w2.address(), "--port", "0", "--yes", "--pick", "hybrid"});
     EXPECT_EQ(hybrid.exit_code, 1) << hybrid.err;
     EXPECT_NE(hybrid.err.find("no hybrid layout fits these nodes"), std::string::npos) << hybrid.err;
+
+    // --head-node: this machine is listed and measured as a node, and a tensor-parallel layout over it and a
+    // worker starts `serve --head-node`.
+    {
+        test::ChildProcess hn;
+        hn.start({"up", "-m", test::shared_path(k_model), "--workers", w1.address(), "--head-node", "--port",
+                  "0", "--yes", "--pick", "tp", "--", "-t", "1"},
+                 "server ready at http://127.0.0.1:", {}, std::chrono::seconds(90));
+        ASSERT_TRUE(hn.running()) << hn.log();
+        const std::string log = hn.log();
+        EXPECT_NE(log.find("  head node "), std::string::npos) << log;
+        EXPECT_NE(log.find("--head-node --tp 2"), std::string::npos) << log;
+        httplib::Client c("127.0.0.1", std::stoi(hn.ready_text()));
+        c.set_read_timeout(60, 0);
+        std::string first, body;  // the first node of /status (its engine part fills in after a probe)
+        for (int i = 0; i < 100 && first.empty(); ++i) {
+            auto st = c.Get("/status");
+            if (st && st->status == 200) {
+                body = st->body;
+                const json nodes =
+                    json::parse(body).value("engine", json::object()).value("nodes", json::array());
+                if (!nodes.empty()) first = nodes[0].value("address", "");
+            }
+            if (first.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        EXPECT_EQ(first, "head node") << body;
+        EXPECT_EQ(hn.signal_and_reap(SIGTERM), 0) << hn.log();
+    }
 
     // Without a terminal and without --yes it says what to do instead of waiting for keys.
     auto no = test::run_tandem({"up", "-m", test::shared_path(k_model), "--workers", w1.address()});

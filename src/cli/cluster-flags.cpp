@@ -9,6 +9,7 @@
 #include "cluster/discovery.h"
 #include "cluster/placement.h"
 #include "cluster/planner.h"
+#include "cluster/worker.h"
 #include "net/protocol.h"
 
 namespace td::cli {
@@ -131,6 +132,10 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
                     "Layers the head runs itself before the workers (0: embedding and sampling only)")
         ->default_val(0)
         ->check(CLI::NonNegativeNumber);
+    cmd->add_flag("--head-node", flags.head_node,
+                  "The head is also a node: the first of the layout, before --workers (with --tp 2 and one "
+                  "worker, both machines compute every layer; with --layout 2,2 the head is rank 0 of stage "
+                  "1); it uses -t threads");
     cmd->add_option("--chunk", flags.chunk_rows,
                     "Rows per pipeline message of a long prompt (0: chosen from the number of stages)")
         ->default_val(0)
@@ -159,10 +164,11 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
                                             int32_t n_threads) {
     if (flags.workers.empty()) {
         if (!flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0 || flags.chunk_rows > 0 ||
-            flags.tp > 1 || !flags.layout.empty() || !flags.spares.empty() || flags.replan)
+            flags.tp > 1 || !flags.layout.empty() || !flags.spares.empty() || flags.replan || flags.head_node)
             return invalid_input(
-                "--layers, --split, --tp, --layout, --head-layers, --chunk, --spare and --replan need "
-                "--workers");
+                "--layers, --split, --tp, --layout, --head-layers, --head-node, --chunk, --spare and "
+                "--replan "
+                "need --workers");
         TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
         return std::unique_ptr<Engine>(std::move(e));
     }
@@ -177,10 +183,11 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.split = flags.split;
     co.tp = flags.tp;
     if (flags.layout == "auto") {
-        if (flags.tp > 1 || !flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0)
+        if (flags.tp > 1 || !flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0 ||
+            flags.head_node)
             return invalid_input(
-                "--layout auto chooses the stages, layers and shares itself; drop --tp, --layers, "
-                "--split and --head-layers");
+                "--layout auto chooses the stages, layers and shares itself over the workers; drop --tp, "
+                "--layers, --split, --head-layers and --head-node");
         TD_TRY(choose_layout(*model, params, n_threads, co));
     }
     if (!net::reduce_type_from_name(flags.tp_reduce, &co.tp_reduce))
@@ -192,6 +199,7 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.n_threads = n_threads;
     co.head_layers = flags.head_layers;
     co.head_threads = n_threads;
+    co.head_node = flags.head_node;
     co.chunk_rows = flags.chunk_rows;
     co.pack_dir = pack_dir(flags.no_repack);
     co.spares = flags.spares;
@@ -201,6 +209,17 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
             "--replan places the layers itself after a loss; drop --layers (or use --spare)");
     TD_ASSIGN_OR_RETURN(auto e, cluster::ClusterEngine::create(std::move(model), co));
     return std::unique_ptr<Engine>(std::move(e));
+}
+
+Result<std::unique_ptr<cluster::LocalWorker>> start_head_node(int32_t n_threads,
+                                                              const net::ClusterSecret &secret,
+                                                              uint32_t transports) {
+    cluster::WorkerOptions wo;
+    wo.host = "127.0.0.1";
+    wo.n_threads = n_threads;
+    wo.secret = secret;
+    wo.transports = transports;
+    return cluster::LocalWorker::start(wo);
 }
 
 int engine_stages(const Engine &engine) {

@@ -11,6 +11,11 @@
 #include "model/context.h"
 #include "model/engine.h"
 #include "model/model.h"
+#include "net/auth.h"
+
+namespace td::cluster {
+class LocalWorker;
+}
 
 namespace td::cli {
 
@@ -40,6 +45,7 @@ struct ClusterFlags {
     std::string tp_reduce = "f32";  // all-reduce parts between TP ranks
     std::string transport = "auto";  // --transport: auto, tcp, shm
     int32_t head_layers = 0;  // layers the head runs itself before stage 1
+    bool head_node = false;   // the head is also the first node of the layout (a worker in its process)
     int32_t chunk_rows = 0;   // rows per message of a long step (0: chosen from the stages and the step)
     bool stats = false;
     bool no_repack = false;  // keep q4_0 matrices in the GGUF's row layout (no packed copy)
@@ -53,6 +59,12 @@ struct ClusterFlags {
 void add_recovery_flags(CLI::App *cmd, ClusterFlags &flags);
 
 void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags);
+
+// The head's own node for measuring it (plan, up): a worker in this process on a loopback port, with
+// n_threads threads (0: all cores), stopped when the pointer goes.
+Result<std::unique_ptr<cluster::LocalWorker>> start_head_node(int32_t n_threads,
+                                                              const net::ClusterSecret &secret,
+                                                              uint32_t transports);
 
 // A ClusterEngine when flags.workers is set (n_threads: threads per worker, 0 = each worker's own; the head
 // runs its --head-layers on a pool of its own with n_threads threads), else a LocalEngine on `pool`.

@@ -16,6 +16,7 @@
 #include "cli/common.h"
 #include "cluster/placement.h"
 #include "cluster/planner.h"
+#include "cluster/worker.h"
 
 namespace td::cli {
 namespace {
@@ -23,6 +24,7 @@ namespace {
 struct PlanCliOptions {
     std::string model;
     std::string workers;
+    bool head_node = false;  // measure this machine as the head's own node too
     DiscoverFlags discover;  // --discover: find the workers to measure
     std::string offline;
     std::string shape;
@@ -131,12 +133,24 @@ int plan_main(const PlanCliOptions &opt) {
         text << in.rdbuf();
         spec = cluster::cluster_from_json(text.str());
         if (!spec.ok()) return fail(spec.status().with_context(opt.offline));
-    } else if (!opt.workers.empty()) {
-        auto list = cluster::parse_worker_list(opt.workers);
-        if (!list.ok()) return fail(list.status());
+    } else if (!opt.workers.empty() || opt.head_node) {
+        std::vector<std::string> list;
+        if (!opt.workers.empty()) {
+            auto l = cluster::parse_worker_list(opt.workers);
+            if (!l.ok()) return fail(l.status());
+            list = std::move(l).value();
+        }
         auto secret = load_cluster_secret(opt.secret_file);
         if (!secret.ok()) return fail(secret.status());
-        spec = cluster::measure_cluster(*list, *shape, po, *secret, [&](const std::string &s) {
+        std::unique_ptr<cluster::LocalWorker> head;  // measured as the first node, like the engine runs it
+        if (opt.head_node) {
+            auto h = start_head_node(opt.n_threads, *secret, po.transports);
+            if (!h.ok()) return fail(h.status());
+            head = std::move(h).value();
+            list.insert(list.begin(), head->address());
+            po.head_node = true;
+        }
+        spec = cluster::measure_cluster(list, *shape, po, *secret, [&](const std::string &s) {
             if (!opt.json) std::fprintf(stderr, "tandem plan: %s\n", s.c_str());
         });
     }
@@ -162,6 +176,9 @@ void register_plan(CLI::App &app, Runners &runners) {
         "Predict every layout of a model over measured workers (or a described cluster) and recommend one");
     cmd->add_option("-m,--model", opt->model, "GGUF model (only its header is read)");
     cmd->add_option("--workers", opt->workers, "Workers to measure: HOST:PORT,...");
+    cmd->add_flag("--head-node", opt->head_node,
+                  "Measure this machine too, as the head's own node (the first of every layout it is in; "
+                  "run it with --head-node)");
     add_discover_flags(cmd, opt->discover);
     cmd->add_option("--offline", opt->offline,
                     "A described cluster (JSON; examples in docs/clusters/) instead");

@@ -12,7 +12,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -24,18 +23,6 @@
 
 namespace td::cli {
 namespace {
-
-// The first line of `path`, trimmed; an empty key is refused (it would switch the check off).
-Result<std::string> read_api_key_file(const std::string &path) {
-    std::ifstream in(path);
-    if (!in) return make_error(ErrorKind::io, "{}: cannot read the API key file", path);
-    std::string line;
-    std::getline(in, line);
-    const size_t a = line.find_first_not_of(" \t\r");
-    const size_t b = line.find_last_not_of(" \t\r");
-    if (a == std::string::npos) return invalid_input("{}: the API key file's first line is empty", path);
-    return line.substr(a, b - a + 1);
-}
 
 struct ServeOptions {
     std::string model;

@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -39,6 +40,7 @@
 #include "cluster/planner.h"
 #include "cluster/probe.h"
 #include "cluster/stage-cache.h"
+#include "cluster/worker.h"
 #include "gguf/gguf.h"
 
 extern char **environ;
@@ -66,6 +68,7 @@ struct UpOptions {
     int port = 8080;
     int32_t parallel = 4;
     std::string secret_file;
+    bool head_node = false;               // this machine is a node too (measured, and offered in the layouts)
     std::vector<std::string> serve_args;  // after --: passed to `tandem serve` as they are
 };
 
@@ -210,6 +213,7 @@ std::string http_get(int port, const std::string &path, const std::string &api_k
 
 struct Node {
     std::string address;
+    bool head = false;  // the head's own node (--head-node): a worker in this process, listed as "head node"
     std::string name;
     std::string cluster;
     int cores = 0;
@@ -267,7 +271,8 @@ std::vector<std::string> usable_addresses(const std::vector<Node> &nodes) {
 
 // Looks for the nodes (discovery, or the --workers list), measures each one's round trip, and measures the
 // cluster for the plan when asked; until quit.
-void scout(const UpOptions &opt, const net::ClusterSecret &secret, Shared &sh) {
+// head: the head's own node's address ("" without --head-node), first in every list.
+void scout(const UpOptions &opt, const net::ClusterSecret &secret, const std::string &head, Shared &sh) {
     std::vector<std::string> fixed;
     if (!opt.workers.empty()) {
         auto list = cluster::parse_worker_list(opt.workers);
@@ -275,6 +280,12 @@ void scout(const UpOptions &opt, const net::ClusterSecret &secret, Shared &sh) {
     }
     while (!sh.quit) {
         std::vector<Node> nodes;
+        if (!head.empty()) {
+            Node n;
+            n.address = head;
+            n.head = true;
+            nodes.push_back(n);
+        }
         if (!fixed.empty()) {
             for (const std::string &a : fixed) {
                 Node n;
@@ -311,7 +322,7 @@ void scout(const UpOptions &opt, const net::ClusterSecret &secret, Shared &sh) {
                 continue;
             }
             const net::HelloReply &h = (*c)->hello();
-            if (n.name.empty() && h.node_name != n.address) n.name = h.node_name;
+            if (n.name.empty() && h.node_name != n.address && !n.head) n.name = h.node_name;
             n.cores = static_cast<int>(h.n_threads);
             n.mem_free = h.mem_available;
             n.gflops = h.gflops;
@@ -345,6 +356,7 @@ void scout(const UpOptions &opt, const net::ClusterSecret &secret, Shared &sh) {
                     fmt::format("measuring {} workers and their links for the plan ...", usable.size());
             }
             cluster::PlanOptions po;
+            po.head_node = !head.empty();
             po.batches = {std::max(opt.parallel, 1)};
             po.probe_ms = 10;
             po.rounds = 1;
@@ -396,6 +408,22 @@ std::vector<std::string> split_words(const std::string &s) {
     std::istringstream in(s);
     for (std::string w; in >> w;) out.push_back(w);
     return out;
+}
+
+// The API key the server will ask for, from the flags passed to it after `--` (--api-key K, --api-key=K,
+// --api-key-file F, --api-key-file=F): up sends it when it reads /status. "" when none is given.
+Result<std::string> serve_api_key(const std::vector<std::string> &args) {
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string &a = args[i];
+        const auto value = [&](const std::string &flag) -> std::optional<std::string> {
+            if (a == flag && i + 1 < args.size()) return args[i + 1];
+            if (a.rfind(flag + "=", 0) == 0) return a.substr(flag.size() + 1);
+            return std::nullopt;
+        };
+        if (auto k = value("--api-key")) return *k;
+        if (auto f = value("--api-key-file")) return read_api_key_file(*f);
+    }
+    return std::string();
 }
 
 std::vector<std::string> serve_args(const UpOptions &opt, const std::string &model,
@@ -475,14 +503,26 @@ int up_main(const UpOptions &opt_in) {
     if (!shape.ok()) return fail(shape.status());
     auto secret = load_cluster_secret(opt.secret_file);
     if (!secret.ok()) return fail(secret.status());
+    auto api_key = serve_api_key(opt.serve_args);
+    if (!api_key.ok()) return fail(api_key.status());
     const bool tty = isatty(STDOUT_FILENO) && isatty(STDIN_FILENO);
     if (!tty && !opt.yes)
         return fail(
             invalid_input("tandem up needs a terminal to ask; give --yes to start the recommended layout"));
 
+    // --head-node: this machine measured as a node (the server it starts makes its own).
+    std::unique_ptr<cluster::LocalWorker> head;
+    std::string head_address;
+    if (opt.head_node) {
+        auto h = start_head_node(0, *secret, net::auto_transports());
+        if (!h.ok()) return fail(h.status());
+        head = std::move(h).value();
+        head_address = head->address();
+    }
+
     Shared sh;
     sh.shape = *shape;
-    std::thread scout_thread([&] { scout(opt, *secret, sh); });
+    std::thread scout_thread([&] { scout(opt, *secret, head_address, sh); });
     ServeChild server;
     bool started = false;
     std::string start_error;
@@ -573,7 +613,7 @@ int up_main(const UpOptions &opt_in) {
         const ServeChild::State ss = server.state();
         if (started && ss.ready && ss.port > 0 && Clock::now() - t_status > std::chrono::milliseconds(900)) {
             t_status = Clock::now();
-            const std::string body = http_get(ss.port, "/status", "");
+            const std::string body = http_get(ss.port, "/status", *api_key);
             json j = json::parse(body, nullptr, false);
             if (j.is_object()) status = std::move(j);
         }
@@ -585,7 +625,7 @@ int up_main(const UpOptions &opt_in) {
                 std::fprintf(stderr, "tandem up: %zu usable nodes of %zu found\n",
                              usable_addresses(nodes).size(), nodes.size());
                 for (const Node &n : nodes)
-                    std::fprintf(stderr, "  %-22s %s\n", n.address.c_str(),
+                    std::fprintf(stderr, "  %-22s %s\n", n.head ? "head node" : n.address.c_str(),
                                  n.usable ? "usable" : ("not used: " + n.reason).c_str());
                 std::fprintf(stderr, "tandem up: predicted for %d streams:\n", opt.parallel);
                 for (size_t i = 0; i < entries.size(); ++i)
@@ -625,7 +665,8 @@ int up_main(const UpOptions &opt_in) {
         screen->line(fmt::format("  {:<22} {:<14} {:>5} {:>12} {:>9} {:>10}  {}", "address", "node", "cores",
                                  "free mem", "GFLOP/s", "link rtt", "status"));
         for (const Node &n : nodes)
-            screen->line(fmt::format("  {:<22} {:<14} {:>5} {:>12} {:>9.1f} {:>10}  {}", n.address,
+            screen->line(fmt::format("  {:<22} {:<14} {:>5} {:>12} {:>9.1f} {:>10}  {}",
+                                     n.head ? "head node" : n.address,
                                      n.name.empty() ? std::string("-") : n.name.substr(0, 14), n.cores,
                                      n.mem_free ? cluster::fmt_gib(n.mem_free) : "-", n.gflops,
                                      fmt_rtt(n.rtt_s), n.usable ? "usable" : "not used: " + n.reason),
@@ -712,6 +753,9 @@ void register_up(CLI::App &app, Runners &runners) {
                     "one-node, pipeline, tp or hybrid layout")
         ->default_val("recommended")
         ->check(CLI::IsMember({"recommended", "one-node", "pipeline", "tp", "hybrid"}));
+    cmd->add_flag("--head-node", opt->head_node,
+                  "This machine is a node too: measured with the others and offered as the first node of "
+                  "the layouts (serve --head-node)");
     cmd->add_option("--host", opt->host, "Address the server listens on")->default_val("127.0.0.1");
     cmd->add_option("--port", opt->port, "Port the server listens on (0: any free one)")->default_val(8080);
     cmd->add_option("--parallel", opt->parallel, "Requests served at once (the plan predicts for this many)")

@@ -1,4 +1,3 @@
-#include "core/size.h"
 #include "cli/common.h"
 
 #include <fmt/format.h>
@@ -10,7 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <vector>
+
+#include "core/size.h"
 
 extern char **environ;
 
@@ -139,6 +141,17 @@ void add_secret_flag(CLI::App *cmd, std::string &path) {
 
 Result<net::ClusterSecret> load_cluster_secret(const std::string &path) {
     return net::ClusterSecret::load(path.empty() ? net::default_secret_path() : path);
+}
+
+Result<std::string> read_api_key_file(const std::string &path) {
+    std::ifstream in(path);
+    if (!in) return make_error(ErrorKind::io, "{}: cannot read the API key file", path);
+    std::string line;
+    std::getline(in, line);
+    const size_t a = line.find_first_not_of(" \t\r");
+    const size_t b = line.find_last_not_of(" \t\r");
+    if (a == std::string::npos) return invalid_input("{}: the API key file's first line is empty", path);
+    return line.substr(a, b - a + 1);
 }
 
 }  // namespace td::cli

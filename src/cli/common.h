@@ -40,4 +40,8 @@ void add_secret_flag(CLI::App *cmd, std::string &path);
 // The cluster secret from `path`, or from net::default_secret_path() when it is empty.
 Result<net::ClusterSecret> load_cluster_secret(const std::string &path);
 
+// serve's --api-key-file: the first line of `path`, trimmed; an empty key is refused (it would switch the
+// check off).
+Result<std::string> read_api_key_file(const std::string &path);
+
 }  // namespace td::cli

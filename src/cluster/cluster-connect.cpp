@@ -12,6 +12,7 @@
 #include "cluster/handshake.h"
 #include "cluster/node-info.h"
 #include "cluster/wire.h"
+#include "cluster/worker.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "net/codec.h"
@@ -56,7 +57,28 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     const HParams &hp = e->model_->hparams();
     if (e->model_->layer_first() != 0 || e->model_->layer_last() != hp.n_layer)
         return invalid_input("the head needs the whole model file (it was opened for a layer range)");
-    TD_ASSIGN_OR_RETURN(e->addresses_, parse_worker_list(options.workers));
+    if (e->options_.stage_dir.empty())
+        e->options_.stage_dir = (std::filesystem::temp_directory_path() / "tandem-stages").string();
+    if (options.head_node && options.head_layers > 0)
+        return invalid_input(
+            "--head-node makes the head a node of the layout and --head-layers gives it layers before the "
+            "workers; give one of them");
+    if (options.workers.empty() && !options.head_node) return invalid_input("no workers");
+    if (!options.workers.empty()) {
+        TD_ASSIGN_OR_RETURN(e->addresses_, parse_worker_list(options.workers));
+    }
+    if (options.head_node) {  // the head's own node, first in the layout
+        WorkerOptions wo;
+        wo.host = "127.0.0.1";  // only the head dials it: rank 0 dials its group's higher ranks itself
+        wo.n_threads = options.head_threads;
+        wo.model_path = e->model_->file().path();
+        wo.cache_dir = e->options_.stage_dir;
+        wo.pack_dir = options.pack_dir;
+        wo.secret = options.secret;
+        wo.transports = options.transports;
+        TD_ASSIGN_OR_RETURN(e->head_worker_, LocalWorker::start(wo));
+        e->addresses_.insert(e->addresses_.begin(), e->head_worker_->address());
+    }
     if (!options.split.empty()) {
         TD_ASSIGN_OR_RETURN(e->split_, parse_split(options.split, e->addresses_.size()));
     }
@@ -66,7 +88,10 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
             if (std::find(e->addresses_.begin(), e->addresses_.end(), sp) != e->addresses_.end())
                 return invalid_input("spare {} is also in --workers", sp);
     }
-    TD_ASSIGN_OR_RETURN(std::vector<size_t> sizes, parse_layout(options.layout, options.tp, e->addresses_.size()));
+    auto sizes_or = parse_layout(options.layout, options.tp, e->addresses_.size());
+    if (!sizes_or.ok() && options.head_node)
+        return invalid_input("{} (--head-node: the head is the first of them)", sizes_or.status().message());
+    TD_ASSIGN_OR_RETURN(std::vector<size_t> sizes, std::move(sizes_or));
     for (size_t s = 0, next = 0; s < sizes.size(); ++s) {
         e->groups_.emplace_back();
         for (size_t r = 0; r < sizes[s]; ++r) e->groups_.back().push_back(next++);
@@ -79,8 +104,6 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     e->n_ctx_ = options.context.n_ctx > 0 ? options.context.n_ctx : hp.n_ctx_train;
     if (e->n_ctx_ <= 0 || e->n_ctx_ > (1 << 20))
         return invalid_input("context size {} must be in 1..1048576", e->n_ctx_);
-    if (e->options_.stage_dir.empty())
-        e->options_.stage_dir = (std::filesystem::temp_directory_path() / "tandem-stages").string();
     e->started_.assign(options.context.n_seq, false);
     e->lost_.assign(options.context.n_seq, false);
     e->want_logits_.assign(options.context.n_seq, false);
@@ -107,6 +130,11 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
 
 ClusterEngine::~ClusterEngine() {
     disconnect();
+    head_worker_.reset();
+}
+
+std::string ClusterEngine::node_label(size_t i) const {
+    return head_worker_ && i == 0 ? "head node" : addresses_[i];
 }
 
 Result<std::vector<double>> ClusterEngine::node_shares() const {
@@ -170,7 +198,7 @@ Status ClusterEngine::handshake(size_t i) {
     control_[i] = std::move(d.conn);
     if (d.reply.build_id != build_id())
         log_warn("worker {} runs build {}, the head runs {}", addr, d.reply.build_id, build_id());
-    nodes_[i].address = addr;
+    nodes_[i].address = node_label(i);
     nodes_[i].hello = d.reply;
     return {};
 }
@@ -519,7 +547,7 @@ std::string ClusterEngine::layout() const {
     for (size_t st = 0; st < groups_.size(); ++st) {
         if (st > 0) out += " -> ";
         for (size_t r = 0; r < groups_[st].size(); ++r)
-            out += (r > 0 ? " + " : "") + addresses_[groups_[st][r]];
+            out += (r > 0 ? " + " : "") + node_label(groups_[st][r]);
         if (st < placement_.size())
             out += fmt::format(" [{}-{}]", placement_[st].first, placement_[st].second - 1);
     }

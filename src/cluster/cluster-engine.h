@@ -60,6 +60,8 @@
 
 namespace td::cluster {
 
+class LocalWorker;
+
 struct ClusterOptions {
     std::string workers;  // "h1:p1,h2:p2": the stages, in pipeline order
     std::string layers;   // "0-7,8-15": explicit ranges (one per worker); else
@@ -72,6 +74,11 @@ struct ClusterOptions {
     int32_t n_threads = 0;  // threads per worker; 0: the worker's own -t
     int max_in_flight = 8;
     int32_t head_layers = 0;   // layers [0, head_layers) run on the head; the workers run the rest
+    // The head is also a node: the first of the layout (rank 0 of the first tensor-parallel group, or the
+    // first pipeline stage), served by a Worker in the head's own process on a loopback port, so it takes a
+    // share of every layer like any rank (`--tp 2` over the head and one worker uses both boxes). Its weights
+    // are cut from the head's model file into stage_dir; its thread pool has head_threads threads.
+    bool head_node = false;
     int32_t head_threads = 0;  // the head's thread pool with head_layers > 0 (0: all cores)
     int32_t chunk_rows = 0;    // rows per Forward message of a long step; 0: auto_chunk_rows
     std::string stage_dir;     // where the head writes stage files it streams; "": <temp>/tandem-stages
@@ -148,6 +155,7 @@ public:
     Result<std::vector<StepOutput>> wait() override;
 
     int32_t head_layers() const { return options_.head_layers; }
+    bool head_node() const { return head_worker_ != nullptr; }
     net::WireType wire() const { return options_.wire; }
     // Current nodes (after a reconnect, the new load sources).
     const std::vector<NodeStatus> &nodes() const { return nodes_; }
@@ -232,6 +240,11 @@ private:
     std::vector<std::chrono::steady_clock::time_point> last_pong_;  // [n_workers]
     std::vector<net::StatsReply> stats_replies_;                    // [n_workers]
     std::vector<uint64_t> stats_seen_;                              // [n_workers] request id answered
+
+    // With head_node: the head's own node (worker 0), served until the engine goes.
+    std::unique_ptr<LocalWorker> head_worker_;
+    // "head node" for the head's own node, else the worker's address as given.
+    std::string node_label(size_t i) const;
 
     // The head's own layers [0, head_layers): a model view of that range, its context and thread pool.
     std::shared_ptr<const Model> head_model_;

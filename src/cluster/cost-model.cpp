@@ -263,7 +263,14 @@ std::string Layout::label() const {
 LayoutArgs Layout::args(const ClusterSpec &cluster) const {
     LayoutArgs a;
     for (size_t s = 0; s < groups.size(); ++s) {
-        for (int i : groups[s]) a.workers += (a.workers.empty() ? "" : ",") + cluster.nodes[static_cast<size_t>(i)].name;
+        for (int i : groups[s]) {
+            if (i == cluster.head_node) {
+                a.head_node = true;
+                continue;
+            }
+            if (!a.workers.empty()) a.workers += ',';
+            a.workers += cluster.nodes[static_cast<size_t>(i)].name;
+        }
         a.sizes += fmt::format("{}{}", s ? "," : "", groups[s].size());
         a.layers += fmt::format("{}{}-{}", s ? "," : "", layers[s].first, layers[s].second - 1);
         a.tensor_parallel |= groups[s].size() > 1;
@@ -280,7 +287,9 @@ LayoutArgs Layout::args(const ClusterSpec &cluster) const {
 
 std::string Layout::flags(const ClusterSpec &cluster) const {
     const LayoutArgs a = args(cluster);
+    if (a.workers.empty()) return "";  // the head's own node alone: one machine, no flags
     std::string f = "--workers " + a.workers;
+    if (a.head_node) f += " --head-node";
     if (a.tensor_parallel) f += groups.size() == 1 ? fmt::format(" --tp {}", groups[0].size()) : " --layout " + a.sizes;
     if (groups.size() > 1) f += " --layers " + a.layers;
     if (!a.split.empty()) f += " --split " + a.split;

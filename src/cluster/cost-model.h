@@ -119,6 +119,9 @@ struct ClusterSpec {
     // cores are not shared).
     std::map<std::pair<int, int>, double> together;         // compute-bound (the largest measured rows)
     std::map<std::pair<int, int>, double> together_stream;  // memory-bound (one row)
+    // The node that is the head's own (`--head-node`: a worker in the head's process), or -1. It can only be
+    // the first node of a layout, which candidate layouts keep (their nodes go in index order): make it 0.
+    int head_node = -1;
     const LinkSpec &link(int from, int to) const;
     double together_of(int i, int j, bool stream = false) const;
     // Slower than this together, two nodes share cores (not only a memory bus): tensor parallelism between
@@ -129,7 +132,8 @@ struct ClusterSpec {
 
 // The values of the flags that run a layout (what --layout auto sets and `plan` prints).
 struct LayoutArgs {
-    std::string workers;  // --workers, in stage and rank order
+    std::string workers;     // --workers, in stage and rank order (without the head's own node)
+    bool head_node = false;  // the layout's first node is the head's own (--head-node)
     std::string sizes;    // --layout: nodes per stage, "2,1"
     std::string layers;   // --layers: "0-9,10-15"
     std::string split;    // --split: relative shares per node, "" when every group splits evenly

@@ -157,6 +157,7 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
     };
     ClusterSpec spec;
     spec.name = "measured";
+    if (o.head_node && workers.empty()) return invalid_input("no head node to measure");
     std::vector<std::unique_ptr<ProbeClient>> clients;
     for (const std::string &w : workers) {
         TD_ASSIGN_OR_RETURN(auto c, ProbeClient::connect(w, secret, 3000, o.transports));
@@ -167,6 +168,14 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
         n.mem_bytes = c->hello().mem_available;
         spec.nodes.push_back(n);
         clients.push_back(std::move(c));
+    }
+    // The head's own node listens on loopback; it is on the head's host, the address the workers see the
+    // head at (this end of a probe connection to one of them).
+    const size_t ref = o.head_node && workers.size() > 1 ? 1 : 0;  // a node the workers can reach us from
+    if (o.head_node) {
+        spec.head_node = 0;
+        spec.nodes[0].name = "head node";
+        spec.nodes[0].host = workers.size() > 1 ? host_of(clients[ref]->local_address()) : spec.nodes[0].host;
     }
     // Links: a small message, one token's activation, an all-reduce part, and a stream.
     LinkOptions lo;
@@ -188,7 +197,9 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
         TD_ASSIGN_OR_RETURN(auto s, clients[i]->measure_link(lo));
         spec.links[{-1, static_cast<int>(i)}] = to_spec(s);
         for (size_t j = 0; j < workers.size(); ++j) {
-            if (i == j) continue;
+            // Nobody dials the head's node but the head (it is rank 0 and dials its peers): its links to the
+            // others stand for both directions.
+            if (i == j || (o.head_node && j == 0)) continue;
             say(fmt::format("measuring the link {} -> {}", workers[i], workers[j]));
             TD_ASSIGN_OR_RETURN(auto t, clients[i]->link_to(workers[j], lo));
             spec.links[{static_cast<int>(i), static_cast<int>(j)}] = to_spec(t);
@@ -199,7 +210,7 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
     {
         std::string host;
         uint16_t port = 0;
-        TD_TRY(net::parse_host_port(clients[0]->local_address(), &host, &port));
+        TD_TRY(net::parse_host_port(clients[ref]->local_address(), &host, &port));
         TD_ASSIGN_OR_RETURN(auto listener, net::tcp_listen(host, 0));
         std::atomic<bool> done{false};
         std::thread acceptor([&] {
@@ -231,6 +242,9 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
         listener->close();
         TD_TRY(st);
     }
+    if (o.head_node)
+        for (size_t j = 1; j < workers.size(); ++j)
+            spec.links[{static_cast<int>(j), 0}] = spec.links[{0, static_cast<int>(j)}];
     if (!spec.links.empty()) spec.head_link = spec.links.begin()->second;
     // Compute: every shape the candidates need, alone on each node.
     const std::vector<net::ProbeMatrix> mats = needed_matrices(model, spec);
@@ -498,8 +512,9 @@ std::string plan_text(const Plan &plan) {
         if (pb.recommended >= 0) {
             const PlanEntry &e = pb.entries[static_cast<size_t>(pb.recommended)];
             const PhaseCost &g = e.prediction.gen;
+            const std::string flags = e.layout.flags(c);
             o += fmt::format("  recommended: {} ({}): {}\n", e.layout.label(), e.layout.kind(),
-                             e.layout.flags(c));
+                             flags.empty() ? "no cluster flags (the head alone)" : flags);
             o += fmt::format("    per step of {} tokens: {} ({}), {} dominates; {}\n", pb.batch,
                              fmt_seconds(g.seconds),
                              g.bound == "ring" ? "one round of the ring" : g.bound + " sets the pace",

@@ -31,6 +31,9 @@ struct PlanOptions {
     // The transports the measured links may take: the engine's (ClusterOptions::transports), so links between
     // nodes of one host are measured over shared memory when the engine would use it.
     uint32_t transports = net::auto_transports();
+    // The first of the measured workers is the head's own node (`--head-node`: a LocalWorker in this
+    // process).
+    bool head_node = false;
 };
 
 // Row counts a plan needs measured: micro-batches of every batch over 1..n_nodes stages, prompt chunks, 1.

@@ -54,6 +54,18 @@ Worker::~Worker() {
     stop();
 }
 
+Result<std::unique_ptr<LocalWorker>> LocalWorker::start(const WorkerOptions &options) {
+    std::unique_ptr<LocalWorker> lw(new LocalWorker());
+    TD_ASSIGN_OR_RETURN(lw->worker_, Worker::create(options));
+    lw->thread_ = std::thread([w = lw->worker_.get()] { w->serve(); });
+    return lw;
+}
+
+LocalWorker::~LocalWorker() {
+    worker_->stop();
+    if (thread_.joinable()) thread_.join();
+}
+
 void Worker::stop() {
     if (stopping_.exchange(true)) return;
     listener_->close();
@@ -259,8 +271,9 @@ void Worker::serve_control(std::unique_ptr<net::Connection> conn, uint64_t accep
             send_error(*conn, rs);
             break;
         }
-        if (!rs.ok()) {
-            log_warn("control connection from {}: {}", peer, rs.message());
+        if (!rs.ok()) {  // a head that went away while we answered it is no news
+            if (rs.kind() != ErrorKind::disconnected)
+                log_warn("control connection from {}: {}", peer, rs.message());
             break;
         }
     }

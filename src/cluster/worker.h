@@ -108,4 +108,18 @@ private:
     std::atomic<int> pending_handshakes_{0};
 };
 
+// A Worker in this process, served on its own thread until destroyed: the head's own node (`--head-node`),
+// which the head loads, probes and links like any worker.
+class LocalWorker {
+public:
+    static Result<std::unique_ptr<LocalWorker>> start(const WorkerOptions &options);
+    ~LocalWorker();
+    std::string address() const { return worker_->address(); }
+
+private:
+    LocalWorker() = default;
+    std::unique_ptr<Worker> worker_;
+    std::thread thread_;
+};
+
 }  // namespace td::cluster

@@ -143,6 +143,39 @@ std::string label(std::string_view v) {
     return out;
 }
 
+// The data ring's links, each with its sender's counters (summed over its destinations): head -> every rank
+// of stage 1, each rank -> the next stage's ranks it feeds, the last stage's rank 0 -> head.
+struct RingLink {
+    std::string from, to;
+    uint64_t msgs = 0, bytes = 0;
+    double send_seconds = 0.0;
+    double latency() const { return msgs > 0 ? send_seconds / static_cast<double>(msgs) : 0.0; }
+};
+
+std::vector<RingLink> cluster_links(const cluster::ClusterEngine &engine, const cluster::ClusterStats &st) {
+    const auto &nodes = engine.nodes();
+    const size_t n = std::min(nodes.size(), st.nodes.size());
+    const auto joined = [](const std::vector<std::string> &v) {
+        std::string s;
+        for (const std::string &x : v) {
+            if (!s.empty()) s += ',';
+            s += x;
+        }
+        return s;
+    };
+    std::vector<RingLink> links;
+    std::vector<std::string> first;
+    for (size_t i = 0; i < n; ++i)
+        if (nodes[i].stage == 0) first.push_back(nodes[i].address);
+    if (n > 0)
+        links.push_back({"head", joined(first), st.head_msgs_sent, st.head_bytes_sent, st.head_send_seconds});
+    for (size_t i = 0; i < n; ++i)
+        if (!nodes[i].next.empty())
+            links.push_back({nodes[i].address, joined(nodes[i].next), st.nodes[i].msgs_out,
+                             st.nodes[i].bytes_out, st.nodes[i].send_seconds});
+    return links;
+}
+
 }  // namespace
 
 std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster::ClusterStats &st) {
@@ -234,43 +267,22 @@ std::string cluster_metrics(const cluster::ClusterEngine &engine, const cluster:
         });
     }
 
-    // Links: head -> stage 1 (every rank), a stage's rank -> the next stage's ranks it feeds, the last stage's
-    // rank 0 -> head. A link's counters are its sender's (summed over its destinations).
-    struct Link {
-        std::string from, to;
-        uint64_t msgs, bytes;
-        double send_seconds;
-    };
-    std::vector<Link> links;
-    const auto joined = [](const std::vector<std::string> &v) {
-        std::string s;
-        for (const std::string &x : v) s += (s.empty() ? "" : ",") + x;
-        return s;
-    };
-    std::vector<std::string> first;
-    for (size_t i = 0; i < n; ++i)
-        if (nodes[i].stage == 0) first.push_back(nodes[i].address);
-    if (n > 0) links.push_back({"head", joined(first), st.head_msgs_sent, st.head_bytes_sent, st.head_send_seconds});
-    for (size_t i = 0; i < n; ++i)
-        if (!nodes[i].next.empty())
-            links.push_back({nodes[i].address, joined(nodes[i].next), st.nodes[i].msgs_out, st.nodes[i].bytes_out,
-                             st.nodes[i].send_seconds});
-    const auto link_label = [&](const Link &l) {
+    const std::vector<RingLink> links = cluster_links(engine, st);
+    const auto link_label = [&](const RingLink &l) {
         return fmt::format("from=\"{}\",to=\"{}\"", label(l.from), label(l.to));
     };
     family("tandem_link_messages_total", "counter", "Data messages sent over a pipeline link.");
-    for (const Link &l : links)
+    for (const RingLink &l : links)
         out += fmt::format("tandem_link_messages_total{{{}}} {}\n", link_label(l), l.msgs);
     family("tandem_link_bytes_total", "counter", "Bytes sent over a pipeline link.");
-    for (const Link &l : links)
+    for (const RingLink &l : links)
         out += fmt::format("tandem_link_bytes_total{{{}}} {}\n", link_label(l), l.bytes);
     family("tandem_link_send_seconds_total", "counter", "Time the sender was blocked writing to a link.");
-    for (const Link &l : links)
+    for (const RingLink &l : links)
         out += fmt::format("tandem_link_send_seconds_total{{{}}} {}\n", link_label(l), l.send_seconds);
     family("tandem_link_send_latency_seconds", "gauge", "Mean time one message blocked its sender.");
-    for (const Link &l : links)
-        out += fmt::format("tandem_link_send_latency_seconds{{{}}} {}\n", link_label(l),
-                           l.msgs > 0 ? l.send_seconds / static_cast<double>(l.msgs) : 0.0);
+    for (const RingLink &l : links)
+        out += fmt::format("tandem_link_send_latency_seconds{{{}}} {}\n", link_label(l), l.latency());
     return out;
 }
 
@@ -311,27 +323,14 @@ std::string cluster_status_json(const cluster::ClusterEngine &engine, const clus
         }
         out_nodes.push_back(std::move(node));
     }
-    // The same links as cluster_metrics: head -> stage 1, each rank -> the ranks it feeds, last stage ->
-    // head.
     json links = json::array();
-    const auto link = [&](std::string from, std::string to, uint64_t msgs, uint64_t bytes, double seconds) {
-        links.push_back({{"from", std::move(from)},
-                         {"to", std::move(to)},
-                         {"messages", msgs},
-                         {"bytes", bytes},
-                         {"send_seconds", seconds},
-                         {"send_latency_seconds", msgs > 0 ? seconds / static_cast<double>(msgs) : 0.0}});
-    };
-    std::string first;
-    for (size_t i = 0; i < n; ++i)
-        if (nodes[i].stage == 0) first += (first.empty() ? "" : ",") + nodes[i].address;
-    if (n > 0) link("head", first, st.head_msgs_sent, st.head_bytes_sent, st.head_send_seconds);
-    for (size_t i = 0; i < n; ++i) {
-        if (nodes[i].next.empty()) continue;
-        std::string to;
-        for (const std::string &x : nodes[i].next) to += (to.empty() ? "" : ",") + x;
-        link(nodes[i].address, to, st.nodes[i].msgs_out, st.nodes[i].bytes_out, st.nodes[i].send_seconds);
-    }
+    for (const RingLink &l : cluster_links(engine, st))
+        links.push_back({{"from", l.from},
+                         {"to", l.to},
+                         {"messages", l.msgs},
+                         {"bytes", l.bytes},
+                         {"send_seconds", l.send_seconds},
+                         {"send_latency_seconds", l.latency()}});
     // json_dump: a node's name or CPU string that is not UTF-8 is replaced, not thrown on.
     return json_dump({{"nodes", std::move(out_nodes)},
                       {"links", std::move(links)},
