@@ -271,6 +271,13 @@ TEST(LayoutAuto, BenchRunsWhatThePlanRecommendsAndSaysWhy) {
                           "8"});
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find("--layout auto chooses"), std::string::npos) << r.err;
+    // With --head-node this machine is measured as the first node too, and what is chosen runs.
+    r = test::run_tandem({"bench", "-m", test::shared_path(kModel), "--workers", a.address(), "--head-node",
+                          "--layout", "auto", "-t", "1", "-p", "0", "-n", "8", "-r", "1", "-o", "jsonl"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("measuring 2 nodes (this one too)"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--layout auto chose"), std::string::npos) << r.err;
+    EXPECT_GT(nlohmann::json::parse(r.out.substr(0, r.out.find('\n')))["avg_ts"].get<double>(), 0);
 }
 
 // plan --head-node: this machine is measured as the first node ("head node"), its links to the workers stand

@@ -22,12 +22,19 @@ Status choose_layout(const Model &model, const ContextParams &params, int32_t n_
     TD_ASSIGN_OR_RETURN(auto workers, cluster::parse_worker_list(co.workers));
     TD_ASSIGN_OR_RETURN(cluster::ModelShape shape, cluster::model_shape_from_file(model.file()));
     cluster::PlanOptions po;
+    std::unique_ptr<cluster::LocalWorker> head;  // --head-node: this machine measured as the first node
+    if (co.head_node) {
+        TD_ASSIGN_OR_RETURN(head, start_head_node(n_threads, co.secret, co.transports));
+        workers.insert(workers.begin(), head->address());
+        po.head_node = true;
+    }
     const int32_t batch = std::max<int32_t>(1, params.n_seq);
     po.batches = {batch};
     po.probe_ms = 10;
     po.n_threads = n_threads;
     po.transports = co.transports;
-    std::fprintf(stderr, "tandem: --layout auto: measuring %zu workers and their links\n", workers.size());
+    std::fprintf(stderr, "tandem: --layout auto: measuring %zu %s and their links\n", workers.size(),
+                 co.head_node ? "nodes (this one too)" : "workers");
     TD_ASSIGN_OR_RETURN(cluster::ClusterSpec spec, cluster::measure_cluster(workers, shape, po, co.secret, {}));
     const cluster::Plan plan = cluster::make_plan(shape, spec, po);
     const cluster::PlanBatch &pb = plan.batches[0];
@@ -37,6 +44,7 @@ Status choose_layout(const Model &model, const ContextParams &params, int32_t n_
     const cluster::Layout &l = e.layout;
     const cluster::LayoutArgs args = l.args(spec);
     co.workers = args.workers;
+    co.head_node = args.head_node;
     co.layout = args.sizes;
     co.tp = 1;
     if (l.groups.size() > 1) co.layers = args.layers;
@@ -49,10 +57,12 @@ Status choose_layout(const Model &model, const ContextParams &params, int32_t n_
         if (idx >= 0 && idx != pb.recommended)
             others += fmt::format("{}{} {:.1f}", others.empty() ? "" : ", ", what,
                                   pb.entries[static_cast<size_t>(idx)].prediction.gen.tokens_per_s);
+    const std::string flags = l.flags(spec);
     std::fprintf(
         stderr,
         "tandem: --layout auto chose %s (%s), %s: %.1f tokens/s predicted at batch %d (%s); %s dominates\n",
-        l.label().c_str(), l.kind().c_str(), l.flags(spec).c_str(), e.prediction.gen.tokens_per_s, batch,
+        l.label().c_str(), l.kind().c_str(), flags.empty() ? "this machine alone" : flags.c_str(),
+        e.prediction.gen.tokens_per_s, batch,
         others.empty() ? "nothing else fits" : others.c_str(), cluster::term_name(e.prediction.gen.dominant));
     return {};
 }
@@ -183,12 +193,18 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.split = flags.split;
     co.tp = flags.tp;
     if (flags.layout == "auto") {
-        if (flags.tp > 1 || !flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0 ||
-            flags.head_node)
+        if (flags.tp > 1 || !flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0)
             return invalid_input(
-                "--layout auto chooses the stages, layers and shares itself over the workers; drop --tp, "
-                "--layers, --split, --head-layers and --head-node");
+                "--layout auto chooses the stages, layers and shares itself; drop --tp, --layers, --split "
+                "and --head-layers");
+        co.head_node = flags.head_node;
         TD_TRY(choose_layout(*model, params, n_threads, co));
+        if (co.workers.empty()) {  // the head's own node alone is the fastest: one machine, no cluster
+            TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
+            return std::unique_ptr<Engine>(std::move(e));
+        }
+    } else {
+        co.head_node = flags.head_node;
     }
     if (!net::reduce_type_from_name(flags.tp_reduce, &co.tp_reduce))
         return invalid_input("--tp-reduce must be f32, f16 or bf16, got '{}'", flags.tp_reduce);
@@ -199,7 +215,6 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.n_threads = n_threads;
     co.head_layers = flags.head_layers;
     co.head_threads = n_threads;
-    co.head_node = flags.head_node;
     co.chunk_rows = flags.chunk_rows;
     co.pack_dir = pack_dir(flags.no_repack);
     co.spares = flags.spares;
