@@ -120,16 +120,24 @@ EOF
   rb_pid=${pids[-1]}
   ra=$(worker_address "$tmp/ra.log")
   rb=$(worker_address "$tmp/rb.log")
-  "$bin" bench -m "$model" -t 1 -r 1 --workers "$ra,$rb" --tp 2 --split 1,1 -p "$n_prompt" -n "$n_gen" >/dev/null 2>&1
+  # The head's own peak RSS too (ru_maxrss of the child): over the two workers, and as rank 0 over one of them.
+  maxrss() { python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)' "$@"; }
+  head_kib=$(maxrss "$bin" bench -m "$model" -t 1 -r 1 --workers "$ra,$rb" --tp 2 --split 1,1 -p "$n_prompt" -n "$n_gen")
   hwm() { sed -n 's/VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$1/status"; }
   file_kib=$(( $(stat -c %s "$model") / 1024 ))
   kv_kib=$(( 2 * 16 * 2048 / 4 * 2 * (n_prompt + n_gen) / 1024 ))  # K and V, f16, 16 layers, 512 of 2048 (8 of 32 heads)
-  python3 - "$(hwm "$ra_pid")" "$(hwm "$rb_pid")" "$file_kib" "$kv_kib" <<'EOF2'
+  a_hwm=$(hwm "$ra_pid")
+  b_hwm=$(hwm "$rb_pid")
+  hn_kib=$(maxrss taskset -c 0 "$bin" bench -m "$model" -t 1 -r 1 --workers "$rb" --tp 2 --split 1,1 --head-node -p "$n_prompt" -n "$n_gen")
+  python3 - "$a_hwm" "$b_hwm" "$file_kib" "$kv_kib" "$head_kib" "$hn_kib" <<'EOF2'
 import sys
-a, b, f, kv = map(int, sys.argv[1:])
+a, b, f, kv, head, hn = map(int, sys.argv[1:])
 limit = 0.6 * (f + kv) + 64 * 1024
 print(f"\nPeak RSS per rank (fresh workers, weights streamed, one --tp 2 pp/tg run): {a / 1024:.1f} and "
-      f"{b / 1024:.1f} MiB; 0.6 x (file {f / 1024:.1f} MiB + KV {kv / 1024:.1f} MiB) + 64 MiB = {limit / 1024:.1f} MiB.")
+      f"{b / 1024:.1f} MiB; 0.6 x (file {f / 1024:.1f} MiB + KV {kv / 1024:.1f} MiB) + 64 MiB = {limit / 1024:.1f} MiB. "
+      f"The head's: {head / 1024:.1f} MiB over the two workers, {hn / 1024:.1f} MiB as rank 0 itself (--head-node).")
 EOF2
   kill "$ra_pid" "$rb_pid" 2>/dev/null || true
 done

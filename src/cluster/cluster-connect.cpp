@@ -260,7 +260,7 @@ uint64_t ClusterEngine::fingerprint_of(size_t i, uint64_t *stage_fp) {
     const LayerRange range = nodes_[i].layers;
     const std::string stage_key = fmt::format("{}-{}", range.first, range.second);
     auto fp = fingerprints_.find(stage_key);
-    if (fp == fingerprints_.end())
+    if (fp == fingerprints_.end())  // (stage_fingerprint unmaps what it hashed as it goes)
         fp = fingerprints_
                  .emplace(stage_key, stage_fingerprint(model_->file(), range.first, range.second, hp.n_layer))
                  .first;
@@ -271,7 +271,7 @@ uint64_t ClusterEngine::fingerprint_of(size_t i, uint64_t *stage_fp) {
     if (sfp == fingerprints_.end()) {
         auto plan = tp_slice_plan(model_->file(), hp, range.first, range.second, slices_[i]);
         TD_ASSERT(plan.ok(), "slice plan: {}", plan.status().message());  // tp_split made it from the model
-        sfp = fingerprints_.emplace(key, slice_fingerprint(*plan)).first;
+        sfp = fingerprints_.emplace(key, slice_fingerprint(model_->file(), *plan)).first;
     }
     return sfp->second;
 }

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <algorithm>
+
 namespace td::cluster {
 namespace {
 
@@ -14,6 +16,19 @@ bool is_layer_tensor(const std::string &name, int32_t first, int32_t last) {
     while (i < name.size() && name[i] >= '0' && name[i] <= '9' && il < (1 << 20))
         il = il * 10 + (name[i++] - '0');
     return i < name.size() && name[i] == '.' && il >= first && il < last;
+}
+
+// Hashes [data, data + n) of `file`'s mapping in chunks and unmaps each chunk's pages from this process once
+// hashed (the page cache keeps them): hashing a range then costs its bytes of RSS for one chunk at a time,
+// not for the whole range (a head or a rank that never computes those layers keeps none of them).
+void hash_mapped(XXH3_state_t *state, const gguf::File &file, const uint8_t *data, size_t n) {
+    constexpr size_t kChunk = size_t{32} << 20;
+    const MappedFile &map = file.mapping();
+    for (size_t done = 0; done < n; done += kChunk) {
+        const size_t len = std::min(kChunk, n - done);
+        XXH3_64bits_update(state, data + done, len);
+        map.drop_pages(static_cast<size_t>(data + done - map.data()), len);
+    }
 }
 
 }  // namespace
@@ -40,14 +55,14 @@ uint64_t stage_fingerprint(const gguf::File &file, int32_t layer_first, int32_t 
         const uint32_t type = static_cast<uint32_t>(t->type);
         XXH3_64bits_update(state, &type, sizeof(type));
         XXH3_64bits_update(state, t->ne, sizeof(int64_t) * static_cast<size_t>(t->n_dims));
-        XXH3_64bits_update(state, t->data, t->n_bytes);
+        hash_mapped(state, file, t->data, t->n_bytes);
     }
     const uint64_t h = XXH3_64bits_digest(state);
     XXH3_freeState(state);
     return h;
 }
 
-uint64_t slice_fingerprint(const std::vector<TpSliceTensor> &plan) {
+uint64_t slice_fingerprint(const gguf::File &file, const std::vector<TpSliceTensor> &plan) {
     XXH3_state_t *state = XXH3_createState();
     XXH3_64bits_reset(state);
     for (const TpSliceTensor &t : plan) {
@@ -56,6 +71,7 @@ uint64_t slice_fingerprint(const std::vector<TpSliceTensor> &plan) {
         XXH3_64bits_update(state, &type, sizeof(type));
         XXH3_64bits_update(state, t.ne.data(), sizeof(int64_t) * t.ne.size());
         t.for_each_span([&](size_t offset, size_t n) { XXH3_64bits_update(state, t.src->data + offset, n); });
+        file.mapping().drop_pages(static_cast<size_t>(t.src->data - file.mapping().data()), t.src->n_bytes);
     }
     const uint64_t h = XXH3_64bits_digest(state);
     XXH3_freeState(state);

@@ -24,6 +24,8 @@ namespace td::cluster {
 std::vector<const gguf::TensorInfo *> stage_tensors(const gguf::File &file, int32_t layer_first,
                                                     int32_t layer_last, int32_t n_layer);
 
+// Reads the stage's bytes through `file`'s mapping and unmaps them from this process as it goes (32 MiB at a
+// time; the page cache keeps them), so hashing a range does not leave it resident.
 uint64_t stage_fingerprint(const gguf::File &file, int32_t layer_first, int32_t layer_last, int32_t n_layer);
 
 // Sum of the stage's tensor bytes (its weight memory).
@@ -35,8 +37,9 @@ Status write_stage_file(const gguf::File &file, int32_t layer_first, int32_t lay
                         const std::string &path);
 
 // The fingerprint of a tensor-parallel slice file (model/tp-slice.h tp_slice_plan), computed from the whole
-// model without writing the file: stage_fingerprint of the slice file once written gives the same value.
-uint64_t slice_fingerprint(const std::vector<TpSliceTensor> &plan);
+// model (`file`, whose pages it unmaps tensor by tensor once hashed) without writing the file:
+// stage_fingerprint of the slice file once written gives the same value.
+uint64_t slice_fingerprint(const gguf::File &file, const std::vector<TpSliceTensor> &plan);
 
 // 16 lowercase hex digits (also the cache file name: <hex>.gguf)
 std::string fingerprint_hex(uint64_t fp);

@@ -397,9 +397,8 @@ Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const
         }
     }
     if (reply.source.empty() && local_model_) {  // cut the slice from our own copy
+        // (stage_fingerprint unmaps the pages it hashed: a rank keeps only its slice resident)
         const uint64_t fp = stage_fingerprint(*local_model_, ls.layer_first, ls.layer_last, ls.n_layer);
-        // Hashing mapped the whole range into this process: a rank keeps only its slice resident.
-        local_model_->mapping().drop_pages(0, local_model_->mapping().size());
         if (fp != ls.stage_fingerprint)
             return invalid_input(
                 "worker {}: model {} has fingerprint {} for layers {}-{}, the head's {} has {}; point --model "
