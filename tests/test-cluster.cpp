@@ -7,7 +7,9 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -18,6 +20,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "model/tp-slice.h"
 #include "test-child-process.h"
 #include "test-util.h"
 
@@ -148,6 +151,50 @@ TEST(ClusterStageFile, LoadsAndHashesLikeTheOriginal) {
         EXPECT_LT((*stage)->file().file_size(), f.file_size());
     }
     EXPECT_NE(stage_fingerprint(f, 0, 2, n_layer), stage_fingerprint(f, 2, 4, n_layer));
+}
+
+// Bytes of `path`'s mappings resident in this process (/proc/self/smaps: the Rss of each of its areas).
+size_t mapped_rss(const std::string &path) {
+    std::ifstream in("/proc/self/smaps");
+    size_t kib = 0;
+    bool ours = false;
+    for (std::string line; std::getline(in, line);) {
+        const size_t colon = line.find(':'), space = line.find(' ');
+        if (space != std::string::npos &&
+            (colon == std::string::npos || colon > space)) {  // an area's header
+            ours =
+                line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0;
+        } else if (ours && line.rfind("Rss:", 0) == 0) {
+            kib += std::strtoull(line.c_str() + 4, nullptr, 10);
+        }
+    }
+    return kib * 1024;
+}
+
+// A head or a rank hashes weights it may never compute with: the hashed pages are unmapped again (the page
+// cache keeps them), so the hash leaves none of them resident in the process.
+TEST(ClusterStageFile, HashingLeavesTheHashedPagesUnmapped) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    const gguf::File &f = model->file();
+    const int32_t n_layer = model->hparams().n_layer;
+    const std::string real = std::filesystem::canonical(f.path()).string();
+    const auto touch_all = [&] {
+        volatile uint8_t sum = 0;
+        for (size_t i = 0; i < f.mapping().size(); i += 4096) sum = sum + f.mapping().data()[i];
+    };
+    touch_all();
+    const size_t all = mapped_rss(real);
+    ASSERT_GT(all, 512u * 1024) << real;
+    (void)stage_fingerprint(f, 0, n_layer, n_layer);
+    EXPECT_LT(mapped_rss(real), all / 4);
+    touch_all();
+    auto slices = tp_split(model->hparams(), {1.0, 1.0}, tp_ff_unit(f, 0, n_layer));
+    ASSERT_TRUE(slices.ok()) << slices.status().message();
+    auto plan = tp_slice_plan(f, model->hparams(), 0, n_layer, (*slices)[0]);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    (void)slice_fingerprint(f, *plan);
+    EXPECT_LT(mapped_rss(real), all / 4);
 }
 
 TEST(Cluster, MatchesLocalThroughTwoAndThreeWorkers) {
