@@ -86,6 +86,7 @@ model, n_prompt, n_gen, par, n_par_gen, lb, la = sys.argv[2:]
 names = [f"pp{n_prompt}", f"tg{n_gen}", f"tg{n_par_gen} x{par} seqs (aggregate)"]
 med = statistics.median
 def col(k): return [r[k] for r in rows]
+def f(xs): return ", ".join("%.2f" % x for x in xs)
 print(f"\n**{model}**, {len(rows)} rounds (t/s: medians; ratios: median of the per-round ratios, each listed)\n")
 print("| test | one node, 1 thread | --tp 2 (1 thread on each of 2 cores) | tp2 / one | 2-stage pipeline, same cores | pipeline / one | tp2 / pipeline |")
 print("|---|---:|---:|---:|---:|---:|---:|")
@@ -94,7 +95,6 @@ for k, name in enumerate(names):
     rt = [t / o for t, o in zip(tp, one)]
     rp = [p / o for p, o in zip(pipe, one)]
     rtp = [t / p for t, p in zip(tp, pipe)]
-    f = lambda xs: ", ".join("%.2f" % x for x in xs)
     print(f"| {name} | {med(one):.2f} | {med(tp):.2f} | **{med(rt):.2f}x** ({f(rt)}) | {med(pipe):.2f} | "
           f"{med(rp):.2f}x ({f(rp)}) | {med(rtp):.2f}x |")
 print(f"\n`--tp 2 --head-node` with one worker (the head is rank 0: two boxes, not three processes):\n")
@@ -104,13 +104,12 @@ for k, name in enumerate(names):
     one, tp, hn = col(k), col(3 + k), col(11 + k)
     rh = [h / o for h, o in zip(hn, one)]
     rht = [h / t for h, t in zip(hn, tp)]
-    f = lambda xs: ", ".join("%.2f" % x for x in xs)
     print(f"| {name} | {med(hn):.2f} | **{med(rh):.2f}x** ({f(rh)}) | {med(rht):.2f}x |")
 bw1, bw2 = col(9), col(10)
 ceil = [b2 / b1 for b1, b2 in zip(bw1, bw2)]
 print(f"\nPlain read, same rounds: one thread on core 0 {med(bw1):.1f} GB/s, two threads on cores 0 and 1 "
       f"{med(bw2):.1f} GB/s together: two nodes on this machine can stream {med(ceil):.2f}x what one does "
-      f"({', '.join('%.2f' % c for c in ceil)}), the ceiling for generation (tg{n_gen}: --tp 2 reached "
+      f"({f(ceil)}), the ceiling for generation (tg{n_gen}: --tp 2 reached "
       f"{med([r[4] / r[1] for r in rows]) / med(ceil) * 100:.0f}% of it). Load average before {lb}, after {la}.")
 EOF
   # Peak RSS of each rank: fresh workers (weights streamed from the head), one --tp 2 run, then VmHWM.

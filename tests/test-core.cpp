@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -164,6 +166,33 @@ TEST(MappedFile, HugePageAdviceFindsACachePartlyIn4KiBPages) {
         EXPECT_GE(m->huge_page_bytes(), size - 4 * kMiB) << huge_pages_name(h);
     }
     EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), m->data()));
+}
+
+// Anonymous memory for buffers the probes stream: 2 MiB-aligned, zero-filled, writable, and where transparent
+// huge pages are on (not "[never]"), backed by 2 MiB pages once written, as the engine's weights are.
+TEST(HugeBuffer, IsAlignedWritableAndIn2MiBPagesWhereTheKernelHasThem) {
+    constexpr size_t kMiB = size_t{1} << 20;
+    auto b = HugeBuffer::allocate(16 * kMiB + 100);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    ASSERT_NE(b->data(), nullptr);
+    EXPECT_GE(b->size(), 16 * kMiB + 100);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b->data()) % (2 * kMiB), 0u);
+    EXPECT_TRUE(std::all_of(b->data(), b->data() + b->size(), [](uint8_t v) { return v == 0; }));
+    std::memset(b->data(), 7, b->size());
+    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode;
+    std::getline(thp, mode);
+    if (!mode.empty() && mode.find("[never]") == std::string::npos) {
+        // All 8 whole 2 MiB pages, give or take what a fragmented machine could not make whole.
+        EXPECT_GE(b->huge_page_bytes(), 8 * kMiB) << "THP: " << mode;
+    }
+    HugeBuffer moved = std::move(*b);
+    EXPECT_EQ(b->data(), nullptr);
+    EXPECT_EQ(moved.data()[16 * kMiB + 99], 7);
+    auto empty = HugeBuffer::allocate(0);
+    ASSERT_TRUE(empty.ok());
+    EXPECT_EQ(empty->data(), nullptr);
+    EXPECT_EQ(empty->huge_page_bytes(), 0u);
 }
 
 TEST(DType, TraitsAndNames) {

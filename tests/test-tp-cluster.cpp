@@ -19,6 +19,9 @@
 namespace td::cluster {
 namespace {
 
+using test::greedy;
+using test::seeded;
+
 using Clock = std::chrono::steady_clock;
 using test::WorkerProcess;
 
@@ -57,12 +60,6 @@ Result<GenRun> generate_run(Engine &engine, const SamplerParams &sp, int32_t n, 
         });
     if (!st.ok()) return st.status();
     return run;
-}
-
-SamplerParams greedy() {
-    SamplerParams sp;
-    sp.temperature = 0.0f;
-    return sp;
 }
 
 ContextParams context() {
@@ -115,14 +112,6 @@ struct Layout {
     std::string layout;
     std::string split;  // per-worker shares ("": measured speed)
 };
-
-SamplerParams seeded(uint64_t seed) {
-    SamplerParams sp;
-    sp.temperature = 0.8f;
-    sp.top_p = 0.9f;
-    sp.seed = seed;
-    return sp;
-}
 
 // n real `tandem worker` processes, their caches in `cache` (w0, w1, ...).
 struct Workers {

@@ -1,9 +1,11 @@
 // Shared by the tensor-parallel tests (test-tp.cpp in one process, test-tp-cluster.cpp over workers).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "core/thread-pool.h"
+#include "model/sampler.h"
 #include "model/synth.h"
 #include "test-util.h"
 
@@ -30,6 +32,21 @@ inline Status synth_tp_model(const std::string &arch, DType type, const std::str
     p.vocab_from = shared_path("models/stories260K.gguf");
     ThreadPool pool(2);
     return synth_model(p, path, pool);
+}
+
+// Greedy decoding, and the seeded sampling both sides must draw the same text from.
+inline SamplerParams greedy() {
+    SamplerParams sp;
+    sp.temperature = 0.0f;
+    return sp;
+}
+
+inline SamplerParams seeded(uint64_t seed) {
+    SamplerParams sp;
+    sp.temperature = 0.8f;
+    sp.top_p = 0.9f;
+    sp.seed = seed;
+    return sp;
 }
 
 }  // namespace td::test

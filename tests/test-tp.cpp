@@ -24,6 +24,9 @@
 namespace td {
 namespace {
 
+using test::greedy;
+using test::seeded;
+
 // ---- a collective for ranks that are threads of one process ----------------------------------------------
 
 struct ThreadGroup {
@@ -232,20 +235,6 @@ Generated tensor_parallel(const std::string &path, const std::vector<StageSpec> 
         b.add(g.tokens.back(), pos, 0, true);
     }
     return g;
-}
-
-SamplerParams greedy() {
-    SamplerParams p;
-    p.temperature = 0.0f;
-    return p;
-}
-
-SamplerParams seeded(uint64_t seed) {
-    SamplerParams p;
-    p.temperature = 0.8f;
-    p.top_p = 0.9f;
-    p.seed = seed;
-    return p;
 }
 
 // The first step where the reference's top-2 logit margin is below `margin` (n_gen when none).

@@ -192,19 +192,17 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
     co.layers = flags.layers;
     co.split = flags.split;
     co.tp = flags.tp;
+    co.head_node = flags.head_node;  // --layout auto may leave the head out of the layout it chooses
     if (flags.layout == "auto") {
         if (flags.tp > 1 || !flags.layers.empty() || !flags.split.empty() || flags.head_layers > 0)
             return invalid_input(
                 "--layout auto chooses the stages, layers and shares itself; drop --tp, --layers, --split "
                 "and --head-layers");
-        co.head_node = flags.head_node;
         TD_TRY(choose_layout(*model, params, n_threads, co));
         if (co.workers.empty()) {  // the head's own node alone is the fastest: one machine, no cluster
             TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
             return std::unique_ptr<Engine>(std::move(e));
         }
-    } else {
-        co.head_node = flags.head_node;
     }
     if (!net::reduce_type_from_name(flags.tp_reduce, &co.tp_reduce))
         return invalid_input("--tp-reduce must be f32, f16 or bf16, got '{}'", flags.tp_reduce);

@@ -67,9 +67,10 @@ void touch(const uint8_t *p, size_t len) {
     for (size_t off = 0; off < len; off += kSmallPage) sink = sink + p[off];
 }
 
-// kB of the mapping that contains p mapped as 2 MiB pages (FilePmdMapped in /proc/self/smaps); -1 when it
-// cannot be read.
-int64_t file_pmd_mapped_kb(const void *p) {
+// The kB figure `field` ("FilePmdMapped:", "AnonHugePages:") of the mapping that contains p in
+// /proc/self/smaps; -1 when it cannot be read.
+int64_t smaps_kb(const void *p, const char *field) {
+    const size_t field_len = std::strlen(field);
     std::ifstream in("/proc/self/smaps");
     const auto addr = reinterpret_cast<uintptr_t>(p);
     std::string line;
@@ -82,14 +83,19 @@ int64_t file_pmd_mapped_kb(const void *p) {
             !std::isupper(static_cast<unsigned char>(line[0]))) {
             const uintptr_t begin = std::strtoull(line.c_str(), nullptr, 16);
             const uintptr_t end = std::strtoull(line.c_str() + dash + 1, nullptr, 16);
-            if (inside) return -1;  // passed our mapping without a FilePmdMapped line
+            if (inside) return -1;  // passed our mapping without the field
             inside = addr >= begin && addr < end;
             continue;
         }
-        if (inside && line.rfind("FilePmdMapped:", 0) == 0)
-            return std::strtoll(line.c_str() + 14, nullptr, 10);
+        if (inside && line.compare(0, field_len, field) == 0)
+            return std::strtoll(line.c_str() + field_len, nullptr, 10);
     }
     return -1;
+}
+
+// kB of the mapping that contains p mapped as 2 MiB pages of a file; -1 when it cannot be read.
+int64_t file_pmd_mapped_kb(const void *p) {
+    return smaps_kb(p, "FilePmdMapped:");
 }
 #endif
 
@@ -250,6 +256,54 @@ MappedFile &MappedFile::operator=(MappedFile &&other) noexcept {
 }
 
 MappedFile::~MappedFile() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+Result<HugeBuffer> HugeBuffer::allocate(size_t bytes) {
+    HugeBuffer b;
+    if (bytes == 0) return b;
+    const size_t size = align_up(bytes, kSmallPage);
+    // Reserve 2 MiB more than asked, keep the 2 MiB-aligned part, give back the rest.
+    void *area = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (area == MAP_FAILED)
+        return make_error(ErrorKind::overloaded, "cannot map {} MiB of memory: {}", size >> 20,
+                          std::strerror(errno));
+    const auto a = reinterpret_cast<uintptr_t>(area);
+    const uintptr_t al = align_up(a, kHugePage);
+    if (al > a) ::munmap(area, al - a);
+    const uintptr_t reserved_end = a + size + kHugePage;
+    if (reserved_end > al + size) ::munmap(reinterpret_cast<void *>(al + size), reserved_end - (al + size));
+    b.data_ = reinterpret_cast<uint8_t *>(al);
+    b.size_ = size;
+#if defined(__linux__)
+    if (size >= kHugePage) ::madvise(b.data_, align_down(size, kHugePage), MADV_HUGEPAGE);
+#endif
+    return b;
+}
+
+size_t HugeBuffer::huge_page_bytes() const {
+#if defined(__linux__)
+    if (data_ == nullptr) return 0;
+    const int64_t kb = smaps_kb(data_, "AnonHugePages:");
+    return kb > 0 ? static_cast<size_t>(kb) << 10 : 0;
+#else
+    return 0;
+#endif
+}
+
+HugeBuffer::HugeBuffer(HugeBuffer &&other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+HugeBuffer &HugeBuffer::operator=(HugeBuffer &&other) noexcept {
+    if (this != &other) {
+        if (data_ != nullptr) ::munmap(data_, size_);
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+}
+
+HugeBuffer::~HugeBuffer() {
     if (data_ != nullptr) ::munmap(data_, size_);
 }
 

@@ -66,4 +66,30 @@ private:
     std::string path_;
 };
 
+// Anonymous read-write memory at a 2 MiB-aligned address, advised into 2 MiB pages (MADV_HUGEPAGE) where
+// transparent huge pages are on: for a buffer streamed whole again and again that must stream as fast as
+// the weights MappedFile maps (the probes that time reads and matrix products). Zero-filled; pages are
+// backed when first written.
+class HugeBuffer {
+public:
+    // Errors: overloaded when the memory cannot be mapped. bytes == 0 gives an empty buffer.
+    static Result<HugeBuffer> allocate(size_t bytes);
+
+    HugeBuffer() = default;
+    HugeBuffer(HugeBuffer &&other) noexcept;
+    HugeBuffer &operator=(HugeBuffer &&other) noexcept;
+    HugeBuffer(const HugeBuffer &) = delete;
+    HugeBuffer &operator=(const HugeBuffer &) = delete;
+    ~HugeBuffer();
+
+    uint8_t *data() const { return data_; }
+    size_t size() const { return size_; }
+    // Bytes now backed by 2 MiB pages (AnonHugePages; 0 where unknown): what the advice got.
+    size_t huge_page_bytes() const;
+
+private:
+    uint8_t *data_ = nullptr;
+    size_t size_ = 0;
+};
+
 }  // namespace td

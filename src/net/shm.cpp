@@ -244,12 +244,15 @@ Status ShmConnection::wait_until(Ready ready, std::atomic<uint32_t> &seq, std::a
                                  const Deadline &deadline, int64_t spin_ns, bool *timed_out) {
     if (spin_ns > 0) {
         const int64_t end = now_ns() + spin_ns;
+        SpinYield yield;
         for (uint32_t i = 1;; ++i) {
             cpu_relax();
             if (ready()) return {};
             if ((i & 63) == 0) {
                 if (closed_) return closed_status();
-                if (now_ns() >= end) break;
+                const int64_t now = now_ns();
+                if (now >= end) break;
+                yield(now);
             }
         }
     }

@@ -25,6 +25,7 @@
 
 #include "core/check.h"
 #include "net/codec.h"
+#include "net/spin.h"
 #include "net/transport.h"
 
 namespace td::net {
@@ -34,12 +35,6 @@ namespace {
 constexpr int kSocketBufferBytes = kTcpSocketBufferBytes;
 constexpr size_t kRecvGrowStart = 1u << 20;  // payload buffer growth starts here (see recv)
 constexpr size_t kMaxIov = 64;               // header + parts per sendmsg call (the loop sends more)
-
-int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
 
 // The time left of a call's timeout; timeout_ms < 0 waits forever.
 class Deadline {
@@ -222,6 +217,7 @@ Status TcpConnection::wait(short events, const Deadline &deadline, bool *timed_o
 
 Status TcpConnection::read_some(uint8_t *buf, size_t n, size_t *got, const Deadline &deadline,
                                 bool *timed_out, int64_t *spin_end_ns) {
+    SpinYield yield;
     while (*got < n) {
         const ssize_t r = ::recv(fd_, buf + *got, n - *got, 0);
         if (r > 0) {
@@ -234,7 +230,10 @@ Status TcpConnection::read_some(uint8_t *buf, size_t n, size_t *got, const Deadl
         if (recv_spin_ns_ > 0) {
             const int64_t now = now_ns();
             if (*spin_end_ns == 0) *spin_end_ns = now + recv_spin_ns_;
-            if (now < *spin_end_ns && !closed_ && !deadline.passed()) continue;
+            if (now < *spin_end_ns && !closed_ && !deadline.passed()) {
+                yield(now);
+                continue;
+            }
         }
         TD_TRY(wait(POLLIN, deadline, timed_out));
         if (*timed_out) return {};

@@ -206,10 +206,12 @@ Status UcxConnection::wait_until(Done done, int timeout_ms, int64_t spin_ns, boo
         return done();
     };
     if (step()) return {};
-    for (const int64_t spin_end = start + spin_ns; now_ns() < spin_end;) {
+    SpinYield yield;
+    for (int64_t now = start, spin_end = start + spin_ns; now < spin_end; now = now_ns()) {
         for (int i = 0; i < 16; ++i) cpu_relax();
         if (step()) return {};
         if (closed_) return closed_status();
+        yield(now);
     }
     for (;;) {
         if (closed_) return closed_status();
