@@ -199,6 +199,32 @@ TEST(CostModel, NodesOfOneHostSlowEachOtherDown) {
                 1e-6);
 }
 
+// Two pipeline stages on one core (together 2x): with many sequences the core does both stages' work in turn,
+// so the pipeline is as fast as one node, whatever the split. Counted as "each stage twice as slow" an uneven
+// 20/12-layer split would look 14% slower than one node (twice the longer stage per step).
+TEST(CostModel, StagesThatShareACoreTakeTheCoresWholeLoad) {
+    const ModelShape m = shape_8b();
+    ClusterSpec c = boxes(2, 1, 100);
+    for (NodeSpec &n : c.nodes) n.host = "one";
+    c.together[{0, 1}] = 2.0;
+    c.together_stream[{0, 1}] = 2.0;
+    Layout pipe = layout_of(m, c, {{0}, {1}});
+    pipe.layers = {{0, 20}, {20, 32}};
+    const double one = predict(m, c, layout_of(m, c, {{0}}), 16, {}).gen.tokens_per_s;
+    const double both = predict(m, c, pipe, 16, {}).gen.tokens_per_s;
+    EXPECT_GT(both, 0.95 * one);
+    EXPECT_LT(both, 1.02 * one);
+    // On a shared bus (1.3x) the same stages gain, but less than on separate hosts.
+    c.together[{0, 1}] = c.together_stream[{0, 1}] = 1.3;
+    const double bus = predict(m, c, pipe, 16, {}).gen.tokens_per_s;
+    for (NodeSpec &n : c.nodes) n.host.clear();
+    c.together.clear();
+    c.together_stream.clear();
+    const double apart = predict(m, c, pipe, 16, {}).gen.tokens_per_s;
+    EXPECT_GT(bus, 1.1 * one);
+    EXPECT_LT(bus, 0.95 * apart);
+}
+
 TEST(Planner, CandidatesCoverEveryKindAndTheirFlagsRunThem) {
     const ModelShape m = shape_8b();
     const ClusterSpec c = boxes(4, 20, 25);

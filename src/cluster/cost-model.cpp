@@ -366,33 +366,58 @@ struct StageCost {
     std::array<double, 4> terms{};
 };
 
-// One stage's time for a step of `rows` rows (outputs: rows wanting logits) with k_active nodes per host
-// busy.
+// A node's time for its part of a step of `rows` rows alone (its stage's layers, its slice of them, the
+// output head on the last stage for `outputs` rows), and how much of that streams weights.
+struct NodeTime {
+    double seconds = 0.0, memory = 0.0;
+};
+NodeTime node_time(const ModelShape &model, const ClusterSpec &c, const Layout &l, size_t s, size_t r,
+                   int32_t rows, int32_t outputs, double ctx_avg, const PredictOptions &o) {
+    const NodeSpec &node = c.nodes[static_cast<size_t>(l.groups[s][r])];
+    NodeTime nt;
+    for (int32_t il = l.layers[s].first; il < l.layers[s].second; ++il) {
+        const LayerTime lt = layer_time(model, node, il, l.slices[s][r], rows, ctx_avg, o);
+        nt.seconds += lt.seconds;
+        nt.memory += lt.memory;
+    }
+    if (s + 1 == l.groups.size() && outputs > 0) {
+        const ShapeMatrix out = slice_matrix(model.output, model.hp, l.slices[s][r]);
+        const double to = node.matmul_seconds(out, outputs);
+        nt.seconds += to;
+        if (static_cast<double>(out.bytes()) / node.stream_bytes_per_s() >= kMemoryBound * to)
+            nt.memory += to;
+    }
+    return nt;
+}
+
+// One stage's time for a step of `rows` rows (outputs: rows wanting logits) while the nodes in `busy` compute
+// too (empty: the stage's own group).
 StageCost stage_cost(const ModelShape &model, const ClusterSpec &c, const Layout &l, size_t s, int32_t rows,
                      int32_t outputs, double ctx_avg, const std::vector<int> &busy, const PredictOptions &o) {
     StageCost sc;
     const auto &g = l.groups[s];
+    // Each busy node's own time alone: where it is in the layout, and its work there.
+    auto alone = [&](int node) {
+        for (size_t gs = 0; gs < l.groups.size(); ++gs)
+            for (size_t gr = 0; gr < l.groups[gs].size(); ++gr)
+                if (l.groups[gs][gr] == node)
+                    return node_time(model, c, l, gs, gr, rows, outputs, ctx_avg, o);
+        return NodeTime{};
+    };
     double worst = 0.0, worst_mem = 0.0;
     for (size_t r = 0; r < g.size(); ++r) {
-        const NodeSpec &node = c.nodes[static_cast<size_t>(g[r])];
-        // Slower while the other busy nodes of its host compute too (a shared bus or shared cores).
-        double f = 1.0;
+        const NodeTime own = node_time(model, c, l, s, r, rows, outputs, ctx_avg, o);
+        // Slower while the other busy nodes of its host compute too (a shared bus or shared cores): while two
+        // run at once each goes `together` times slower, for as long as the shorter of them runs. Alone a and
+        // b (a >= b), together f: b ends at f b, a at a + (f - 1) b (two ranks with equal work: f a; two
+        // pipeline stages on one core, f = 2: a + b, the core's whole load).
+        double t = own.seconds;
         for (int j : busy.empty() ? g : busy)
-            if (j != g[r]) f += c.together_of(g[r], j, rows < 32) - 1.0;
-        double t = 0, mem = 0;
-        for (int32_t il = l.layers[s].first; il < l.layers[s].second; ++il) {
-            const LayerTime lt = layer_time(model, node, il, l.slices[s][r], rows, ctx_avg, o);
-            t += lt.seconds;
-            mem += lt.memory;
-        }
-        if (s + 1 == l.groups.size() && outputs > 0) {
-            const ShapeMatrix out = slice_matrix(model.output, model.hp, l.slices[s][r]);
-            const double to = node.matmul_seconds(out, outputs);
-            t += to;
-            if (static_cast<double>(out.bytes()) / node.stream_bytes_per_s() >= kMemoryBound * to) mem += to;
-        }
-        t *= f;
-        mem *= f;
+            if (j != g[r]) {
+                const double f = c.together_of(g[r], j, rows < 32);
+                if (f > 1.0) t += (f - 1.0) * std::min(own.seconds, alone(j).seconds);
+            }
+        const double mem = own.seconds > 0 ? own.memory * t / own.seconds : 0.0;
         if (t > worst) {
             worst = t;
             worst_mem = mem;
