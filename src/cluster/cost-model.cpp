@@ -390,23 +390,26 @@ NodeTime node_time(const ModelShape &model, const ClusterSpec &c, const Layout &
     return nt;
 }
 
+// Every node's own time alone for a step of `rows` rows, where it is in the layout (indexed by node).
+std::vector<NodeTime> node_times(const ModelShape &model, const ClusterSpec &c, const Layout &l, int32_t rows,
+                                 int32_t outputs, double ctx_avg, const PredictOptions &o) {
+    std::vector<NodeTime> t(c.nodes.size());
+    for (size_t s = 0; s < l.groups.size(); ++s)
+        for (size_t r = 0; r < l.groups[s].size(); ++r)
+            t[static_cast<size_t>(l.groups[s][r])] = node_time(model, c, l, s, r, rows, outputs, ctx_avg, o);
+    return t;
+}
+
 // One stage's time for a step of `rows` rows (outputs: rows wanting logits) while the nodes in `busy` compute
-// too (empty: the stage's own group).
+// too (empty: the stage's own group); alone: node_times() for this step.
 StageCost stage_cost(const ModelShape &model, const ClusterSpec &c, const Layout &l, size_t s, int32_t rows,
-                     int32_t outputs, double ctx_avg, const std::vector<int> &busy, const PredictOptions &o) {
+                     int32_t outputs, const std::vector<NodeTime> &alone, const std::vector<int> &busy,
+                     const PredictOptions &o) {
     StageCost sc;
     const auto &g = l.groups[s];
-    // Each busy node's own time alone: where it is in the layout, and its work there.
-    auto alone = [&](int node) {
-        for (size_t gs = 0; gs < l.groups.size(); ++gs)
-            for (size_t gr = 0; gr < l.groups[gs].size(); ++gr)
-                if (l.groups[gs][gr] == node)
-                    return node_time(model, c, l, gs, gr, rows, outputs, ctx_avg, o);
-        return NodeTime{};
-    };
     double worst = 0.0, worst_mem = 0.0;
     for (size_t r = 0; r < g.size(); ++r) {
-        const NodeTime own = node_time(model, c, l, s, r, rows, outputs, ctx_avg, o);
+        const NodeTime own = alone[static_cast<size_t>(g[r])];
         // Slower while the other busy nodes of its host compute too (a shared bus or shared cores): while two
         // run at once each goes `together` times slower, for as long as the shorter of them runs. Alone a and
         // b (a >= b), together f: b ends at f b, a at a + (f - 1) b (two ranks with equal work: f a; two
@@ -415,7 +418,7 @@ StageCost stage_cost(const ModelShape &model, const ClusterSpec &c, const Layout
         for (int j : busy.empty() ? g : busy)
             if (j != g[r]) {
                 const double f = c.together_of(g[r], j, rows < 32);
-                if (f > 1.0) t += (f - 1.0) * std::min(own.seconds, alone(j).seconds);
+                if (f > 1.0) t += (f - 1.0) * std::min(own.seconds, alone[static_cast<size_t>(j)].seconds);
             }
         const double mem = own.seconds > 0 ? own.memory * t / own.seconds : 0.0;
         if (t > worst) {
@@ -488,6 +491,7 @@ Ring ring_cost(const ModelShape &model, const ClusterSpec &c, const Layout &l, i
                double ctx_avg, const std::vector<int> &busy, const PredictOptions &o) {
     Ring ring;
     const size_t S = l.groups.size();
+    const std::vector<NodeTime> alone = node_times(model, c, l, rows, outputs, ctx_avg, o);
     for (size_t s = 0; s <= S; ++s) {
         const int from = s == 0 ? -1 : l.groups[s - 1][0];
         const bool tokens = s == 0;
@@ -501,7 +505,7 @@ Ring ring_cost(const ModelShape &model, const ClusterSpec &c, const Layout &l, i
         ring.seconds += ring.hops.back().seconds;
         add_terms(ring.terms, ring.hops.back().terms);
         if (s < S) {
-            ring.stages.push_back(stage_cost(model, c, l, s, rows, outputs, ctx_avg, busy, o));
+            ring.stages.push_back(stage_cost(model, c, l, s, rows, outputs, alone, busy, o));
             ring.seconds += ring.stages.back().seconds;
             add_terms(ring.terms, ring.stages.back().terms);
         }

@@ -29,23 +29,27 @@ uintptr_t align_up(uintptr_t p, size_t a) {
     return align_down(p + a - 1, a);
 }
 
-// Maps fd whole at a 2 MiB-aligned address (reserve size + 2 MiB, keep the aligned part); MAP_FAILED on
-// failure.
-void *map_aligned(int fd, size_t size) {
-    void *area = ::mmap(nullptr, size + kHugePage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+// Anonymous memory of `size` bytes (a multiple of 4 KiB) at a 2 MiB-aligned address: reserves 2 MiB more
+// than asked, keeps the aligned part and gives back the rest. MAP_FAILED on failure.
+void *reserve_aligned(size_t size, int prot) {
+    void *area = ::mmap(nullptr, size + kHugePage, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (area == MAP_FAILED) return MAP_FAILED;
     const auto a = reinterpret_cast<uintptr_t>(area);
     const uintptr_t al = align_up(a, kHugePage);
     const uintptr_t reserved_end = a + size + kHugePage;
-    // The file mapping replaces the aligned part of the reservation; the page-rounded rest is given back.
-    void *p = ::mmap(reinterpret_cast<void *>(al), size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
-    if (p == MAP_FAILED) {
-        ::munmap(area, size + kHugePage);
-        return MAP_FAILED;
-    }
     if (al > a) ::munmap(area, al - a);
-    const uintptr_t map_end = align_up(al + size, kSmallPage);
-    if (reserved_end > map_end) ::munmap(reinterpret_cast<void *>(map_end), reserved_end - map_end);
+    if (reserved_end > al + size) ::munmap(reinterpret_cast<void *>(al + size), reserved_end - (al + size));
+    return reinterpret_cast<void *>(al);
+}
+
+// Maps fd whole at a 2 MiB-aligned address (the file mapping replaces an aligned reservation); MAP_FAILED
+// on failure.
+void *map_aligned(int fd, size_t size) {
+    const size_t reserved = align_up(size, kSmallPage);
+    void *area = reserve_aligned(reserved, PROT_NONE);
+    if (area == MAP_FAILED) return MAP_FAILED;
+    void *p = ::mmap(area, size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) ::munmap(area, reserved);
     return p;
 }
 
@@ -263,17 +267,11 @@ Result<HugeBuffer> HugeBuffer::allocate(size_t bytes) {
     HugeBuffer b;
     if (bytes == 0) return b;
     const size_t size = align_up(bytes, kSmallPage);
-    // Reserve 2 MiB more than asked, keep the 2 MiB-aligned part, give back the rest.
-    void *area = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *area = reserve_aligned(size, PROT_READ | PROT_WRITE);
     if (area == MAP_FAILED)
         return make_error(ErrorKind::overloaded, "cannot map {} MiB of memory: {}", size >> 20,
                           std::strerror(errno));
-    const auto a = reinterpret_cast<uintptr_t>(area);
-    const uintptr_t al = align_up(a, kHugePage);
-    if (al > a) ::munmap(area, al - a);
-    const uintptr_t reserved_end = a + size + kHugePage;
-    if (reserved_end > al + size) ::munmap(reinterpret_cast<void *>(al + size), reserved_end - (al + size));
-    b.data_ = reinterpret_cast<uint8_t *>(al);
+    b.data_ = static_cast<uint8_t *>(area);
     b.size_ = size;
 #if defined(__linux__)
     if (size >= kHugePage) ::madvise(b.data_, align_down(size, kHugePage), MADV_HUGEPAGE);
