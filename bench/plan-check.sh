@@ -38,6 +38,12 @@ tmp=$(mktemp -d)
 source "$here/bench/workers.sh"
 export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/tmp/tandem-bench/cache}
 
+# A bench that fails leaves its row at nan; say why on stderr.
+bench_failed() {
+  echo "bench $1 failed: $(tail -n 3 "$tmp/bench.err")" >&2
+  for w in "$tmp"/w*.log; do echo "  $(basename "$w"): $(tail -n 2 "$w")" >&2; done
+}
+
 max_nodes=0
 for n in $nodes_list; do (( n > max_nodes )) && max_nodes=$n; done
 addrs=()
@@ -94,10 +100,10 @@ PY
       bw_bench=$(read_gbs)
       # shellcheck disable=SC2086
       "$bin" bench -m "$model" $flags --transport tcp -t 1 -p 0 -n "$n_gen" --parallel "1,$parallel" -r "$reps" -o jsonl \
-        2>/dev/null > "$tmp/gen.jsonl" || true
+        2>"$tmp/bench.err" > "$tmp/gen.jsonl" || bench_failed "$flags"
       # shellcheck disable=SC2086
       "$bin" bench -m "$model" $flags --transport tcp -t 1 -p "$n_prompt" -n 0 --parallel 1 -r 1 -o jsonl \
-        2>/dev/null > "$tmp/pp.jsonl" || true
+        2>"$tmp/bench.err" > "$tmp/pp.jsonl" || bench_failed "$flags"
       python3 - "$line" "$tmp/gen.jsonl" "$tmp/pp.jsonl" "$n" "$d" "$n_gen" "$n_prompt" "$bw_plan" "$bw_bench" >> "$tmp/summary" <<'PY'
 import json, sys
 e = json.loads(sys.argv[1]); n, d, ng, npr = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]

@@ -468,6 +468,22 @@ TEST(TpCluster, RunAndBenchCommandsWithTp) {
     EXPECT_EQ(head_node.out, local.out);
     EXPECT_NE(head_node.err.find("head node "), std::string::npos) << head_node.err;
 
+    // A hybrid as `tandem plan` writes one: the head alone, then both workers tensor-parallel with uneven
+    // shares (--layers places the layers, --split then only shares the heads and FFN rows).
+    args = gen;
+    args.insert(args.end(), {"--workers", workers, "--head-node", "--layout", "1,2", "--layers", "0-1,2-4",
+                             "--split", "1,3,1", "--stats"});
+    auto hybrid = test::run_tandem(args);
+    ASSERT_EQ(hybrid.exit_code, 0) << hybrid.err;
+    EXPECT_EQ(hybrid.out, local.out);
+    EXPECT_NE(hybrid.err.find("0/2: kv 0-2"), std::string::npos) << hybrid.err;  // 3 of the 4 KV heads
+    // Without a tensor-parallel stage the two contradict each other.
+    args = gen;
+    args.insert(args.end(), {"--workers", workers, "--layers", "0-1,2-4", "--split", "1,3"});
+    auto both = test::run_tandem(args);
+    EXPECT_EQ(both.exit_code, 1);
+    EXPECT_NE(both.err.find("give either --layers or --split for a pipeline"), std::string::npos) << both.err;
+
     auto bad = test::run_tandem({"run", "-m", model, "--tp", "2", "-n", "1"});
     EXPECT_EQ(bad.exit_code, 1);
     EXPECT_NE(bad.err.find("need --workers"), std::string::npos) << bad.err;

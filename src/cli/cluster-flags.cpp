@@ -115,7 +115,8 @@ void add_cluster_flags(CLI::App *cmd, ClusterFlags &flags) {
                     "Layers per worker, e.g. 0-7,8-15 (default: by measured speed)");
     cmd->add_option(
         "--split", flags.split,
-        "Relative shares per worker, e.g. 1,1 or 3,1 (layers; with --tp also heads and FFN rows)");
+        "Relative shares per worker, e.g. 1,1 or 3,1 (layers; with --tp or --layout also heads and FFN "
+        "rows; with --layers only those)");
     cmd->add_option("--tp", flags.tp,
                     "Tensor parallelism: every N workers form one stage that splits each layer's heads and "
                     "FFN rows (--tp 2 with 2 workers: both work on every token)")
@@ -182,8 +183,6 @@ Result<std::unique_ptr<Engine>> make_engine(const ClusterFlags &flags, std::shar
         TD_ASSIGN_OR_RETURN(auto e, LocalEngine::create(std::move(model), params, pool));
         return std::unique_ptr<Engine>(std::move(e));
     }
-    if (!flags.layers.empty() && !flags.split.empty())
-        return invalid_input("give either --layers or --split, not both");
     cluster::ClusterOptions co;
     TD_ASSIGN_OR_RETURN(co.secret, load_cluster_secret(flags.secret_file));
     if (std::string error; !net::transports_from_name(flags.transport, &co.transports, &error))
