@@ -1,7 +1,8 @@
 // The worker's bounded cache dir: eviction in least-recently-used order, the size cap and the free-disk floor
 // each tested at the limit and one past (free space injected), files in use kept; then real workers with
 // --cache-max: a stage one byte over the cap is refused with nothing written, one that fits evicts the older
-// stage, and --cache-min-free over the disk is refused naming the free space.
+// stage, and --cache-min-free over the disk is refused naming the free space; the head's own stage files stay
+// within twice the model.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -160,8 +161,9 @@ size_t gguf_files(const std::string &dir) {
     return n;
 }
 
-// A head that runs layers [0, head_layers) itself and gives the rest to `worker`.
-Status connect_with(const std::string &worker, int32_t head_layers) {
+// A head that runs layers [0, head_layers) itself and gives the rest to `worker` (stage_dir: where the head
+// writes the stage files it streams; "": its default).
+Status connect_with(const std::string &worker, int32_t head_layers, const std::string &stage_dir = "") {
     auto model = Model::load(test::shared_path(kModel));
     if (!model.ok()) return model.status();
     ClusterOptions o;
@@ -171,6 +173,7 @@ Status connect_with(const std::string &worker, int32_t head_layers) {
     o.head_threads = 1;
     o.context.n_ctx = 64;
     o.print_placement = false;
+    o.stage_dir = stage_dir;
     auto e = ClusterEngine::create(std::shared_ptr<const Model>(*model), o);
     return e.status();
 }
@@ -223,6 +226,31 @@ TEST(StageCacheWorker, AFreeDiskFloorOverTheDiskIsRefusedNamingTheFreeSpace) {
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find("kept free"), std::string::npos) << s.message();
     EXPECT_EQ(gguf_files(dir.file("cache")), 0u);
+}
+
+// The head's stage files are a cache too: before it writes another, the least recently used go, so the
+// directory holds at most twice the model file beside the files the head streams.
+TEST(StageCacheHead, TheHeadsStageFilesStayWithinTwiceTheModel) {
+    if (!test::shared_exists(kModel)) GTEST_SKIP() << "missing " << kModel;
+    test::TempDir dir;
+    const uint64_t model_bytes = fs::file_size(test::shared_path(kModel));
+    const std::string head = dir.file("head");
+    make_file(head + "/old.gguf", model_bytes, 300);
+    make_file(head + "/older-still.gguf", model_bytes, 400);
+    make_file(head + "/recent.gguf", model_bytes, 100);
+    CappedWorker w(dir.file("worker"), "0");
+    ASSERT_TRUE(w.proc.running()) << w.proc.log();
+    ASSERT_TRUE(connect_with(w.address, 0, head).ok());
+    const std::vector<std::string> held = names(StageCache(head, {}));
+    ASSERT_EQ(held.size(), 2u);
+    EXPECT_EQ(held[0], "recent.gguf");  // the newest of the old ones stays, then the one just streamed
+    EXPECT_LE(StageCache(head, {}).used_bytes(), 2 * model_bytes);
+    EXPECT_EQ(gguf_files(dir.file("worker")), 1u);
+    // Streamed again (the worker's cache emptied): the file is reused, nothing more is evicted.
+    fs::remove_all(dir.file("worker"));
+    CappedWorker again(dir.file("worker"), "0");
+    ASSERT_TRUE(connect_with(again.address, 0, head).ok());
+    EXPECT_EQ(names(StageCache(head, {})), held);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Packed weights end to end (model/weight-pack.h): a q4_0 model loaded with a pack dir computes the same
 // logits bit for bit as the rows, for prompts of every batch size the kernels treat differently; the cache
-// file is written once and reused; a damaged cache file is rewritten; an unwritable dir falls back to the
-// rows.
+// file is written once and reused; a damaged cache file is rewritten; where the dir cannot be written (a full
+// disk) the packed copies are made in memory.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -143,12 +143,19 @@ TEST_P(WeightPack, DamagedCacheFileIsRewritten) {
     }
 }
 
-TEST_P(WeightPack, UnwritableDirFallsBackToTheRows) {
+TEST_P(WeightPack, UnwritableDirPacksInMemory) {
     const std::string blocker = dir_.file("not-a-dir");
     std::ofstream(blocker) << "x";
     const std::vector<float> rows = logits({}, 3);
     const std::vector<float> fallback = logits({0, -1, blocker + "/packed"}, 3);
-    EXPECT_EQ(last_pack_.n_tensors, 0u);
+    EXPECT_EQ(last_pack_.n_tensors, expected_packed(0, 2));
+    if (last_pack_.n_tensors > 0) {
+        EXPECT_NE(last_pack_.memory, nullptr);
+        EXPECT_EQ(last_pack_.map, nullptr);
+        EXPECT_TRUE(last_pack_.path.empty());
+        EXPECT_NE(last_pack_.unwritten.find("cannot write the packed weights"), std::string::npos)
+            << last_pack_.unwritten;
+    }
     EXPECT_EQ(rows, fallback);
 }
 

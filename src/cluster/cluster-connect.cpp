@@ -11,6 +11,7 @@
 #include "cluster/fingerprint.h"
 #include "cluster/handshake.h"
 #include "cluster/node-info.h"
+#include "cluster/stage-cache.h"
 #include "cluster/wire.h"
 #include "cluster/worker.h"
 #include "core/check.h"
@@ -223,12 +224,23 @@ Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
     if (!have) {
         std::filesystem::create_directories(options_.stage_dir, ec);
         if (ec) return make_error(ErrorKind::io, "{}: cannot create: {}", options_.stage_dir, ec.message());
+        // stage_dir is a cache of cuts of the model file: before another is written, the least recently used
+        // go, so it holds at most twice the model beside the files this engine streams (this layout's and the
+        // one before), and when that cannot be, no more than leaves the disk 1 GiB free. The workers' caches
+        // on this host need the disk too.
+        const uint64_t bytes = stage_weight_bytes(model_->file(), ls.layer_first, ls.layer_last, ls.n_layer);
+        StageCacheOptions capped;
+        capped.max_bytes = 2 * static_cast<uint64_t>(model_->file().file_size());
+        if (!StageCache(options_.stage_dir, capped).make_room(bytes, stage_files_).ok())
+            TD_TRY(StageCache(options_.stage_dir, {}).make_room(bytes, stage_files_));
         if (ls.tp_size > 1)
             TD_TRY(tp_write_slice_file(model_->file(), model_->hparams(), ls.layer_first, ls.layer_last,
                                        slices_[i], path));
         else
             TD_TRY(write_stage_file(model_->file(), ls.layer_first, ls.layer_last, ls.n_layer, path));
     }
+    StageCache::touch(path);
+    stage_files_.insert(path);
     const uint64_t total = std::filesystem::file_size(path, ec);
     if (ec || total == 0) return make_error(ErrorKind::io, "{}: cannot read the stage file", path);
     std::FILE *in = std::fopen(path.c_str(), "rb");

@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -213,6 +214,7 @@ private:
     std::vector<std::vector<size_t>> groups_;  // [stage] worker indices, in rank order
     int32_t n_ctx_ = 0;
     std::map<std::string, uint64_t> fingerprints_;  // cached: hashing a big model takes a while
+    std::set<std::string> stage_files_;  // the stage files this engine streamed (kept in stage_dir)
     // Chosen at the first connect, kept across reconnects: [stage] layers, [worker] slices.
     std::vector<LayerRange> placement_;
     std::vector<TpSlice> slices_;

@@ -228,6 +228,10 @@ void Model::pack_matrices(const std::string &dir) {
     }
     pack_ = std::move(r).value();
     if (pack_.n_tensors == 0) return;
+    if (pack_.memory != nullptr)
+        log_warn(
+            "{}; packed {} matrices ({:.1f} MiB) in memory instead, to be packed again at the next start",
+            pack_.unwritten, pack_.n_tensors, static_cast<double>(pack_.n_bytes) / (1 << 20));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (pack_.reused)
         log_debug("packed weights: {} matrices from {}", pack_.n_tensors, pack_.path);

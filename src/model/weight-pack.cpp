@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "kernels/pack.h"
 
@@ -42,6 +43,34 @@ size_t align_up(size_t n) {
 template <typename T>
 void hash_value(XXH3_state_t *st, const T &v) {
     XXH3_64bits_update(st, &v, sizeof(v));
+}
+
+// Reads each of `todo`'s tensors from `file` (infos: their file entries) in passes of kRowsPerPass rows,
+// packs them and hands `put` the packed bytes in order, each tensor padded to kAlign. False on a short read;
+// stops early (true) where `put` fails.
+bool pack_stream(const gguf::File &file, const std::vector<TensorView *> &todo,
+                 const std::vector<const gguf::TensorInfo *> &infos,
+                 const std::function<bool(const char *, size_t)> &put) {
+    std::ifstream in(file.path(), std::ios::binary);
+    if (!in) return false;
+    std::vector<char> rows, packed, zeros(kAlign, 0);
+    for (size_t i = 0; i < todo.size(); ++i) {
+        const TensorView &v = *todo[i];
+        const size_t row_bytes = v.row_bytes();
+        const int64_t n_rows = v.ne[1];
+        in.seekg(static_cast<std::streamoff>(file.data_offset() + infos[i]->offset));
+        for (int64_t r = 0; r < n_rows; r += kRowsPerPass) {
+            const int64_t n = std::min(kRowsPerPass, n_rows - r);
+            const size_t bytes = static_cast<size_t>(n) * row_bytes;
+            rows.resize(bytes);
+            packed.resize(bytes);
+            if (!in.read(rows.data(), static_cast<std::streamsize>(bytes))) return false;
+            kernels::pack_rows(v.type, rows.data(), v.ne[0], n, packed.data());
+            if (!put(packed.data(), bytes)) return true;
+        }
+        if (!put(zeros.data(), align_up(v.n_bytes()) - v.n_bytes())) return true;
+    }
+    return true;
 }
 
 }  // namespace
@@ -86,9 +115,6 @@ Result<PackResult> pack_weights(const gguf::File &file, const std::vector<Tensor
     const uint64_t key = XXH3_64bits_digest(hs);
     XXH3_freeState(hs);
 
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return make_error(ErrorKind::io, "{}: cannot create the pack cache dir: {}", dir, ec.message());
     res.path = fmt::format("{}/{:016x}.tdpack", dir, key);
     res.n_tensors = todo.size();
     res.n_bytes = data_bytes;
@@ -110,56 +136,50 @@ Result<PackResult> pack_weights(const gguf::File &file, const std::vector<Tensor
     res.map = try_map();
     res.reused = res.map != nullptr;
     if (!res.reused) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
         const std::string tmp = fmt::format("{}.tmp.{}", res.path, ::getpid());
-        std::ifstream in(file.path(), std::ios::binary);
-        if (!in)
-            return make_error(ErrorKind::io, "{}: cannot open for reading: {}", file.path(),
-                              std::strerror(errno));
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        if (!out) return make_error(ErrorKind::io, "{}: cannot create: {}", tmp, std::strerror(errno));
-        out.write(reinterpret_cast<const char *>(&want), sizeof(want));
-        std::vector<char> rows, packed, zeros(kAlign, 0);
-        for (size_t i = 0; i < todo.size() && out; ++i) {
-            const TensorView &v = *todo[i];
-            const size_t row_bytes = v.row_bytes();
-            const int64_t n_rows = v.ne[1];
-            in.seekg(static_cast<std::streamoff>(file.data_offset() + infos[i]->offset));
-            for (int64_t r = 0; r < n_rows && in && out; r += kRowsPerPass) {
-                const int64_t n = std::min(kRowsPerPass, n_rows - r);
-                const size_t bytes = static_cast<size_t>(n) * row_bytes;
-                rows.resize(bytes);
-                packed.resize(bytes);
-                in.read(rows.data(), static_cast<std::streamsize>(bytes));
-                if (!in) break;
-                kernels::pack_rows(v.type, rows.data(), v.ne[0], n, packed.data());
-                out.write(packed.data(), static_cast<std::streamsize>(bytes));
+        std::ofstream out;
+        if (!ec) out.open(tmp, std::ios::binary | std::ios::trunc);
+        bool read_ok = true;
+        if (out) {
+            out.write(reinterpret_cast<const char *>(&want), sizeof(want));
+            read_ok = pack_stream(file, todo, infos, [&](const char *p, size_t n) {
+                return static_cast<bool>(out.write(p, static_cast<std::streamsize>(n)));
+            });
+            out.close();
+        }
+        if (!read_ok) {
+            std::filesystem::remove(tmp, ec);
+            return make_error(ErrorKind::io, "{}: short read while packing its weights", file.path());
+        }
+        if (out) {
+            // On disk before it gets its name: a crash then leaves a whole file or none. Also lets the page
+            // cache drop these pages and read them back in 2 MiB pages (MappedFile::prefer_huge_pages).
+            if (const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+                ::fsync(fd);
+                ::close(fd);
             }
-            out.write(zeros.data(), static_cast<std::streamsize>(align_up(v.n_bytes()) - v.n_bytes()));
+            std::filesystem::rename(tmp, res.path, ec);
+            if (!ec) res.map = try_map();
         }
-        const bool read_ok = static_cast<bool>(in);
-        out.close();
-        if (!read_ok || !out) {
+        if (res.map == nullptr) {  // a full disk or an unwritable dir: the packed copies live in memory
             std::filesystem::remove(tmp, ec);
-            return make_error(ErrorKind::io, "{}: cannot write the packed weights ({})", tmp,
-                              read_ok ? "disk full or not writable" : "short read from " + file.path());
+            res.unwritten =
+                fmt::format("{}: cannot write the packed weights (disk full or not writable)", tmp);
+            TD_ASSIGN_OR_RETURN(HugeBuffer mem, HugeBuffer::allocate(data_bytes));
+            size_t at = 0;
+            if (!pack_stream(file, todo, infos, [&](const char *p, size_t n) {
+                    std::memcpy(mem.data() + at, p, n);
+                    at += n;
+                    return true;
+                }))
+                return make_error(ErrorKind::io, "{}: short read while packing its weights", file.path());
+            res.memory = std::make_shared<HugeBuffer>(std::move(mem));
+            res.path.clear();
         }
-        // On disk before it gets its name: a crash then leaves a whole file or none. Also lets the page cache
-        // drop these pages and read them back in 2 MiB pages (MappedFile::prefer_huge_pages).
-        if (const int fd = ::open(tmp.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
-            ::fsync(fd);
-            ::close(fd);
-        }
-        std::filesystem::rename(tmp, res.path, ec);
-        if (ec) {
-            std::filesystem::remove(tmp, ec);
-            return make_error(ErrorKind::io, "{}: cannot rename the packed weights into place", res.path);
-        }
-        res.map = try_map();
-        if (res.map == nullptr)
-            return make_error(ErrorKind::io, "{}: the packed weights just written do not read back",
-                              res.path);
     }
-    const uint8_t *p = res.map->data() + sizeof(Header);
+    const uint8_t *p = res.map != nullptr ? res.map->data() + sizeof(Header) : res.memory->data();
     for (TensorView *v : todo) {
         v->packed = p;
         p += align_up(v->n_bytes());

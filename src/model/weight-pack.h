@@ -21,7 +21,9 @@
 namespace td {
 
 struct PackResult {
-    std::shared_ptr<MappedFile> map;  // keeps the packed bytes the views point at mapped
+    std::shared_ptr<MappedFile> map;     // keeps the packed bytes the views point at mapped
+    std::shared_ptr<HugeBuffer> memory;  // or holds them, where the cache file could not be written
+    std::string unwritten;               // then: why not (the write's error)
     std::string path;
     size_t n_tensors = 0;
     size_t n_bytes = 0;
@@ -29,10 +31,12 @@ struct PackResult {
 };
 
 // Points `views[i]->packed` at packed copies of those views that kernels::packable accepts and the active ISA
-// has a packed kernel for (kernels::pack_pays; others are left alone), reading the tensors from `file` with plain reads (so packing does not fault the GGUF's mapping
-// into this process) and writing or reusing the cache file in `dir` (created when missing). Returns how many
-// were packed; n_tensors == 0 and no file when none qualifies. Errors (io) name the path; the views are
-// unchanged then, and matmul runs on the rows as before.
+// has a packed kernel for (kernels::pack_pays; others are left alone), reading the tensors from `file` with
+// plain reads (so packing does not fault the GGUF's mapping into this process) and writing or reusing the
+// cache file in `dir` (created when missing). Returns how many were packed; n_tensors == 0 and no file when
+// none qualifies. Where the cache file cannot be written (a full disk), the packed copies are made in memory
+// instead (`memory`, `unwritten` says why): they then cost RAM and are packed again at the next start. Errors
+// (io) name the path; the views are unchanged then, and matmul runs on the rows as before.
 Result<PackResult> pack_weights(const gguf::File &file, const std::vector<TensorView *> &views,
                                 const std::string &dir);
 
