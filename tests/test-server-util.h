@@ -74,6 +74,7 @@ struct ServerOptions {
     bool relay_second = false;  // cluster backends: the second worker behind a relay (TwoWorkers)
     std::string spares;         // cluster backends: ClusterOptions::spares
     bool replan = false;        // cluster backends: ClusterOptions::replan (placement by speed, not --layers)
+    int dead_after_ms = 2000;   // cluster backends: ClusterOptions::dead_after_ms (missed heartbeats)
     std::string model_path;     // "" = stories260K from ../shared
     std::string chat_template;  // ServeParams::chat_template
 };
@@ -104,20 +105,21 @@ public:
     // --wire f32 (the f32 wire keeps the logits bit-identical to one machine).
     // With tp: --tp 2 instead (each worker holds half of every layer).
     // spares / replan: ClusterOptions' (with replan the pipeline is placed by speed instead of --layers).
-    ServeParams::EngineFactory factory(bool tp = false, const std::string &spares = "",
-                                       bool replan = false) const {
+    ServeParams::EngineFactory factory(bool tp = false, const std::string &spares = "", bool replan = false,
+                                       int dead_after_ms = 2000) const {
         const std::string workers = addresses();
         // Links through the relay stay on TCP: shared memory between these processes would pass the relay by,
         // and the faults it injects (garbled bytes, delays) with it.
         const bool relayed = relay_ != nullptr;
-        return [workers, tp, spares, replan, relayed](std::shared_ptr<const Model> model,
-                                                      const ContextParams &cp,
-                                                      ThreadPool &) -> Result<std::unique_ptr<Engine>> {
+        return [workers, tp, spares, replan, relayed, dead_after_ms](
+                   std::shared_ptr<const Model> model, const ContextParams &cp,
+                   ThreadPool &) -> Result<std::unique_ptr<Engine>> {
             cluster::ClusterOptions co;
             co.secret = test::test_secret();
             co.workers = workers;
             co.spares = spares;
             co.replan = replan;
+            co.dead_after_ms = dead_after_ms;
             if (tp)
                 co.tp = 2;
             else if (!replan)
@@ -152,7 +154,7 @@ public:
         sp.max_resumes = o.max_resumes;
         if (o.backend != Backend::local) {
             workers_ = std::make_unique<TwoWorkers>(o.relay_second);
-            sp.make_engine = workers_->factory(o.backend == Backend::tp, o.spares, o.replan);
+            sp.make_engine = workers_->factory(o.backend == Backend::tp, o.spares, o.replan, o.dead_after_ms);
         }
         if (o.step_delay.count() > 0 || o.fail_steps != nullptr) {
             sp.wrap_engine = [o](std::unique_ptr<Engine> e) -> std::unique_ptr<Engine> {

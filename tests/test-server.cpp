@@ -24,6 +24,9 @@ protected:
     ServerOptions opts() const {
         ServerOptions o;
         o.backend = GetParam();
+        // These tests are about HTTP and scheduling, not failure detection (test-server-cluster.cpp's are):
+        // under a loaded sanitizer run a worker once missed the 2 s heartbeat and failed a request here.
+        o.dead_after_ms = 10000;
         return o;
     }
     bool cluster() const { return GetParam() != Backend::local; }

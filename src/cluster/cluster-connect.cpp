@@ -101,9 +101,8 @@ Result<std::unique_ptr<ClusterEngine>> ClusterEngine::create(std::shared_ptr<con
     if (!options.layers.empty() && !e->split_.empty() &&
         std::all_of(e->groups_.begin(), e->groups_.end(), [](const auto &g) { return g.size() < 2; }))
         return invalid_input(
-            "give either --layers or --split for a pipeline: with --layers, --split only shares the heads "
-            "and "
-            "FFN rows of tensor-parallel stages, and this layout has none");
+            "give either --layers or --split for a pipeline: with --layers, --split only "
+            "shares the heads and FFN rows of tensor-parallel stages, and this layout has none");
     if (options.context.n_seq < 1 || options.context.n_seq > 4096)
         return invalid_input("n_seq {} must be in 1..4096", options.context.n_seq);
     if (options.max_in_flight < 1) return invalid_input("max_in_flight must be at least 1");

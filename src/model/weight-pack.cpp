@@ -139,8 +139,19 @@ Result<PackResult> pack_weights(const gguf::File &file, const std::vector<Tensor
         std::error_code ec;
         std::filesystem::create_directories(dir, ec);
         const std::string tmp = fmt::format("{}.tmp.{}", res.path, ::getpid());
+        // A disk without room for the file is not written at all: a write that fails part way costs a second
+        // packing pass into memory (still possible where another writer fills the disk meanwhile).
+        bool room = !ec;
+        std::string why = "disk full or not writable";
+        if (room) {
+            const auto space = std::filesystem::space(dir, ec);
+            room = ec || space.available >= sizeof(Header) + data_bytes;
+            if (!room)
+                why = fmt::format("{:.2f} GiB free, {:.2f} GiB needed", space.available / 1073741824.0,
+                                  (sizeof(Header) + data_bytes) / 1073741824.0);
+        }
         std::ofstream out;
-        if (!ec) out.open(tmp, std::ios::binary | std::ios::trunc);
+        if (room) out.open(tmp, std::ios::binary | std::ios::trunc);
         bool read_ok = true;
         if (out) {
             out.write(reinterpret_cast<const char *>(&want), sizeof(want));
@@ -165,8 +176,7 @@ Result<PackResult> pack_weights(const gguf::File &file, const std::vector<Tensor
         }
         if (res.map == nullptr) {  // a full disk or an unwritable dir: the packed copies live in memory
             std::filesystem::remove(tmp, ec);
-            res.unwritten =
-                fmt::format("{}: cannot write the packed weights (disk full or not writable)", tmp);
+            res.unwritten = fmt::format("{}: cannot write the packed weights ({})", tmp, why);
             TD_ASSIGN_OR_RETURN(HugeBuffer mem, HugeBuffer::allocate(data_bytes));
             size_t at = 0;
             if (!pack_stream(file, todo, infos, [&](const char *p, size_t n) {
