@@ -12,6 +12,8 @@
 # the benches take minutes: a plain read (bench/membw, one thread on core 0) is timed right before plan and
 # right before each layout's benches, and each row also shows the measured value scaled back to the read plan
 # saw (measured x read at plan / read at bench: what the bench would have measured on the host plan measured).
+# Two cores' read over one core's is recorded at both times too: where it moved between plan and bench, two
+# nodes streaming weights at once (tensor parallelism at batch 1) run at another speed than plan measured.
 #
 #   bench/plan-check.sh [MODEL]
 #   env: TANDEM (binary), MEMBW (bench/membw binary), NODES ("1 2 3"), DELAYS_MS ("0 0.1 1"), N_GEN (128),
@@ -22,6 +24,8 @@ bin=${TANDEM:-$here/build/release/tandem}
 membw=${MEMBW:-$here/build/release/bench/membw}
 if [[ ! -x $membw ]]; then echo "no membw binary at $membw (set MEMBW=...)" >&2; exit 1; fi
 read_gbs() { taskset -c 0 "$membw" 1 256 3 | sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p'; }
+# Two cores' plain read over one core's (1.0: the two share the bus's whole rate; 2.0: each has its own).
+bus_ratio() { taskset -c 0,1 "$membw" 2 256 3 | sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p' | awk -v one="$1" '{printf "%.2f", $1 / one}'; }
 model=${1:-/tmp/tandem-bench/1b-q4_0.gguf}
 nodes_list=${NODES:-"1 2 3"}
 delays=${DELAYS_MS:-"0 0.1 1"}
@@ -52,8 +56,8 @@ for ((i = 0; i < max_nodes; i++)); do
   addrs+=("$(worker_address "$tmp/w$i.log")")
 done
 
-echo "| workers | delay | layout | test | predicted t/s | measured t/s | measured / predicted | read at bench / at plan | drift-scaled / predicted |"
-echo "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"
+echo "| workers | delay | layout | test | predicted t/s | measured t/s | measured / predicted | read at bench / at plan | drift-scaled / predicted | 2 cores' read / 1 core's: plan, bench |"
+echo "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 : > "$tmp/summary"
 for n in $nodes_list; do
   for d in $delays; do
@@ -71,6 +75,7 @@ for n in $nodes_list; do
       list+="${list:+,}$a"
     done
     bw_plan=$(read_gbs)
+    bus_plan=$(bus_ratio "$bw_plan")
     "$bin" plan -m "$model" --workers "$list" --transport tcp -t 1 --batch "1,$parallel" -n "$n_gen" -p "$n_prompt" --json \
       > "$tmp/plan.json" 2>/dev/null
     # The layouts to run: flags, label and predictions per batch.
@@ -98,16 +103,18 @@ PY
     while read -r line; do
       flags=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["flags"])' "$line")
       bw_bench=$(read_gbs)
+      bus_bench=$(bus_ratio "$bw_bench")
       # shellcheck disable=SC2086
       "$bin" bench -m "$model" $flags --transport tcp -t 1 -p 0 -n "$n_gen" --parallel "1,$parallel" -r "$reps" -o jsonl \
         2>"$tmp/bench.err" > "$tmp/gen.jsonl" || bench_failed "$flags"
       # shellcheck disable=SC2086
       "$bin" bench -m "$model" $flags --transport tcp -t 1 -p "$n_prompt" -n 0 --parallel 1 -r 1 -o jsonl \
         2>"$tmp/bench.err" > "$tmp/pp.jsonl" || bench_failed "$flags"
-      python3 - "$line" "$tmp/gen.jsonl" "$tmp/pp.jsonl" "$n" "$d" "$n_gen" "$n_prompt" "$bw_plan" "$bw_bench" >> "$tmp/summary" <<'PY'
+      python3 - "$line" "$tmp/gen.jsonl" "$tmp/pp.jsonl" "$n" "$d" "$n_gen" "$n_prompt" "$bw_plan" "$bw_bench" "$bus_plan" "$bus_bench" >> "$tmp/summary" <<'PY'
 import json, sys
 e = json.loads(sys.argv[1]); n, d, ng, npr = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 drift = float(sys.argv[9]) / float(sys.argv[8])  # read at bench / read at plan
+bus = f"{sys.argv[10]}, {sys.argv[11]}"
 gen = {}
 for l in open(sys.argv[2]):
     if l.strip():
@@ -116,10 +123,10 @@ pp = [json.loads(l)["avg_ts"] for l in open(sys.argv[3]) if l.strip()]
 for b, p in sorted(e["gen"].items(), key=lambda x: int(x[0])):
     m = gen.get(int(b))
     print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": f"tg{ng} x{b}", "batch": int(b),
-                      "pred": p, "meas": m, "rec": int(b) in e.get("recommended", []), "drift": drift}))
+                      "pred": p, "meas": m, "rec": int(b) in e.get("recommended", []), "drift": drift, "bus": bus}))
 if pp:
     print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": f"pp{npr}", "batch": 0,
-                      "pred": e["prompt"], "meas": pp[0], "rec": False, "drift": drift}))
+                      "pred": e["prompt"], "meas": pp[0], "rec": False, "drift": drift, "bus": bus}))
 PY
     done < "$tmp/layouts"
     for r in "${relays[@]}"; do kill "$r" 2>/dev/null || true; wait "$r" 2>/dev/null || true; done
@@ -130,7 +137,7 @@ rows = [r for r in rows if r["n"] == sys.argv[2] and r["d"] == sys.argv[3]]
 for r in rows:
     ratio = r["meas"] / r["pred"] if r["meas"] and r["pred"] else float("nan")
     print(f'| {r["n"]} | {r["d"]} ms | {r["label"]}{" (recommended)" if r["rec"] else ""} | {r["test"]} | '
-          f'{r["pred"]:.1f} | {r["meas"] or float("nan"):.1f} | {ratio:.2f} | {r["drift"]:.2f} | {ratio / r["drift"]:.2f} |')
+          f'{r["pred"]:.1f} | {r["meas"] or float("nan"):.1f} | {ratio:.2f} | {r["drift"]:.2f} | {ratio / r["drift"]:.2f} | {r["bus"]} |')
 PY
   done
 done

@@ -275,43 +275,95 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
         spec.nodes[i].read_bytes_per_s = bps[i] > 0 ? bps[i] : spec.nodes[i].read_bytes_per_s;
         store(spec.nodes[i], mats, rows, best[i]);
     }
-    // Together: every pair of nodes of one host at once, on a layer's matrices at the smallest, a middle and
-    // the largest row count (the median slowdown against alone).
+    // Together: every pair of nodes of one host, alone and at once seconds apart, since this host's bandwidth
+    // moves minute to minute (two cores' plain read went from 1.1x one core's to 1.9x and back): against the
+    // alone figures of the node rounds above, a minute earlier, one pair's streaming slowdown read 1.00 in
+    // one plan and 1.93 in the next.
+    //  - streaming: kStreamRounds rounds of node i alone, node j alone, both at once, each streaming the
+    //    layer's largest matrix at one row for kStreamMs (a decode step's weight stream). The overlap of the
+    //    two streams is taken from when their replies came, and the slowdown of the overlapped part solved
+    //    for (a round that overlapped less than half is dropped). With the probes' memory kept per
+    //    connection (ProbeArena) the two overlapped by 90-100%.
+    //  - computing: once, the layer's matrix shapes at the most rows, alone then together.
+    // Each is the median of its ratios (together / alone within a round, both nodes).
     if (o.contention) {
+        constexpr int kStreamRounds = 3;
+        constexpr int kStreamMs = 300;
+        using Clock = std::chrono::steady_clock;
         std::vector<net::ProbeMatrix> layer;
-        for (const ShapeMatrix &x : model.layers[0])
-            layer.push_back({static_cast<uint32_t>(x.type), static_cast<uint32_t>(x.n_in),
-                             static_cast<uint32_t>(x.n_out)});
-        const std::vector<int32_t> crow = {rows.front(), rows.back()};
+        std::set<std::tuple<uint32_t, uint32_t, uint32_t>> shapes;
+        net::ProbeMatrix largest{};
+        uint64_t largest_bytes = 0;
+        for (const ShapeMatrix &x : model.layers[0]) {
+            const net::ProbeMatrix m{static_cast<uint32_t>(x.type), static_cast<uint32_t>(x.n_in),
+                                     static_cast<uint32_t>(x.n_out)};
+            if (shapes.insert({m.dtype, m.n_in, m.n_out}).second) layer.push_back(m);
+            if (x.bytes() > largest_bytes) {
+                largest_bytes = x.bytes();
+                largest = m;
+            }
+        }
+        PlanOptions stream_o = o, compute_o = o;
+        stream_o.probe_ms = kStreamMs;
+        compute_o.probe_ms = std::max(o.probe_ms, 40);
+        struct Timed {
+            std::vector<double> seconds;
+            Clock::time_point end;
+            double took = 0.0;  // request to reply
+        };
+        auto timed = [&](size_t q, const std::vector<net::ProbeMatrix> &mats,
+                         const std::vector<int32_t> &prow, const PlanOptions &po) -> Result<Timed> {
+            Timed t;
+            const auto t0 = Clock::now();
+            TD_ASSIGN_OR_RETURN(t.seconds, run_probe(*clients[q], mats, prow, po, nullptr));
+            t.end = Clock::now();
+            t.took = std::chrono::duration<double>(t.end - t0).count();
+            return t;
+        };
+        // Alone then together; `window_s` > 0: the points are one window of that length each, aligned as
+        // above, and the ratios corrected for the part that did not overlap.
+        auto paired = [&](size_t i, size_t j, const std::vector<net::ProbeMatrix> &mats,
+                          const std::vector<int32_t> &prow, const PlanOptions &po, double window_s,
+                          std::vector<double> *out) -> Status {
+            TD_ASSIGN_OR_RETURN(Timed ai, timed(i, mats, prow, po));
+            TD_ASSIGN_OR_RETURN(Timed aj, timed(j, mats, prow, po));
+            auto fi = std::async(std::launch::async, [&] { return timed(i, mats, prow, po); });
+            auto fj = std::async(std::launch::async, [&] { return timed(j, mats, prow, po); });
+            auto ti = fi.get();
+            auto tj = fj.get();
+            TD_TRY(ti.status());
+            TD_TRY(tj.status());
+            double phi = 1.0;  // the share of each window the other one overlapped
+            if (window_s > 0) {
+                const double apart = std::abs(std::chrono::duration<double>(ti->end - tj->end).count());
+                phi = std::max(0.0, window_s - apart) / window_s;
+                if (phi < 0.5) return {};
+            }
+            for (auto [alone, both] : {std::pair{&ai, &*ti}, std::pair{&aj, &*tj}})
+                for (size_t k = 0; k < alone->seconds.size() && k < both->seconds.size(); ++k) {
+                    if (alone->seconds[k] <= 0 || both->seconds[k] <= 0) continue;
+                    // Calls in the window: phi of it at 1/f the speed alone, the rest at full speed, so the
+                    // measured ratio r = 1 / (phi / f + 1 - phi).
+                    const double r = both->seconds[k] / alone->seconds[k];
+                    const double d = 1.0 / r - 1.0 + phi;
+                    out->push_back(d > phi / 4.0 ? phi / d : 4.0);
+                }
+            return {};
+        };
+        auto median = [](std::vector<double> v) {
+            std::sort(v.begin(), v.end());
+            return v.empty() ? 1.0 : std::max(1.0, v[v.size() / 2]);
+        };
         for (size_t i = 0; i < spec.nodes.size(); ++i)
             for (size_t j = i + 1; j < spec.nodes.size(); ++j) {
                 if (spec.nodes[i].host != spec.nodes[j].host) continue;
-                say(fmt::format("measuring {} and {} together", workers[i], workers[j]));
-                auto fi = std::async(std::launch::async,
-                                     [&] { return run_probe(*clients[i], layer, crow, o, nullptr); });
-                auto fj = std::async(std::launch::async,
-                                     [&] { return run_probe(*clients[j], layer, crow, o, nullptr); });
-                auto si = fi.get();
-                auto sj = fj.get();
-                TD_TRY(si.status());
-                TD_TRY(sj.status());
-                std::vector<double> small, large;  // one row (a weight stream), the most rows (compute)
-                for (auto [q, sec] : {std::pair{i, &*si}, std::pair{j, &*sj}}) {
-                    const NodeSpec &n = spec.nodes[q];
-                    for (size_t a = 0; a < layer.size(); ++a)
-                        for (size_t b = 0; b < crow.size(); b += crow.size() - 1) {
-                            auto it =
-                                n.measured.find(Key{layer[a].dtype, layer[a].n_in, layer[a].n_out, crow[b]});
-                            if (it != n.measured.end() && it->second > 0)
-                                (b == 0 ? small : large).push_back((*sec)[a * crow.size() + b] / it->second);
-                        }
-                }
-                auto median = [](std::vector<double> v) {
-                    std::sort(v.begin(), v.end());
-                    return v.empty() ? 1.0 : std::max(1.0, v[v.size() / 2]);
-                };
-                spec.together[{static_cast<int>(i), static_cast<int>(j)}] = median(large);
-                spec.together_stream[{static_cast<int>(i), static_cast<int>(j)}] = median(small);
+                say(fmt::format("measuring {} and {} alone and together", workers[i], workers[j]));
+                std::vector<double> stream, compute;
+                for (int round = 0; round < kStreamRounds; ++round)
+                    TD_TRY(paired(i, j, {largest}, {1}, stream_o, kStreamMs / 1000.0, &stream));
+                TD_TRY(paired(i, j, layer, {rows.back()}, compute_o, 0.0, &compute));
+                spec.together[{static_cast<int>(i), static_cast<int>(j)}] = median(compute);
+                spec.together_stream[{static_cast<int>(i), static_cast<int>(j)}] = median(stream);
             }
     }
     return spec;

@@ -5,7 +5,7 @@
 //            ProbeClient::link_to): round trips of small and activation-sized messages, a stream
 //   nodes    a compute probe per worker of every matrix shape the candidate layouts would give it, at every
 //            row count they would run (micro-batches of each batch size, prompt chunks), measured alone; then
-//            the first k nodes of each host at once (k = 2 .. nodes on it), for the host's contention
+//            every pair of nodes of one host alone and at once, seconds apart, for the host's contention
 //
 // A described cluster (JSON, `plan --offline`) gives the same numbers by hand; docs/clusters/ has examples.
 #pragma once

@@ -13,6 +13,7 @@
 #include "cluster/handshake.h"
 #include "cluster/node-info.h"
 #include "cluster/wire.h"
+#include "core/check.h"
 #include "core/log.h"
 #include "core/mmap.h"
 #include "kernels/kernels.h"
@@ -290,23 +291,33 @@ double link_bytes_per_second(const std::vector<net::LinkSample> &samples) {
 
 // ---- the worker's side -------------------------------------------------------------------------------
 
-double measure_read_bytes_per_second(ThreadPool &pool, size_t bytes, int passes) {
+Result<uint8_t *> ProbeArena::get(size_t slot, size_t bytes) {
+    TD_ASSERT(slot < kSlots);
+    HugeBuffer &b = buffers_[slot];
+    if (b.size() < bytes) {
+        b = HugeBuffer();  // unmapped before the larger one is mapped
+        TD_ASSIGN_OR_RETURN(b, HugeBuffer::allocate(bytes));
+    }
+    return b.data();
+}
+
+double measure_read_bytes_per_second(ThreadPool &pool, size_t bytes, int passes, ProbeArena *arena) {
     const int nth = pool.n_threads();
     const size_t per = (bytes / static_cast<size_t>(nth)) & ~size_t{63};
     if (per == 0) return 0.0;
     // In 2 MiB pages, as the engine maps its weights: streamed from 4 KiB pages the same bytes read ~15-35%
     // slower (TLB misses, prefetchers stopping at page boundaries), and predictions drawn from it fall short.
-    Result<HugeBuffer> mem = HugeBuffer::allocate(per * static_cast<size_t>(nth));
+    ProbeArena own;
+    Result<uint8_t *> mem = (arena != nullptr ? arena : &own)->get(0, per * static_cast<size_t>(nth));
     if (!mem.ok()) return 0.0;
-    const HugeBuffer &buf = *mem;
-    std::memset(buf.data(), 1, per * static_cast<size_t>(nth));  // fault the pages in
+    uint8_t *const data = *mem;
+    std::memset(data, 1, per * static_cast<size_t>(nth));  // fault the pages in
     std::vector<uint64_t> sink(static_cast<size_t>(nth));
     double best = 0.0;
     for (int pass = 0; pass < std::max(1, passes); ++pass) {
         const auto t0 = Clock::now();
         pool.run([&](int ith, int) {
-            const uint64_t *p =
-                reinterpret_cast<const uint64_t *>(buf.data() + per * static_cast<size_t>(ith));
+            const uint64_t *p = reinterpret_cast<const uint64_t *>(data + per * static_cast<size_t>(ith));
             uint64_t a = 0, b = 0, c = 0, d = 0;  // four chains, so the adds are not what limits
             for (size_t i = 0; i + 4 <= per / 8; i += 4) {
                 a += p[i];
@@ -336,11 +347,14 @@ size_t default_probe_working_set() {
     return std::min<size_t>(ws, net::kMaxProbeWorkingSet);
 }
 
-Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &request, ThreadPool &pool) {
+Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &request, ThreadPool &pool,
+                                                 ProbeArena *arena) {
+    ProbeArena own;
+    if (arena == nullptr) arena = &own;
     net::ProbeComputeReply reply;
     reply.n_threads = static_cast<uint32_t>(pool.n_threads());
     const size_t ws = request.working_set > 0 ? request.working_set : default_probe_working_set();
-    reply.read_gbps = measure_read_bytes_per_second(pool, ws) / 1e9;
+    reply.read_gbps = measure_read_bytes_per_second(pool, ws, 3, arena) / 1e9;
     uint32_t max_rows = 1;
     for (uint32_t r : request.rows) max_rows = std::max(max_rows, r);
     std::mt19937 rng(11);
@@ -365,8 +379,7 @@ Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &reques
         const size_t copies =
             std::clamp<size_t>((ws + mat_bytes - 1) / std::max<uint64_t>(mat_bytes, 1), 1, 256);
         // In 2 MiB pages, as the engine's weights are (see measure_read_bytes_per_second).
-        TD_ASSIGN_OR_RETURN(HugeBuffer mem, HugeBuffer::allocate(copies * mat_bytes));
-        uint8_t *const buf = mem.data();
+        TD_ASSIGN_OR_RETURN(uint8_t *const buf, arena->get(1, copies * mat_bytes));
         // A few distinct quantized rows repeated: the values do not matter for speed, only their validity.
         const uint32_t n_seed = std::min<uint32_t>(m.n_out, 16);
         std::vector<float> src(m.n_in);
@@ -378,9 +391,9 @@ Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &reques
             std::memcpy(buf + r * row_bytes, buf + (r % n_seed) * row_bytes, row_bytes);
         const bool pack = kernels::packable(type, m.n_in, m.n_out) && kernels::pack_pays(type);
         if (pack) {
-            TD_ASSIGN_OR_RETURN(HugeBuffer packed, HugeBuffer::allocate(mat_bytes));
-            kernels::pack_rows(type, buf, m.n_in, m.n_out, packed.data());
-            std::memcpy(buf, packed.data(), mat_bytes);
+            TD_ASSIGN_OR_RETURN(uint8_t *const packed, arena->get(2, mat_bytes));
+            kernels::pack_rows(type, buf, m.n_in, m.n_out, packed);
+            std::memcpy(buf, packed, mat_bytes);
         }
         for (size_t c = 1; c < copies; ++c) std::memcpy(buf + c * mat_bytes, buf, mat_bytes);
         std::vector<TensorView> views(copies);
@@ -435,6 +448,7 @@ void serve_probe(net::Connection &conn, int default_threads, const net::ClusterS
     net::FrameHeader h;
     std::vector<uint8_t> payload, reply;
     std::unique_ptr<ThreadPool> pool;
+    ProbeArena arena;
     for (;;) {
         Status s = conn.recv(h, payload, -1);
         if (!s.ok()) {
@@ -458,7 +472,7 @@ void serve_probe(net::Connection &conn, int default_threads, const net::ClusterS
             if (req.ok()) {
                 const int nth = req->n_threads > 0 ? static_cast<int>(req->n_threads) : default_threads;
                 if (!pool || pool->n_threads() != nth) pool = std::make_unique<ThreadPool>(nth);
-                auto r = run_compute_probe(*req, *pool);
+                auto r = run_compute_probe(*req, *pool, &arena);
                 rs = r.ok() ? send_control(conn, net::MsgType::probe_compute_reply, *r, h.request_id)
                             : r.status();
             } else {

@@ -10,11 +10,13 @@
 // worker acknowledges each with 8 bytes), so the rate is the link's one-way throughput.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/mmap.h"
 #include "core/status.h"
 #include "core/thread-pool.h"
 #include "net/auth.h"
@@ -76,16 +78,34 @@ double link_bytes_per_second(const std::vector<net::LinkSample> &samples);
 
 // ---- the worker's side -------------------------------------------------------------------------------
 
+// The memory a probe connection's compute probes read, kept while it lasts. Fresh pages for every request
+// cost the kernel's zeroing at first touch, and in a VM whose host has taken free pages back that took
+// 0.6-5 s per request here (60% of the workers' time in clear_page), at random: two nodes' timed windows
+// then missed each other.
+class ProbeArena {
+public:
+    // `bytes` in 2 MiB pages for one use (`slot` < kSlots; contents undefined): the same memory as the last
+    // call for the slot when it fits. Errors: overloaded (HugeBuffer::allocate).
+    Result<uint8_t *> get(size_t slot, size_t bytes);
+    static constexpr size_t kSlots = 3;
+
+private:
+    std::array<HugeBuffer, kSlots> buffers_;
+};
+
 // Bytes per second of a plain read of `bytes` (split over the pool's threads, each summing its part), best of
-// `passes` after one pass that faults the pages in.
-double measure_read_bytes_per_second(ThreadPool &pool, size_t bytes, int passes = 3);
+// `passes` after one pass that faults the pages in (in `arena`'s slot 0 where given).
+double measure_read_bytes_per_second(ThreadPool &pool, size_t bytes, int passes = 3,
+                                     ProbeArena *arena = nullptr);
 
 // What a compute probe cycles through when the request says 0: 4 x the last-level cache, at least 64 MiB.
 size_t default_probe_working_set();
 
 // Runs a ProbeCompute (already validated by the codec). Errors: a matrix type without kernels, n_in not a
 // multiple of the block size, a matrix larger than kMaxProbeMatrixBytes (invalid_input).
-Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &request, ThreadPool &pool);
+// Its memory comes from `arena` where given (a probe connection's), else is mapped for this request.
+Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &request, ThreadPool &pool,
+                                                 ProbeArena *arena = nullptr);
 
 // The acceptor's side of a probe connection's handshake (cluster/handshake.h, then a hello_reply naming
 // `name`), for a listener that is not a worker (plan's head end). Errors: a peer without the secret, another
