@@ -65,6 +65,7 @@ Result<std::vector<double>> run_probe(ProbeClient &client, const std::vector<net
     for (size_t at = 0; at < matrices.size(); at += net::kMaxProbeMatrices) {
         net::ProbeCompute req;
         req.n_threads = static_cast<uint32_t>(std::max(0, o.n_threads));
+        req.working_set = std::min<uint64_t>(o.working_set, net::kMaxProbeWorkingSet);
         req.budget_ms =
             static_cast<uint32_t>(std::clamp(o.probe_ms, 1, static_cast<int>(net::kMaxProbeBudgetMs)));
         req.matrices.assign(matrices.begin() + static_cast<std::ptrdiff_t>(at),
@@ -249,10 +250,12 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
     // Compute: every shape the candidates need, alone on each node.
     const std::vector<net::ProbeMatrix> mats = needed_matrices(model, spec);
     const std::vector<int32_t> rows = plan_rows(o, static_cast<int>(workers.size()));
-    // Rounds one node after another, each point the mean of its rounds: the figure for the minutes the layout
-    // will run in, on a host whose other tenants come and go (the fastest round alone predicted 10-20% high
-    // when the host then slowed down).
-    std::vector<std::vector<double>> best(workers.size());
+    // Rounds one node after another, each point the median of its rounds (the mean of two): the figure for
+    // the minutes the layout will run in, on a host whose other tenants come and go (the fastest round alone
+    // predicted 10-20% high when the host then slowed down), without one round's hiccup: every layer runs
+    // the same shapes, so one 20 ms point that the VM's host preempted moved a 16-layer prediction by 25-40%
+    // (one node predicted 44-61 tokens/s in four plans a minute apart with the mean of two).
+    std::vector<std::vector<std::vector<double>>> runs(workers.size());  // node, round, point
     std::vector<double> bps(workers.size(), 0.0);
     for (int round = 0; round < std::max(1, o.rounds); ++round)
         for (size_t i = 0; i < workers.size(); ++i) {
@@ -268,9 +271,18 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
                 n.attn_per_pos_s = ops.attn_per_pos_s;
                 n.dispatch_s = ops.dispatch_s;
             }
-            if (best[i].empty()) best[i].assign(sec.size(), 0.0);
-            for (size_t k = 0; k < sec.size(); ++k) best[i][k] += sec[k] / std::max(1, o.rounds);
+            runs[i].push_back(std::move(sec));
         }
+    std::vector<std::vector<double>> best(workers.size());
+    for (size_t i = 0; i < workers.size(); ++i) {
+        best[i].assign(runs[i].front().size(), 0.0);
+        for (size_t k = 0; k < best[i].size(); ++k) {
+            std::vector<double> v;
+            for (const auto &r : runs[i]) v.push_back(r[k]);
+            std::sort(v.begin(), v.end());
+            best[i][k] = v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2.0;
+        }
+    }
     for (size_t i = 0; i < workers.size(); ++i) {
         spec.nodes[i].read_bytes_per_s = bps[i] > 0 ? bps[i] : spec.nodes[i].read_bytes_per_s;
         store(spec.nodes[i], mats, rows, best[i]);

@@ -24,8 +24,9 @@ struct PlanOptions {
     std::vector<int32_t> batches = {1, 4, 16};
     PredictOptions predict;
     int probe_ms = 20;       // per measured matmul point
-    int rounds = 2;          // each node is measured this many times, one after another; the mean counts
+    int rounds = 3;          // each node is measured this many times, one after another; the median counts
     int link_ms = 100;       // per measured message size
+    uint64_t working_set = 0;  // bytes each compute probe cycles through; 0: the worker's default (4x its L3)
     int32_t n_threads = 0;   // threads per worker (0: each worker's own)
     bool contention = true;  // measure nodes that share a host together too
     // The transports the measured links may take: the engine's (ClusterOptions::transports), so links between
