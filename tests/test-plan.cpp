@@ -225,6 +225,24 @@ TEST(CostModel, StagesThatShareACoreTakeTheCoresWholeLoad) {
     EXPECT_LT(bus, 0.95 * apart);
 }
 
+// Two ranks on one host's shared bus (each streams weights 1.8x slower beside the other, computes at full
+// speed): a batch-1 step streams weights, so --tp 2 pays the bus there; a 16-row step computes (its matmuls
+// take ~4x their weights' streaming time), so it barely does.
+TEST(CostModel, TheBusSlowsTheStepsThatStreamNotTheOnesThatCompute) {
+    const ModelShape m = shape_8b();
+    ClusterSpec c = boxes(2, 5, 100);
+    for (NodeSpec &n : c.nodes) n.host = "one";
+    const Layout tp = layout_of(m, c, {{0, 1}});
+    const double free1 = predict(m, c, tp, 1, {}).gen.tokens_per_s;
+    const double free16 = predict(m, c, tp, 16, {}).gen.tokens_per_s;
+    c.together[{0, 1}] = 1.0;
+    c.together_stream[{0, 1}] = 1.8;
+    const double bus1 = predict(m, c, tp, 1, {}).gen.tokens_per_s;
+    const double bus16 = predict(m, c, tp, 16, {}).gen.tokens_per_s;
+    EXPECT_LT(bus1, 0.7 * free1);
+    EXPECT_GT(bus16, 0.9 * free16);
+}
+
 TEST(Planner, CandidatesCoverEveryKindAndTheirFlagsRunThem) {
     const ModelShape m = shape_8b();
     const ClusterSpec c = boxes(4, 20, 25);

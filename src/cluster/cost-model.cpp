@@ -414,10 +414,16 @@ StageCost stage_cost(const ModelShape &model, const ClusterSpec &c, const Layout
         // run at once each goes `together` times slower, for as long as the shorter of them runs. Alone a and
         // b (a >= b), together f: b ends at f b, a at a + (f - 1) b (two ranks with equal work: f a; two
         // pipeline stages on one core, f = 2: a + b, the core's whole load).
+        // The slowdown is the streaming one for the share of the node's time that streams weights, the
+        // computing one for the rest: at 16 rows a step computes (the matmuls take 5x their weights'
+        // streaming time), and the streaming slowdown on all of it (1.5-1.8x between two cores here)
+        // predicted 16 sequences 20-40% low.
         double t = own.seconds;
+        const double streams = own.seconds > 0 ? std::clamp(own.memory / own.seconds, 0.0, 1.0) : 0.0;
         for (int j : busy.empty() ? g : busy)
             if (j != g[r]) {
-                const double f = c.together_of(g[r], j, rows < 32);
+                const double f =
+                    streams * c.together_of(g[r], j, true) + (1.0 - streams) * c.together_of(g[r], j, false);
                 if (f > 1.0) t += (f - 1.0) * std::min(own.seconds, alone[static_cast<size_t>(j)].seconds);
             }
         const double mem = own.seconds > 0 ? own.memory * t / own.seconds : 0.0;

@@ -116,7 +116,8 @@ struct ClusterSpec {
     // for nodes of one host: a shared memory bus, or shared cores); 1 where absent. A node's slowdown among a
     // set of busy nodes is 1 + the sum of (together - 1) over the others. Two numbers per pair: for matmuls
     // of many rows (compute) and for one row (a weight stream: a shared memory bus shows here even where the
-    // cores are not shared).
+    // cores are not shared). A step takes the streaming one for the share of a node's time that streams
+    // weights, the computing one for the rest.
     std::map<std::pair<int, int>, double> together;         // compute-bound (the largest measured rows)
     std::map<std::pair<int, int>, double> together_stream;  // memory-bound (one row)
     // The node that is the head's own (`--head-node`: a worker in the head's process), or -1. It can only be
