@@ -290,34 +290,27 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
     // Together: every pair of nodes of one host, alone and at once seconds apart, since this host's bandwidth
     // moves minute to minute (two cores' plain read went from 1.1x one core's to 1.9x and back): against the
     // alone figures of the node rounds above, a minute earlier, one pair's streaming slowdown read 1.00 in
-    // one plan and 1.93 in the next.
-    //  - streaming: kStreamRounds rounds of node i alone, node j alone, both at once, each streaming the
-    //    layer's largest matrix at one row for kStreamMs (a decode step's weight stream). The overlap of the
-    //    two streams is taken from when their replies came, and the slowdown of the overlapped part solved
-    //    for (a round that overlapped less than half is dropped). With the probes' memory kept per
-    //    connection (ProbeArena) the two overlapped by 90-100%.
-    //  - computing: once, the layer's matrix shapes at the most rows, alone then together.
-    // Each is the median of its ratios (together / alone within a round, both nodes).
+    // one plan and 1.93 in the next. kTogetherRounds rounds of node i alone, node j alone, both at once, each
+    // timing the layer's largest matrix for kWindowMs at the most rows (computing), then at one row (a decode
+    // step's weight stream). The overlap of the two nodes' windows is taken from when their replies came and
+    // the slowdown of the overlapped part solved for (a round that overlapped less than half is dropped);
+    // with the probes' memory kept per connection (ProbeArena) they overlapped by 90-100%, where fresh pages
+    // each request had them miss each other (a pair on one core read 0.86-1.85x; 20-40 ms points unaligned
+    // under the sanitizers read 1.17x computing). Each figure is the median of its ratios (both nodes).
     if (o.contention) {
-        constexpr int kStreamRounds = 3;
-        constexpr int kStreamMs = 300;
+        constexpr int kTogetherRounds = 3;
+        constexpr int kWindowMs = 300;
         using Clock = std::chrono::steady_clock;
-        std::vector<net::ProbeMatrix> layer;
-        std::set<std::tuple<uint32_t, uint32_t, uint32_t>> shapes;
         net::ProbeMatrix largest{};
         uint64_t largest_bytes = 0;
-        for (const ShapeMatrix &x : model.layers[0]) {
-            const net::ProbeMatrix m{static_cast<uint32_t>(x.type), static_cast<uint32_t>(x.n_in),
-                                     static_cast<uint32_t>(x.n_out)};
-            if (shapes.insert({m.dtype, m.n_in, m.n_out}).second) layer.push_back(m);
+        for (const ShapeMatrix &x : model.layers[0])
             if (x.bytes() > largest_bytes) {
                 largest_bytes = x.bytes();
-                largest = m;
+                largest = {static_cast<uint32_t>(x.type), static_cast<uint32_t>(x.n_in),
+                           static_cast<uint32_t>(x.n_out)};
             }
-        }
-        PlanOptions stream_o = o, compute_o = o;
-        stream_o.probe_ms = kStreamMs;
-        compute_o.probe_ms = std::max(o.probe_ms, 40);
+        PlanOptions window_o = o;
+        window_o.probe_ms = kWindowMs;
         struct Timed {
             std::vector<double> seconds;
             Clock::time_point end;
@@ -332,11 +325,12 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
             t.took = std::chrono::duration<double>(t.end - t0).count();
             return t;
         };
-        // Alone then together; `window_s` > 0: the points are one window of that length each, aligned as
-        // above, and the ratios corrected for the part that did not overlap.
+        // Alone then together, the points one window of window_s each; the ratios of point k go to out[k %
+        // rows], corrected for the part of the windows that did not overlap (read from when the replies came:
+        // the last point's calls are short, so its window ends as its reply goes).
         auto paired = [&](size_t i, size_t j, const std::vector<net::ProbeMatrix> &mats,
                           const std::vector<int32_t> &prow, const PlanOptions &po, double window_s,
-                          std::vector<double> *out) -> Status {
+                          std::vector<std::vector<double>> *out) -> Status {
             TD_ASSIGN_OR_RETURN(Timed ai, timed(i, mats, prow, po));
             TD_ASSIGN_OR_RETURN(Timed aj, timed(j, mats, prow, po));
             auto fi = std::async(std::launch::async, [&] { return timed(i, mats, prow, po); });
@@ -345,12 +339,10 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
             auto tj = fj.get();
             TD_TRY(ti.status());
             TD_TRY(tj.status());
-            double phi = 1.0;  // the share of each window the other one overlapped
-            if (window_s > 0) {
-                const double apart = std::abs(std::chrono::duration<double>(ti->end - tj->end).count());
-                phi = std::max(0.0, window_s - apart) / window_s;
-                if (phi < 0.5) return {};
-            }
+            const double apart = std::abs(std::chrono::duration<double>(ti->end - tj->end).count());
+            const double phi = std::max(0.0, window_s - apart) / window_s;  // the overlapped share
+            if (phi < 0.5) return {};
+            out->resize(prow.size());
             for (auto [alone, both] : {std::pair{&ai, &*ti}, std::pair{&aj, &*tj}})
                 for (size_t k = 0; k < alone->seconds.size() && k < both->seconds.size(); ++k) {
                     if (alone->seconds[k] <= 0 || both->seconds[k] <= 0) continue;
@@ -358,7 +350,7 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
                     // measured ratio r = 1 / (phi / f + 1 - phi).
                     const double r = both->seconds[k] / alone->seconds[k];
                     const double d = 1.0 / r - 1.0 + phi;
-                    out->push_back(d > phi / 4.0 ? phi / d : 4.0);
+                    (*out)[k % prow.size()].push_back(d > phi / 4.0 ? phi / d : 4.0);
                 }
             return {};
         };
@@ -370,10 +362,11 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
             for (size_t j = i + 1; j < spec.nodes.size(); ++j) {
                 if (spec.nodes[i].host != spec.nodes[j].host) continue;
                 say(fmt::format("measuring {} and {} alone and together", workers[i], workers[j]));
-                std::vector<double> stream, compute;
-                for (int round = 0; round < kStreamRounds; ++round)
-                    TD_TRY(paired(i, j, {largest}, {1}, stream_o, kStreamMs / 1000.0, &stream));
-                TD_TRY(paired(i, j, layer, {rows.back()}, compute_o, 0.0, &compute));
+                std::vector<std::vector<double>> ratios;  // computing (the most rows), streaming (one row)
+                for (int round = 0; round < kTogetherRounds; ++round)
+                    TD_TRY(paired(i, j, {largest}, {rows.back(), 1}, window_o, kWindowMs / 1000.0, &ratios));
+                ratios.resize(2);
+                const std::vector<double> &compute = ratios[0], &stream = ratios[1];
                 spec.together[{static_cast<int>(i), static_cast<int>(j)}] = median(compute);
                 spec.together_stream[{static_cast<int>(i), static_cast<int>(j)}] = median(stream);
             }
