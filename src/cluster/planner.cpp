@@ -313,16 +313,13 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
         window_o.probe_ms = kWindowMs;
         struct Timed {
             std::vector<double> seconds;
-            Clock::time_point end;
-            double took = 0.0;  // request to reply
+            Clock::time_point end;  // when the reply came
         };
         auto timed = [&](size_t q, const std::vector<net::ProbeMatrix> &mats,
                          const std::vector<int32_t> &prow, const PlanOptions &po) -> Result<Timed> {
             Timed t;
-            const auto t0 = Clock::now();
             TD_ASSIGN_OR_RETURN(t.seconds, run_probe(*clients[q], mats, prow, po, nullptr));
             t.end = Clock::now();
-            t.took = std::chrono::duration<double>(t.end - t0).count();
             return t;
         };
         // Alone then together, the points one window of window_s each; the ratios of point k go to out[k %
