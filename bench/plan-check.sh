@@ -13,17 +13,24 @@
 # right before each layout's benches, and each row also shows the measured value scaled back to the read plan
 # saw (measured x read at plan / read at bench: what the bench would have measured on the host plan measured).
 # Two cores' read over one core's is recorded at both times too: where it moved between plan and bench, two
-# nodes streaming weights at once (tensor parallelism at batch 1) run at another speed than plan measured.
+# nodes streaming weights at once (tensor parallelism at batch 1) run at another speed than plan measured; and
+# so is the CPU time the hypervisor gave to others (steal, from /proc/stat) while plan and each bench ran.
+# The benches run in paired rounds (ROUNDS, each bench once per round, the order rotating): each measured
+# figure is the median of its rounds, and the recommendation is judged on the medians and round by round.
 #
 #   bench/plan-check.sh [MODEL]
 #   env: TANDEM (binary), MEMBW (bench/membw binary), NODES ("1 2 3"), DELAYS_MS ("0 0.1 1"), N_GEN (128),
-#        N_PROMPT (512), PARALLEL (16), REPS (2)
+#        N_PROMPT (512), PARALLEL (16), ROUNDS (3: paired rounds of the benches),
+#        PLAN_DIR (keep each cluster's plan JSON there as plan-N-Dms.json)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${TANDEM:-$here/build/release/tandem}
 membw=${MEMBW:-$here/build/release/bench/membw}
 if [[ ! -x $membw ]]; then echo "no membw binary at $membw (set MEMBW=...)" >&2; exit 1; fi
 read_gbs() { taskset -c 0 "$membw" 1 256 3 | sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p'; }
+# The CPU time the hypervisor gave others since steal_mark (steal / all, of every core), as a fraction.
+steal_mark() { awk '/^cpu /{t=0; for (i=2;i<=NF;i++) t+=$i; print $9, t}' /proc/stat; }
+steal_since() { steal_mark | awk -v s0="${1% *}" -v t0="${1#* }" '{printf "%.3f", ($2 > t0) ? ($1 - s0) / ($2 - t0) : 0}'; }
 # Two cores' plain read over one core's (1.0: the two share the bus's whole rate; 2.0: each has its own).
 bus_ratio() { taskset -c 0,1 "$membw" 2 256 3 | sed -n 's/.*: \([0-9.]*\) GB\/s.*/\1/p' | awk -v one="$1" '{printf "%.2f", $1 / one}'; }
 model=${1:-/tmp/tandem-bench/1b-q4_0.gguf}
@@ -32,7 +39,8 @@ delays=${DELAYS_MS:-"0 0.1 1"}
 n_gen=${N_GEN:-128}
 n_prompt=${N_PROMPT:-512}
 parallel=${PARALLEL:-16}
-reps=${REPS:-2}
+rounds=${ROUNDS:-3}
+plan_dir=${PLAN_DIR:-}
 if [[ ! -f $model ]]; then
   mkdir -p "$(dirname "$model")"
   "$bin" synth -o "$model" --dim 2048 --layers 16 --heads 32 --kv-heads 8 --ffn 5632 \
@@ -56,8 +64,8 @@ for ((i = 0; i < max_nodes; i++)); do
   addrs+=("$(worker_address "$tmp/w$i.log")")
 done
 
-echo "| workers | delay | layout | test | predicted t/s | measured t/s | measured / predicted | read at bench / at plan | drift-scaled / predicted | 2 cores' read / 1 core's: plan, bench |"
-echo "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+echo "| workers | delay | layout | test | predicted t/s | measured t/s (median) | rounds | measured / predicted | read at bench / at plan | drift-scaled / predicted | 2 cores' read / 1 core's: plan, bench | CPU steal %: plan, bench |"
+echo "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 : > "$tmp/summary"
 for n in $nodes_list; do
   for d in $delays; do
@@ -76,8 +84,11 @@ for n in $nodes_list; do
     done
     bw_plan=$(read_gbs)
     bus_plan=$(bus_ratio "$bw_plan")
+    mark=$(steal_mark)
     "$bin" plan -m "$model" --workers "$list" --transport tcp -t 1 --batch "1,$parallel" -n "$n_gen" -p "$n_prompt" --json \
       > "$tmp/plan.json" 2>/dev/null
+    steal_plan=$(steal_since "$mark")
+    if [[ -n $plan_dir ]]; then mkdir -p "$plan_dir" && cp "$tmp/plan.json" "$plan_dir/plan-$n-${d}ms.json"; fi
     # The layouts to run: flags, label and predictions per batch.
     python3 - "$tmp/plan.json" "$n" > "$tmp/layouts" <<'PY'
 import json, sys
@@ -100,35 +111,59 @@ for f, e in want.items():
     e["label"] += " [" + ",".join("w%d" % names.index(w) for w in ws) + "]"
     print(json.dumps({"flags": f, **e}))
 PY
-    while read -r line; do
-      flags=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["flags"])' "$line")
-      bw_bench=$(read_gbs)
-      bus_bench=$(bus_ratio "$bw_bench")
-      # shellcheck disable=SC2086
-      "$bin" bench -m "$model" $flags --transport tcp -t 1 -p 0 -n "$n_gen" --parallel "1,$parallel" -r "$reps" -o jsonl \
-        2>"$tmp/bench.err" > "$tmp/gen.jsonl" || bench_failed "$flags"
-      # shellcheck disable=SC2086
-      "$bin" bench -m "$model" $flags --transport tcp -t 1 -p "$n_prompt" -n 0 --parallel 1 -r 1 -o jsonl \
-        2>"$tmp/bench.err" > "$tmp/pp.jsonl" || bench_failed "$flags"
-      python3 - "$line" "$tmp/gen.jsonl" "$tmp/pp.jsonl" "$n" "$d" "$n_gen" "$n_prompt" "$bw_plan" "$bw_bench" "$bus_plan" "$bus_bench" >> "$tmp/summary" <<'PY'
+    # Paired rounds: every round benches each layout once, the order rotating from round to round, so a minute
+    # of a slower host falls on all of them rather than on one; each figure is the median of its rounds.
+    mapfile -t lines < "$tmp/layouts"
+    : > "$tmp/rounds"
+    for ((r = 0; r < rounds; r++)); do
+      for ((k = 0; k < ${#lines[@]}; k++)); do
+        li=$(((k + r) % ${#lines[@]}))
+        line=${lines[$li]}
+        flags=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["flags"])' "$line")
+        bw_bench=$(read_gbs)
+        bus_bench=$(bus_ratio "$bw_bench")
+        mark=$(steal_mark)
+        # shellcheck disable=SC2086
+        "$bin" bench -m "$model" $flags --transport tcp -t 1 -p 0 -n "$n_gen" --parallel "1,$parallel" -r 1 -o jsonl \
+          2>"$tmp/bench.err" > "$tmp/gen.jsonl" || bench_failed "$flags"
+        # shellcheck disable=SC2086
+        "$bin" bench -m "$model" $flags --transport tcp -t 1 -p "$n_prompt" -n 0 --parallel 1 -r 1 -o jsonl \
+          2>"$tmp/bench.err" > "$tmp/pp.jsonl" || bench_failed "$flags"
+        steal=$(steal_since "$mark")
+        python3 - "$li" "$r" "$tmp/gen.jsonl" "$tmp/pp.jsonl" "$bw_bench" "$bus_bench" "$steal" >> "$tmp/rounds" <<'PY'
 import json, sys
-e = json.loads(sys.argv[1]); n, d, ng, npr = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
-drift = float(sys.argv[9]) / float(sys.argv[8])  # read at bench / read at plan
-bus = f"{sys.argv[10]}, {sys.argv[11]}"
 gen = {}
-for l in open(sys.argv[2]):
+for l in open(sys.argv[3]):
     if l.strip():
-        r = json.loads(l); gen[int(r.get("n_parallel", r.get("seqs", 1)))] = r["avg_ts"]
-pp = [json.loads(l)["avg_ts"] for l in open(sys.argv[3]) if l.strip()]
-for b, p in sorted(e["gen"].items(), key=lambda x: int(x[0])):
-    m = gen.get(int(b))
-    print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": f"tg{ng} x{b}", "batch": int(b),
-                      "pred": p, "meas": m, "rec": int(b) in e.get("recommended", []), "drift": drift, "bus": bus}))
-if pp:
-    print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": f"pp{npr}", "batch": 0,
-                      "pred": e["prompt"], "meas": pp[0], "rec": False, "drift": drift, "bus": bus}))
+        x = json.loads(l); gen[int(x.get("n_parallel", x.get("seqs", 1)))] = x["avg_ts"]
+pp = [json.loads(l)["avg_ts"] for l in open(sys.argv[4]) if l.strip()]
+print(json.dumps({"layout": int(sys.argv[1]), "round": int(sys.argv[2]), "gen": gen, "pp": pp[0] if pp else None,
+                  "read": float(sys.argv[5]), "bus": float(sys.argv[6]), "steal": float(sys.argv[7])}))
 PY
-    done < "$tmp/layouts"
+      done
+    done
+    python3 - "$tmp/layouts" "$tmp/rounds" "$n" "$d" "$n_gen" "$n_prompt" "$bw_plan" "$bus_plan" "$steal_plan" >> "$tmp/summary" <<'PY'
+import json, statistics, sys
+layouts = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rounds = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+n, d, ng, npr, bw_plan, bus_plan = sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], float(sys.argv[7]), sys.argv[8]
+steal_plan = float(sys.argv[9])
+med = lambda xs: statistics.median(xs) if xs else None
+for i, e in enumerate(layouts):
+    mine = [x for x in rounds if x["layout"] == i]
+    drift = med([x["read"] for x in mine]) / bw_plan  # read at bench / read at plan
+    bus = f'{bus_plan}, {med([x["bus"] for x in mine]):.2f}'
+    steal = f'{100 * steal_plan:.0f}, {100 * max(x["steal"] for x in mine):.0f}'
+    tests = [(int(b), f"tg{ng} x{b}", p, {x["round"]: x["gen"].get(str(b)) for x in mine}) for b, p in e["gen"].items()]
+    tests.sort(key=lambda t: t[0])
+    tests.append((0, f"pp{npr}", e["prompt"], {x["round"]: x["pp"] for x in mine}))
+    for b, test, p, per_round in tests:
+        vals = [v for v in per_round.values() if v]
+        print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": test, "batch": b,
+                          "pred": p, "meas": med(vals), "spread": [min(vals), max(vals)] if vals else None,
+                          "rounds": {str(k): v for k, v in per_round.items()},
+                          "rec": b in e.get("recommended", []), "drift": drift, "bus": bus, "steal": steal}))
+PY
     for r in "${relays[@]}"; do kill "$r" 2>/dev/null || true; wait "$r" 2>/dev/null || true; done
     python3 - "$tmp/summary" "$n" "$d" <<'PY'
 import json, sys
@@ -136,14 +171,16 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if r["n"] == sys.argv[2] and r["d"] == sys.argv[3]]
 for r in rows:
     ratio = r["meas"] / r["pred"] if r["meas"] and r["pred"] else float("nan")
+    spread = f'{r["spread"][0]:.0f}–{r["spread"][1]:.0f}' if r["spread"] else ""
     print(f'| {r["n"]} | {r["d"]} ms | {r["label"]}{" (recommended)" if r["rec"] else ""} | {r["test"]} | '
-          f'{r["pred"]:.1f} | {r["meas"] or float("nan"):.1f} | {ratio:.2f} | {r["drift"]:.2f} | {ratio / r["drift"]:.2f} | {r["bus"]} |')
+          f'{r["pred"]:.1f} | {r["meas"] or float("nan"):.1f} | {spread} | {ratio:.2f} | {r["drift"]:.2f} | '
+          f'{ratio / r["drift"]:.2f} | {r["bus"]} | {r["steal"]} |')
 PY
   done
 done
 echo
-echo "| workers | delay | batch | recommended | measured fastest | recommended / fastest |"
-echo "| ---: | ---: | ---: | --- | --- | ---: |"
+echo "| workers | delay | batch | recommended | measured fastest | recommended / fastest | rounds it was within 5% of that round's fastest |"
+echo "| ---: | ---: | ---: | --- | --- | ---: | ---: |"
 python3 - "$tmp/summary" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -157,7 +194,11 @@ for (n, d, b), rs in groups.items():
     if not rec: continue
     q = rec[0]["meas"] / fast["meas"]
     within.append(q >= 0.95)
-    print(f'| {n} | {d} ms | {b} | {rec[0]["label"]} | {fast["label"]} | {q:.2f} |')
+    per_round = []
+    for k, v in rec[0]["rounds"].items():
+        best = max((x["rounds"].get(k) or 0) for x in rs)
+        if v and best: per_round.append(v >= 0.95 * best)
+    print(f'| {n} | {d} ms | {b} | {rec[0]["label"]} | {fast["label"]} | {q:.2f} | {sum(per_round)} of {len(per_round)} |')
 ratios = [r["meas"] / r["pred"] for r in rows if r["meas"] and r["pred"]]
 scaled = [r["meas"] / r["pred"] / r["drift"] for r in rows if r["meas"] and r["pred"]]
 ok = sum(1 for q in ratios if 0.8 <= q <= 1.2)
