@@ -147,6 +147,16 @@ TEST(CostModel, TensorParallelHelpsOverFastLinksAndHurtsOverSlowOnes) {
     EXPECT_NEAR(lat, (2 * 32 + 1) * 1e-3 + 2 * 5e-6, 1e-4);
 }
 
+TEST(CostModel, ThreeRanksReduceLargePartsInTwoLatencies) {
+    // 16 rows of f32 partials (256 KiB) over 3 ranks: reduce-scatter, then all-gather, each one latency.
+    const ModelShape m = shape_8b();
+    const ClusterSpec slow = boxes(3, 1000, 10);
+    const Prediction tp3 = predict(m, slow, layout_of(m, slow, {{0, 1, 2}}), 16, {});
+    const double lat = tp3.gen.terms[static_cast<size_t>(Term::link_latency)];
+    // Two all-reduces per layer of two latencies each, the sampling merge (small: one), the head's hops.
+    EXPECT_NEAR(lat, (2 * 32 * 2 + 1) * 1e-3 + 2 * 5e-6, 1e-4);
+}
+
 TEST(CostModel, PipelineKeepsEveryStageBusyWithManySequences) {
     const ModelShape m = shape_8b();
     const ClusterSpec c = boxes(2, 20, 25);
