@@ -7,7 +7,10 @@
 // median of the per-round ratios to tcp. ucx is UCX with the transports it picks itself (on one host: its
 // shared memory). Two receive modes: sleeping at once (the links' default: in poll for TCP, on a futex for
 // shm, on UCX's event fd; then every round trip pays two wake-ups of a sleeping core) and spinning 200 us
-// before sleeping (what the all-reduce does: what the transport itself costs).
+// before sleeping (what the all-reduce does: what the transport itself costs). Both sides receive as the
+// all-reduce does (Connection::recv_view: over shm a small frame is read where it landed in the ring, no copy
+// out), and this side reads every cache line of each reply, so no transport is timed without its data
+// arriving.
 //
 //   transport-rtt [ROUNDS] [TRIPS_PER_ROUND]
 #include <sched.h>
@@ -57,9 +60,12 @@ const net::ClusterSecret &secret() {
                 static_cast<int>(hello->rank);  // the client's receive mode, passed in Hello.rank
             if (spin >= 0) link->set_recv_spin_us(spin);
             net::FrameHeader h;
-            std::vector<uint8_t> payload;
-            while (link->recv(h, payload, -1).ok())
-                if (!link->send_msg(net::MsgType::echo_reply, h.request_id, payload).ok()) break;
+            std::vector<uint8_t> scratch;
+            for (;;) {
+                auto got = link->recv_view(h, scratch, -1);
+                if (!got.ok() || !link->send_msg(net::MsgType::echo_reply, h.request_id, *got).ok()) break;
+                link->release_view();
+            }
         });
         threads.back().detach();
     }
@@ -97,17 +103,26 @@ double median(std::vector<double> v) {
 
 // The median round trip in microseconds of `trips` ping-pongs of `bytes` (after a few unmeasured).
 double round_trips(net::Connection &c, size_t bytes, int trips) {
-    std::vector<uint8_t> out(bytes, 0x5a), in;
+    std::vector<uint8_t> out(bytes, 0x5a), scratch;
     net::FrameHeader h;
     std::vector<double> us;
+    unsigned seen = 0;
     for (int i = -20; i < trips; ++i) {
         const auto t0 = Clock::now();
-        if (!c.send_msg(net::MsgType::echo, static_cast<uint64_t>(i + 100), out).ok() ||
-            !c.recv(h, in, 5000).ok() || in.size() != bytes) {
+        if (!c.send_msg(net::MsgType::echo, static_cast<uint64_t>(i + 100), out).ok()) std::exit(1);
+        auto got = c.recv_view(h, scratch, 5000);
+        if (!got.ok() || got->size() != bytes) {
             std::fprintf(stderr, "transport-rtt: the echo failed\n");
             std::exit(1);
         }
+        for (size_t k = 0; k < bytes; k += 64)
+            seen += (*got)[k];  // every line of the reply reaches this core
+        c.release_view();
         if (i >= 0) us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+    if (seen != 0x5au * static_cast<unsigned>((bytes + 63) / 64) * static_cast<unsigned>(trips + 20)) {
+        std::fprintf(stderr, "transport-rtt: the echo's bytes differ from what was sent\n");
+        std::exit(1);
     }
     return median(us);
 }

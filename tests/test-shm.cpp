@@ -138,6 +138,82 @@ TEST(NetShm, FramesMuchLargerThanTheRingStreamThrough) {
     EXPECT_EQ(got, big);
 }
 
+// recv_view: a small frame is read where it landed in the ring, and keeps its room there until released.
+TEST(NetShm, ASmallFrameIsLentInPlaceAndHoldsItsRoomUntilReleased) {
+    ShmPair p = shm_pair(4096);
+    const Bytes lent = pattern(1000, 11);
+    ASSERT_TRUE(p.client->send_msg(MsgType::tp_partial, 1, lent).ok());
+    FrameHeader h;
+    Bytes scratch;
+    auto view = p.server->recv_view(h, scratch, 1000);
+    ASSERT_TRUE(view.ok()) << view.status().message();
+    EXPECT_EQ(h.request_id, 1u);
+    EXPECT_TRUE(scratch.empty());  // not copied out
+    ASSERT_EQ(view->size(), lent.size());
+    EXPECT_TRUE(std::equal(view->begin(), view->end(), lent.begin()));
+    EXPECT_FALSE(p.server->readable());  // the lent frame counts as read
+    EXPECT_EQ(p.server->stats().msgs_recv, 1u);
+
+    // The rest of the ring fills (32 + 3064 bytes with the lent 1000 make 4096); the next frame cannot
+    // write a byte over the lent one and times out, leaving the link usable.
+    ASSERT_TRUE(p.client->send_msg(MsgType::ping, 2, pattern(3064, 12), 200).ok());
+    Status s = p.client->send_msg(MsgType::ping, 3, pattern(100, 13), 100);
+    EXPECT_EQ(s.kind(), ErrorKind::failed) << s.message();
+    EXPECT_TRUE(p.client->is_open());
+    EXPECT_TRUE(std::equal(view->begin(), view->end(), lent.begin()));  // still what was sent
+    EXPECT_TRUE(p.server->readable());
+
+    // Released, its room goes back to the sender.
+    p.server->release_view();
+    ASSERT_TRUE(p.client->send_msg(MsgType::ping, 4, pattern(100, 14), 1000).ok());
+    // A frame of over a quarter of the ring is copied out, as is one that wraps at the ring's end.
+    auto big = p.server->recv_view(h, scratch, 1000);
+    ASSERT_TRUE(big.ok());
+    EXPECT_EQ(h.request_id, 2u);
+    EXPECT_EQ(big->data(), scratch.data());
+    EXPECT_EQ(Bytes(big->begin(), big->end()), pattern(3064, 12));
+    Bytes got;
+    ASSERT_TRUE(
+        p.server->recv(h, got, 1000).ok());  // recv() gives back a lent frame first, as recv_view() does
+    EXPECT_EQ(h.request_id, 4u);
+    EXPECT_EQ(got, pattern(100, 14));
+}
+
+TEST(NetShm, FramesOfEverySizeReadInPlaceArriveWhole) {
+    ShmPair p = shm_pair(16384);
+    constexpr uint32_t kFrames = 2000;
+    std::thread reader([&] {
+        FrameHeader h;
+        Bytes scratch;
+        uint32_t lent = 0;
+        for (uint32_t i = 0; i < kFrames; ++i) {
+            auto view = p.server->recv_view(h, scratch, 5000);
+            ASSERT_TRUE(view.ok()) << i << ": " << view.status().message();
+            ASSERT_EQ(h.request_id, i);
+            const Bytes want = pattern(i * 53 % 9000, i);
+            ASSERT_EQ(Bytes(view->begin(), view->end()), want) << i;
+            if (!view->empty() && view->data() != scratch.data()) ++lent;
+            if (i % 3 != 0) p.server->release_view();  // else the next call gives it back
+        }
+        EXPECT_GT(lent, kFrames / 4);
+    });
+    for (uint32_t i = 0; i < kFrames; ++i)
+        ASSERT_TRUE(p.client->send_msg(MsgType::ping, i, pattern(i * 53 % 9000, i), 5000).ok());
+    reader.join();
+}
+
+TEST(NetTcp, RecvViewReceivesIntoTheScratchBuffer) {
+    TcpPair t = socket_pair();
+    ASSERT_TRUE(t.a->send_msg(MsgType::ping, 9, pattern(500, 9)).ok());
+    FrameHeader h;
+    Bytes scratch;
+    auto view = t.b->recv_view(h, scratch, 1000);
+    ASSERT_TRUE(view.ok());
+    EXPECT_EQ(view->data(), scratch.data());
+    EXPECT_EQ(scratch, pattern(500, 9));
+    t.b->release_view();
+}
+
 TEST(NetShm, ASendIntoAFullRingTimesOutBeforeWritingAByte) {
     ShmPair p = shm_pair(4096);
     const Bytes small = pattern(1000, 3);

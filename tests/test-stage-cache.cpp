@@ -3,7 +3,9 @@
 // --cache-max: a stage one byte over the cap is refused with nothing written, one that fits evicts the older
 // stage, and --cache-min-free over the disk is refused naming the free space; the head's own stage files stay
 // within twice the model.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include "cluster/stage-cache.h"
 #include "core/size.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "test-child-process.h"
 #include "test-util.h"
 
@@ -25,11 +28,15 @@ namespace fs = std::filesystem;
 
 const std::string kModel = "models/stories260K.gguf";
 
-// A file of `bytes` bytes whose last use was `age_s` seconds ago.
+// A file of `bytes` bytes written and last used `age_s` seconds ago.
 void make_file(const std::string &path, size_t bytes, int age_s) {
     fs::create_directories(fs::path(path).parent_path());
     std::ofstream(path, std::ios::binary) << std::string(bytes, 'x');
-    fs::last_write_time(path, fs::file_time_type::clock::now() - std::chrono::seconds(age_s));
+    timespec then{};
+    clock_gettime(CLOCK_REALTIME, &then);
+    then.tv_sec -= age_s;
+    const timespec times[2] = {then, then};
+    ASSERT_EQ(utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
 }
 
 StageCacheOptions with_free(uint64_t max_bytes, uint64_t min_free, uint64_t *free_bytes) {
@@ -70,7 +77,9 @@ TEST(StageCache, TheCapEvictsLeastRecentlyUsedAndIsExactAtItsLimit) {
     EXPECT_EQ(names(c).size(), 3u);
     EXPECT_TRUE(c.make_room(101, {}).ok());  // one past: the oldest goes
     EXPECT_EQ(names(c), (std::vector<std::string>{"mid.gguf", "new.gguf"}));
+    const auto written = fs::last_write_time(dir.file("mid.gguf"));
     StageCache::touch(dir.file("mid.gguf"));  // used now: new.gguf is the least recent
+    EXPECT_EQ(fs::last_write_time(dir.file("mid.gguf")), written);  // part of its identity: left alone
     EXPECT_TRUE(c.make_room(250, {}).ok());
     EXPECT_EQ(names(c), (std::vector<std::string>{"mid.gguf"}));
 }
@@ -163,8 +172,9 @@ size_t gguf_files(const std::string &dir) {
 
 // A head that runs layers [0, head_layers) itself and gives the rest to `worker` (stage_dir: where the head
 // writes the stage files it streams; "": its default).
-Status connect_with(const std::string &worker, int32_t head_layers, const std::string &stage_dir = "") {
-    auto model = Model::load(test::shared_path(kModel));
+Status connect_with(const std::string &worker, int32_t head_layers, const std::string &stage_dir = "",
+                    const std::string &model_path = test::shared_path(kModel)) {
+    auto model = Model::load(model_path);
     if (!model.ok()) return model.status();
     ClusterOptions o;
     o.secret = test::test_secret();
@@ -215,6 +225,41 @@ TEST(StageCacheWorker, AStageOverTheCapIsRefusedUnwrittenAndOneThatFitsEvictsThe
     EXPECT_EQ(held(), std::vector<uint64_t>{part});
     ASSERT_TRUE(connect_with(w.address, 0).ok());
     EXPECT_EQ(held(), std::vector<uint64_t>{all});
+}
+
+size_t packed_files(const std::string &dir) {
+    size_t n = 0;
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(dir + "/packed", ec); !ec && it != fs::directory_iterator();
+         it.increment(ec))
+        n += it->path().extension() == ".tdpack";
+    return n;
+}
+
+// A stage served from the cache keeps the identity its packed weights are keyed on: the second load reuses
+// them (once, every load packed the stage anew into another file, and a long-lived worker filled its disk).
+TEST(StageCacheWorker, ACachedStageReusesItsPackedWeights) {
+    test::TempDir dir;
+    SynthParams sp;
+    sp.n_layer = 2;
+    sp.type = DType::q4_0;
+    sp.vocab_from = test::shared_path(kModel);
+    if (!test::shared_exists(kModel)) GTEST_SKIP() << "missing " << kModel;
+    const std::string model = dir.file("q4_0.gguf");
+    ThreadPool pool(1);
+    ASSERT_TRUE(synth_model(sp, model, pool).ok());
+    test::ChildProcess w;
+    w.start({"worker", "--listen", "127.0.0.1:0", "--cache-dir", dir.file("cache"), "-t", "1"},
+            "listening on ");
+    ASSERT_TRUE(w.running()) << w.log();
+    ASSERT_TRUE(connect_with(w.ready_text(), 0, dir.file("head"), model).ok());
+    const size_t packed = packed_files(dir.file("cache"));
+    if (packed == 0) GTEST_SKIP() << "this CPU has no packed kernel for q4_0: nothing to pack";
+    EXPECT_EQ(packed, 1u);
+    for (int again = 0; again < 2; ++again) {
+        ASSERT_TRUE(connect_with(w.ready_text(), 0, dir.file("head"), model).ok());
+        EXPECT_EQ(packed_files(dir.file("cache")), 1u) << "load " << again + 2;
+    }
 }
 
 TEST(StageCacheWorker, AFreeDiskFloorOverTheDiskIsRefusedNamingTheFreeSpace) {

@@ -1,13 +1,14 @@
 #include "cluster/stage-cache.h"
 
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-
-#include <fmt/format.h>
 
 #include "core/log.h"
 
@@ -21,6 +22,10 @@ Result<uint64_t> statvfs_free(const std::string &dir) {
     if (::statvfs(dir.c_str(), &v) != 0)
         return make_error(ErrorKind::io, "{}: cannot read the free space ({})", dir, std::strerror(errno));
     return uint64_t{v.f_bavail} * v.f_frsize;
+}
+
+int64_t timespec_ns(const timespec &t) {
+    return int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
 }
 
 bool is_cache_file(const fs::path &p) {
@@ -46,12 +51,12 @@ std::vector<CacheFile> StageCache::files() const {
         if (it.depth() > 1) it.disable_recursion_pending();  // <dir>/*.gguf and <dir>/packed/*.tdpack
         std::error_code fe;
         if (!it->is_regular_file(fe) || !is_cache_file(it->path())) continue;
-        const uint64_t bytes = it->file_size(fe);
-        if (fe) continue;
-        const auto t = it->last_write_time(fe);
-        if (fe) continue;
-        out.push_back({it->path().string(), bytes,
-                       std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count()});
+        struct stat st {};
+        if (::stat(it->path().c_str(), &st) != 0) continue;
+        // Last used: when touch() (or a read the kernel recorded) last set its access time, or when it was
+        // written, whichever is later.
+        out.push_back({it->path().string(), static_cast<uint64_t>(st.st_size),
+                       std::max(timespec_ns(st.st_atim), timespec_ns(st.st_mtim))});
     }
     std::sort(out.begin(), out.end(), [](const CacheFile &a, const CacheFile &b) {
         return a.last_use_ns != b.last_use_ns ? a.last_use_ns < b.last_use_ns : a.path < b.path;
@@ -108,8 +113,11 @@ Status StageCache::make_room(uint64_t bytes, const std::set<std::string> &keep) 
 }
 
 void StageCache::touch(const std::string &path) {
-    std::error_code ec;
-    fs::last_write_time(path, fs::file_time_type::clock::now(), ec);
+    // The access time only: the modification time is part of a file's identity (the packed weights' key
+    // hashes it, model/weight-pack.h), and a stage file whose identity changed on every use was packed anew
+    // at every load, each time into another cache file.
+    const timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+    (void)::utimensat(AT_FDCWD, path.c_str(), times, 0);
 }
 
 }  // namespace td::cluster

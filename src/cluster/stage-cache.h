@@ -1,8 +1,9 @@
 // The worker's cache dir, bounded: streamed or sliced stage files (<fingerprint>.gguf), their packed
 // weights (packed/<key>.tdpack) and interrupted downloads (*.part).
 //
-// Before a new stage file is written, make_room() evicts the least recently used files (by modification
-// time, which touch() sets on every use, so the order survives a restart) until the cache with the new file
+// Before a new stage file is written, make_room() evicts the least recently used files (by access time, which
+// touch() sets on every use, or the modification time where later, so the order survives a restart; touch()
+// leaves the modification time alone, as it is part of the file's identity) until the cache with the new file
 // stays within max_bytes and the file system keeps min_free_bytes free. When even evicting every file not in
 // use could not make the room, nothing is evicted and the error names the sizes: the head reports it and no
 // byte of the stage is written.
@@ -28,7 +29,7 @@ struct StageCacheOptions {
 struct CacheFile {
     std::string path;
     uint64_t bytes = 0;
-    int64_t last_use_ns = 0;  // modification time
+    int64_t last_use_ns = 0;  // the later of its access and modification times
 };
 
 class StageCache {

@@ -117,7 +117,8 @@ Status PeerCollective::flush_senders() {
     return {};
 }
 
-Result<Frame *> PeerCollective::take(int peer, net::MsgType type, uint64_t id, uint32_t flags, size_t bytes) {
+Result<std::span<const uint8_t>> PeerCollective::take(int peer, net::MsgType type, uint64_t id,
+                                                      uint32_t flags, size_t bytes) {
     Status error;
     Peer *p = linked(peer, &error);
     if (p == nullptr) return error;
@@ -126,7 +127,9 @@ Result<Frame *> PeerCollective::take(int peer, net::MsgType type, uint64_t id, u
     if (!spin) --p->spin_rest;
     p->conn->set_recv_spin_us(spin ? kSpinUs : 0);
     const auto t0 = Clock::now();
-    if (Status s = p->conn->recv(f.header, f.payload, timeout_ms_); !s.ok()) return peer_failed(peer, s);
+    auto got = p->conn->recv_view(f.header, f.payload, timeout_ms_);
+    if (!got.ok()) return peer_failed(peer, got.status());
+    p->got = *got;
     if (spin) {
         const bool missed = Clock::now() - t0 > std::chrono::microseconds(kSpinUs);
         p->spin_misses = missed ? p->spin_misses + 1 : 0;
@@ -135,17 +138,32 @@ Result<Frame *> PeerCollective::take(int peer, net::MsgType type, uint64_t id, u
             p->spin_rest = kSpinRest;
         }
     }
-    bytes_in_ += net::kHeaderBytes + f.payload.size();
+    bytes_in_ += net::kHeaderBytes + p->got.size();
     const net::FrameHeader &h = f.header;
     if (h.type != static_cast<uint16_t>(type) || h.request_id != id || h.flags != flags ||
-        (bytes != kAnyBytes && f.payload.size() != bytes)) {
-        return make_error(ErrorKind::failed,
-                          "tensor-parallel peer {} (rank {}) sent {} #{} phase {} of {} bytes, expected {} #{} "
-                          "phase {}",
-                          names_[peer], peer, net::msg_type_name(static_cast<net::MsgType>(h.type)), h.request_id,
-                          h.flags, f.payload.size(), net::msg_type_name(type), id, flags);
+        (bytes != kAnyBytes && p->got.size() != bytes)) {
+        const size_t size = p->got.size();
+        release(peer);
+        return make_error(
+            ErrorKind::failed,
+            "tensor-parallel peer {} (rank {}) sent {} #{} phase {} of {} bytes, expected {} #{} "
+            "phase {}",
+            names_[peer], peer, net::msg_type_name(static_cast<net::MsgType>(h.type)), h.request_id, h.flags,
+            size, net::msg_type_name(type), id, flags);
     }
-    return &f;
+    return p->got;
+}
+
+void PeerCollective::release(int peer) {
+    Peer &p = peers_[peer];
+    if (p.got.data() == nullptr) return;
+    p.got = {};
+    p.conn->release_view();
+}
+
+void PeerCollective::release_all() {
+    for (int r = 0; r < size_; ++r)
+        if (r != rank_) release(r);
 }
 
 std::span<const uint8_t> PeerCollective::encode(float *data, size_t n) {
@@ -161,19 +179,50 @@ std::span<const uint8_t> PeerCollective::encode(float *data, size_t n) {
 
 Status PeerCollective::receive_floats(int peer, uint64_t id, uint32_t phase, float *dst, size_t n) {
     const size_t elem = net::reduce_type_bytes(reduce_);
-    TD_ASSIGN_OR_RETURN(Frame * f, take(peer, net::MsgType::tp_partial, id, phase, n * elem));
-    const uint8_t *src = f->payload.data();
+    TD_ASSIGN_OR_RETURN(const std::span<const uint8_t> got,
+                        take(peer, net::MsgType::tp_partial, id, phase, n * elem));
+    const uint8_t *src = got.data();
     if (reduce_ == net::ReduceType::f32) {
         std::memcpy(dst, src, n * sizeof(float));
-        return {};
+    } else {
+        const bool half = reduce_ == net::ReduceType::f16;
+        for (size_t i = 0; i < n; ++i) {
+            uint16_t h;
+            std::memcpy(&h, src + 2 * i, 2);
+            dst[i] = half ? fp16_to_fp32(h) : bf16_to_fp32(h);
+        }
     }
-    const bool half = reduce_ == net::ReduceType::f16;
-    for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = half ? fp16_to_fp32(h) : bf16_to_fp32(h);
-    }
+    release(peer);
     return {};
+}
+
+Result<const float *> PeerCollective::receive_part(int peer, uint64_t id, uint32_t phase, size_t n) {
+    if (reduce_ != net::ReduceType::f32) {
+        parts_[peer].resize(n);
+        TD_TRY(receive_floats(peer, id, phase, parts_[peer].data(), n));
+        return parts_[peer].data();
+    }
+    TD_ASSIGN_OR_RETURN(const std::span<const uint8_t> got,
+                        take(peer, net::MsgType::tp_partial, id, phase, n * sizeof(float)));
+    if (reinterpret_cast<uintptr_t>(got.data()) % alignof(float) == 0)
+        return reinterpret_cast<const float *>(got.data());  // read where it landed; released after the sum
+    parts_[peer].resize(n);
+    std::memcpy(parts_[peer].data(), got.data(), n * sizeof(float));
+    release(peer);
+    return parts_[peer].data();
+}
+
+void PeerCollective::sum_in_rank_order(float *out, size_t count) {
+    if (size_ == 2) {  // p0 + p1 == p1 + p0 bit for bit (IEEE addition commutes): add the other's part
+        add_into(out, ptrs_[1 - rank_], count);
+        return;
+    }
+    if (rank_ != 0) {  // out becomes p0, then (p0 + p1), ...: keep our own part aside first
+        parts_[rank_].assign(out, out + count);
+        ptrs_[rank_] = parts_[rank_].data();
+        std::memcpy(out, ptrs_[0], count * sizeof(float));
+    }
+    for (int r = 1; r < size_; ++r) add_into(out, ptrs_[r], count);
 }
 
 Status PeerCollective::all_reduce_sum(float *data, size_t n) {
@@ -184,25 +233,27 @@ Status PeerCollective::all_reduce_sum(float *data, size_t n) {
     n_all_reduce_ += 1;
     const auto t0 = Clock::now();
     const size_t bytes = n * net::reduce_type_bytes(reduce_);
-    // Sums the parts of one range in rank order into out (which holds this rank's part on entry).
-    auto sum_in_rank_order = [&](float *out, size_t count) {
-        if (rank_ != 0) {  // out becomes p0, then (p0 + p1), ...: keep our own part aside first
-            parts_[rank_].assign(out, out + count);
-            std::memcpy(out, parts_[0].data(), count * sizeof(float));
+    // Receives every peer's part of `count` floats into ptrs_ and sums them into out in rank order.
+    auto receive_and_sum = [&](uint32_t phase, float *out, size_t count) -> Status {
+        Status st;
+        for (int p = 0; p < size_ && st.ok(); ++p) {
+            if (p == rank_) continue;
+            auto part = receive_part(p, id, phase, count);
+            if (part.ok())
+                ptrs_[p] = *part;
+            else
+                st = part.status();
         }
-        for (int r = 1; r < size_; ++r) add_into(out, parts_[r].data(), count);
+        if (st.ok()) sum_in_rank_order(out, count);
+        release_all();
+        return st;
     };
     Status s;
     if (size_ == 2 || bytes <= kDirectMaxBytes) {
         const std::span<const uint8_t> mine = encode(data, n);
         for (int p = 0; p < size_ && s.ok(); ++p)
             if (p != rank_) s = send_to(p, net::MsgType::tp_partial, id, kPhaseWhole, mine.data(), mine.size());
-        for (int p = 0; p < size_ && s.ok(); ++p) {
-            if (p == rank_) continue;
-            parts_[p].resize(n);
-            s = receive_floats(p, id, kPhaseWhole, parts_[p].data(), n);
-        }
-        if (s.ok()) sum_in_rank_order(data, n);
+        if (s.ok()) s = receive_and_sum(kPhaseWhole, data, n);
     } else {
         auto chunk = [&](int r) { return n * static_cast<size_t>(r) / static_cast<size_t>(size_); };
         const size_t mine = chunk(rank_), mine_n = chunk(rank_ + 1) - mine;
@@ -212,12 +263,7 @@ Status PeerCollective::all_reduce_sum(float *data, size_t n) {
             s = send_to(p, net::MsgType::tp_partial, id, kPhaseScatter, part.data(), part.size());
         }
         (void)encode(data + mine, mine_n);  // our own part of our chunk, rounded as the others' are
-        for (int p = 0; p < size_ && s.ok(); ++p) {
-            if (p == rank_) continue;
-            parts_[p].resize(mine_n);
-            s = receive_floats(p, id, kPhaseScatter, parts_[p].data(), mine_n);
-        }
-        if (s.ok()) sum_in_rank_order(data + mine, mine_n);
+        if (s.ok()) s = receive_and_sum(kPhaseScatter, data + mine, mine_n);
         const std::span<const uint8_t> reduced = s.ok() ? encode(data + mine, mine_n) : std::span<const uint8_t>{};
         for (int p = 0; p < size_ && s.ok(); ++p)
             if (p != rank_) s = send_to(p, net::MsgType::tp_partial, id, kPhaseGather, reduced.data(), reduced.size());
@@ -241,12 +287,13 @@ Status PeerCollective::gather(std::span<const uint8_t> mine, std::vector<std::ve
         out.resize(size_);
         out[0].assign(mine.begin(), mine.end());
         for (int p = 1; p < size_ && s.ok(); ++p) {
-            auto f = take(p, net::MsgType::tp_gather, id, 0, kAnyBytes);
-            if (!f.ok()) {
-                s = f.status();
+            auto got = take(p, net::MsgType::tp_gather, id, 0, kAnyBytes);
+            if (!got.ok()) {
+                s = got.status();
                 break;
             }
-            out[p].assign((*f)->payload.begin(), (*f)->payload.end());
+            out[p].assign(got->begin(), got->end());
+            release(p);
         }
     }
     wait_ns_ += static_cast<uint64_t>(

@@ -76,7 +76,8 @@ private:
         std::unique_ptr<net::Connection> conn;
         std::unique_ptr<net::AsyncSender> sender;  // large parts
         bool sender_used = false;                  // computing thread only: flush before the next direct send
-        Frame frame;                               // the last frame received (computing thread only)
+        Frame frame;  // the last frame received, unless lent in place (computing thread only)
+        std::span<const uint8_t> got;  // that frame's payload: in frame.payload or in the link's ring
         // Adaptive spin (computing thread only): after kSpinMisses receives in a row that outlasted the spin,
         // the peer is slower than the spin (or shares our core), so the next kSpinRest receives sleep at once.
         int spin_misses = 0, spin_rest = 0;
@@ -85,9 +86,13 @@ private:
     // The peer's link, once attached (waits up to timeout_ms). nullptr with *error set otherwise.
     Peer *linked(int peer, Status *error);
     Status send_to(int peer, net::MsgType type, uint64_t id, uint32_t flags, const void *data, size_t bytes);
-    // Receives the next frame from `peer` into its Peer::frame; it must be (type, id, flags) with `bytes` of
-    // payload (kAnyBytes: any).
-    Result<Frame *> take(int peer, net::MsgType type, uint64_t id, uint32_t flags, size_t bytes);
+    // Receives the next frame from `peer` (Peer::got: lent in place where the link can, see
+    // Connection::recv_view; release() gives it back); it must be (type, id, flags) with `bytes` of payload
+    // (kAnyBytes: any).
+    Result<std::span<const uint8_t>> take(int peer, net::MsgType type, uint64_t id, uint32_t flags,
+                                          size_t bytes);
+    void release(int peer);
+    void release_all();
     Status peer_failed(int peer, const Status &why);
     Status flush_senders();
 
@@ -95,6 +100,11 @@ private:
     // what the receivers will see.
     std::span<const uint8_t> encode(float *data, size_t n);
     Status receive_floats(int peer, uint64_t id, uint32_t phase, float *dst, size_t n);
+    // A peer's part of n floats for a sum: read where it arrived when it travels as aligned f32 (held until
+    // release), else decoded into parts_[peer].
+    Result<const float *> receive_part(int peer, uint64_t id, uint32_t phase, size_t n);
+    // out = ((p0 + p1) + p2) + ... over ptrs_[r] (out holds this rank's part on entry).
+    void sum_in_rank_order(float *out, size_t count);
 
     const int rank_, size_;
     const std::vector<std::string> names_;
@@ -106,7 +116,8 @@ private:
     bool closed_ = false;
     uint64_t next_id_ = 1;  // collective calls so far + 1 (every rank counts the same)
 
-    // Scratch (the computing thread only): the peers' parts as floats.
+    // Scratch (the computing thread only): the peers' parts as floats where they cannot be read in place, and
+    // where each part is for the sum.
     std::vector<std::vector<float>> parts_;  // [size]
     std::vector<const float *> ptrs_;        // [size]
     std::vector<uint16_t> wire_;             // an f16 / bf16 part

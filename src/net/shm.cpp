@@ -166,6 +166,12 @@ public:
     Status send(MsgType type, uint64_t request_id, uint32_t flags,
                 std::span<const std::span<const uint8_t>> parts, int timeout_ms) override;
     Status recv(FrameHeader &header, std::vector<uint8_t> &payload, int timeout_ms) override;
+    Result<std::span<const uint8_t>> recv_view(FrameHeader &header, std::vector<uint8_t> &scratch,
+                                               int timeout_ms) override;
+    void release_view() override {
+        std::lock_guard lock(recv_mu_);
+        release_locked();
+    }
 
     void close() override {
         if (closed_.exchange(true)) return;
@@ -182,7 +188,9 @@ public:
     }
     bool is_open() const override { return !closed_ && !peer_gone_; }
     bool readable() const override {
-        return in_.head.load(std::memory_order_acquire) != in_.tail.load(std::memory_order_relaxed) ||
+        const uint64_t lent = view_end_.load(std::memory_order_relaxed);  // a lent frame is read already
+        const uint64_t read = lent != 0 ? lent : in_.tail.load(std::memory_order_relaxed);
+        return in_.head.load(std::memory_order_acquire) != read ||
                hdr_->closed[1 - side_].load(std::memory_order_acquire) != 0 || control_->readable();
     }
     std::string peer() const override { return peer_; }
@@ -223,6 +231,23 @@ private:
         notify(out_.data_seq, out_.consumer_sleeping);
     }
     Status read_bytes(uint8_t *dst, size_t n, const Deadline &deadline, bool *timed_out, int64_t *spin_ns);
+    // recv()'s first half: a lent frame given back, then the next frame's header read and checked (recv_mu_).
+    Status read_header(FrameHeader &header, const Deadline &deadline, int timeout_ms, int64_t *spin_ns);
+    // recv()'s second half: the n-byte payload copied out into `payload` (recv_mu_).
+    Status read_payload(std::vector<uint8_t> &payload, size_t n, const Deadline &deadline, int timeout_ms,
+                        int64_t *spin_ns);
+    void count_received(size_t n) {
+        stats_.msgs_recv.fetch_add(1, std::memory_order_relaxed);
+        stats_.bytes_recv.fetch_add(kHeaderBytes + n, std::memory_order_relaxed);
+    }
+    // Moves the tail past the frame recv_view() lent, giving its room back to the sender (recv_mu_).
+    void release_locked() {
+        const uint64_t end = view_end_.load(std::memory_order_relaxed);
+        if (end == 0) return;
+        view_end_.store(0, std::memory_order_relaxed);
+        in_.tail.store(end, std::memory_order_release);
+        notify(in_.space_seq, in_.producer_sleeping);
+    }
 
     std::unique_ptr<ShmRegion> region_;
     std::unique_ptr<Connection> control_;
@@ -236,6 +261,9 @@ private:
     std::atomic<bool> peer_gone_{false};
     std::mutex send_mu_, recv_mu_;
     uint64_t write_head_ = 0;  // bytes written into the out ring, published or not (send_mu_)
+    // Where the tail goes when the frame recv_view() lent in place is given back; 0 while none is lent (a
+    // lent frame ends past the first header, so never at 0). Written under recv_mu_, read by readable().
+    std::atomic<uint64_t> view_end_{0};
     Status broken_;            // a corrupt ring or a header that cannot be framed: every later call fails
 };
 
@@ -370,16 +398,15 @@ Status ShmConnection::send(MsgType type, uint64_t request_id, uint32_t flags,
     return {};
 }
 
-Status ShmConnection::recv(FrameHeader &header, std::vector<uint8_t> &payload, int timeout_ms) {
-    std::lock_guard lock(recv_mu_);
+Status ShmConnection::read_header(FrameHeader &header, const Deadline &deadline, int timeout_ms,
+                                  int64_t *spin_ns) {
+    release_locked();
     if (!broken_.ok()) return broken_;
     if (closed_) return closed_status();
-    const Deadline deadline(timeout_ms);
     bool timed_out = false;
-    int64_t spin_ns = recv_spin_ns_;
     const uint64_t start = in_.tail.load(std::memory_order_relaxed);
     uint8_t raw[kHeaderBytes];
-    TD_TRY(read_bytes(raw, kHeaderBytes, deadline, &timed_out, &spin_ns));
+    TD_TRY(read_bytes(raw, kHeaderBytes, deadline, &timed_out, spin_ns));
     if (timed_out) {
         if (in_.tail.load(std::memory_order_relaxed) == start)
             return make_error(ErrorKind::failed, "no frame from {} within {} ms", peer_, timeout_ms);
@@ -394,13 +421,18 @@ Status ShmConnection::recv(FrameHeader &header, std::vector<uint8_t> &payload, i
         return broken_;
     }
     header = *h;
-    const size_t n = header.payload_bytes;
+    return {};
+}
+
+Status ShmConnection::read_payload(std::vector<uint8_t> &payload, size_t n, const Deadline &deadline,
+                                   int timeout_ms, int64_t *spin_ns) {
     size_payload(payload, n, cap_);  // grows from one ring's worth as the bytes come
+    bool timed_out = false;
     size_t got = 0;
     while (got < n) {
         if (got == payload.size()) payload.resize(std::min(n, 2 * payload.size()));
         const size_t want = payload.size() - got;
-        TD_TRY(read_bytes(payload.data() + got, want, deadline, &timed_out, &spin_ns));
+        TD_TRY(read_bytes(payload.data() + got, want, deadline, &timed_out, spin_ns));
         if (timed_out) {
             close();
             return make_error(ErrorKind::failed,
@@ -409,9 +441,53 @@ Status ShmConnection::recv(FrameHeader &header, std::vector<uint8_t> &payload, i
         }
         got += want;
     }
-    stats_.msgs_recv.fetch_add(1, std::memory_order_relaxed);
-    stats_.bytes_recv.fetch_add(kHeaderBytes + n, std::memory_order_relaxed);
+    count_received(n);
     return {};
+}
+
+Status ShmConnection::recv(FrameHeader &header, std::vector<uint8_t> &payload, int timeout_ms) {
+    std::lock_guard lock(recv_mu_);
+    const Deadline deadline(timeout_ms);
+    int64_t spin_ns = recv_spin_ns_;
+    TD_TRY(read_header(header, deadline, timeout_ms, &spin_ns));
+    return read_payload(payload, header.payload_bytes, deadline, timeout_ms, &spin_ns);
+}
+
+Result<std::span<const uint8_t>> ShmConnection::recv_view(FrameHeader &header, std::vector<uint8_t> &scratch,
+                                                          int timeout_ms) {
+    std::lock_guard lock(recv_mu_);
+    const Deadline deadline(timeout_ms);
+    int64_t spin_ns = recv_spin_ns_;
+    TD_TRY(read_header(header, deadline, timeout_ms, &spin_ns));
+    const size_t n = header.payload_bytes;
+    const uint64_t tail = in_.tail.load(std::memory_order_relaxed);
+    const size_t at = static_cast<size_t>(tail) & mask_;
+    // Lent in place: a frame small enough that, held, it leaves the sender room for the frames the protocol
+    // lets it send before we read again (the all-reduce's: two parts a link), and not wrapped at the ring's
+    // end. Anything else is copied out as recv() does.
+    if (n == 0 || n > cap_ / 4 || at + n > cap_) {
+        TD_TRY(read_payload(scratch, n, deadline, timeout_ms, &spin_ns));
+        return std::span<const uint8_t>(scratch);
+    }
+    uint64_t head = in_.head.load(std::memory_order_acquire);
+    if (head - tail < n) {
+        bool timed_out = false;
+        auto whole = [&] {
+            head = in_.head.load(std::memory_order_acquire);
+            return head - tail >= n;
+        };
+        TD_TRY(wait_until(whole, in_.data_seq, in_.consumer_sleeping, deadline, spin_ns, &timed_out));
+        if (timed_out) {
+            close();
+            return make_error(ErrorKind::failed,
+                              "recv from {} timed out after {} ms inside a {}-byte frame; closed", peer_,
+                              timeout_ms, n);
+        }
+    }
+    if (head - tail > cap_) return corrupt("in", head, tail);
+    view_end_.store(tail + n, std::memory_order_relaxed);
+    count_received(n);
+    return std::span<const uint8_t>(in_data_ + at, n);
 }
 
 }  // namespace

@@ -35,6 +35,18 @@ public:
     // Receives one whole frame; payload is resized (capacity reused). Validates the header (codec.h)
     // before reading or allocating the payload. timeout_ms < 0: wait forever.
     virtual Status recv(FrameHeader &header, std::vector<uint8_t> &payload, int timeout_ms = -1) = 0;
+    // Receives one whole frame as recv() does and returns its payload in place where the transport can (shm:
+    // a frame of at most a quarter of its ring that lies unwrapped in the ring, read where the peer wrote
+    // it), else received into `scratch`. The view is valid until release_view(), the next recv()/recv_view()
+    // or close(); until then the frame keeps its room in the sender's ring, so release it as soon as it is
+    // read. Another process may write the bytes: read them as untrusted as any received payload.
+    virtual Result<std::span<const uint8_t>> recv_view(FrameHeader &header, std::vector<uint8_t> &scratch,
+                                                       int timeout_ms = -1) {
+        TD_TRY(recv(header, scratch, timeout_ms));
+        return std::span<const uint8_t>(scratch);
+    }
+    // Gives back the frame recv_view() lent (nothing when it lent none, or only `scratch`).
+    virtual void release_view() {}
     // Closes both directions; a recv()/send() blocked in another thread returns disconnected.
     virtual void close() = 0;
     virtual bool is_open() const = 0;
