@@ -5,12 +5,13 @@
 // Rounds rotate the transports (tcp, shm, ucx; then shm, ucx, tcp; ...) so all see the same host minute to
 // minute; each round's figure is the median of its round trips, the result the median over the rounds and the
 // median of the per-round ratios to tcp. ucx is UCX with the transports it picks itself (on one host: its
-// shared memory). Two receive modes: sleeping at once (the links' default: in poll for TCP, on a futex for
+// shared memory). Receive modes: sleeping at once (the links' default: in poll for TCP, on a futex for
 // shm, on UCX's event fd; then every round trip pays two wake-ups of a sleeping core) and spinning 200 us
 // before sleeping (what the all-reduce does: what the transport itself costs). Both sides receive as the
 // all-reduce does (Connection::recv_view: over shm a small frame is read where it landed in the ring, no copy
 // out), and this side reads every cache line of each reply, so no transport is timed without its data
-// arriving.
+// arriving. A third mode spins but copies every frame out at both ends (Connection::recv), as every receive
+// did before recv_view.
 //
 //   transport-rtt [ROUNDS] [TRIPS_PER_ROUND]
 #include <sched.h>
@@ -43,6 +44,16 @@ const net::ClusterSecret &secret() {
     return s;
 }
 
+constexpr uint32_t kCopyOut = 1u << 20;  // Hello.rank's flag: receive with recv(), not recv_view()
+
+// One frame's payload: copied out into scratch (recv) or read in place where the link can (recv_view).
+Result<std::span<const uint8_t>> receive(net::Connection &c, net::FrameHeader &h, std::vector<uint8_t> &scratch,
+                                         int timeout_ms, bool copy_out) {
+    if (!copy_out) return c.recv_view(h, scratch, timeout_ms);
+    TD_TRY(c.recv(h, scratch, timeout_ms));
+    return std::span<const uint8_t>(scratch);
+}
+
 // The echo side: every connection on its own thread, each frame sent back as it came.
 [[noreturn]] void serve(net::Listener &listener) {
     std::vector<std::thread> threads;
@@ -56,13 +67,13 @@ const net::ClusterSecret &secret() {
                 cluster::answer_hello(std::move(conn), *hello, net::HelloReply{}, net::built_transports());
             if (!up.ok()) return;
             std::unique_ptr<net::Connection> link = std::move(up).value();
-            const int spin =
-                static_cast<int>(hello->rank);  // the client's receive mode, passed in Hello.rank
-            if (spin >= 0) link->set_recv_spin_us(spin);
+            // The client's receive mode, passed in Hello.rank: the spin, and kCopyOut.
+            const bool copy_out = (hello->rank & kCopyOut) != 0;
+            link->set_recv_spin_us(static_cast<int>(hello->rank & ~kCopyOut));
             net::FrameHeader h;
             std::vector<uint8_t> scratch;
             for (;;) {
-                auto got = link->recv_view(h, scratch, -1);
+                auto got = receive(*link, h, scratch, -1, copy_out);
                 if (!got.ok() || !link->send_msg(net::MsgType::echo_reply, h.request_id, *got).ok()) break;
                 link->release_view();
             }
@@ -73,15 +84,16 @@ const net::ClusterSecret &secret() {
 
 struct Link {
     std::unique_ptr<net::Connection> conn;
+    bool copy_out = false;
 };
 
-Link dial(uint16_t port, net::Transport want, int spin_us) {
+Link dial(uint16_t port, net::Transport want, int spin_us, bool copy_out) {
     net::Hello hello;
     hello.role = net::ConnRole::probe;
     hello.build_id = cluster::build_id();
     hello.node_name = "transport-rtt";
     hello.transports = net::kTransportsTcp | net::transport_bit(want);
-    hello.rank = static_cast<uint32_t>(spin_us);
+    hello.rank = static_cast<uint32_t>(spin_us) | (copy_out ? kCopyOut : 0);
     auto d = cluster::dial_node("127.0.0.1:" + std::to_string(port), hello, secret(), 3000);
     if (!d.ok()) {
         std::fprintf(stderr, "transport-rtt: %s\n", d.status().message().c_str());
@@ -92,8 +104,8 @@ Link dial(uint16_t port, net::Transport want, int spin_us) {
                      net::transport_name(d->conn->transport()));
         std::exit(1);
     }
-    if (spin_us >= 0) d->conn->set_recv_spin_us(spin_us);
-    return {std::move(d->conn)};
+    d->conn->set_recv_spin_us(spin_us);
+    return {std::move(d->conn), copy_out};
 }
 
 double median(std::vector<double> v) {
@@ -102,7 +114,7 @@ double median(std::vector<double> v) {
 }
 
 // The median round trip in microseconds of `trips` ping-pongs of `bytes` (after a few unmeasured).
-double round_trips(net::Connection &c, size_t bytes, int trips) {
+double round_trips(net::Connection &c, size_t bytes, int trips, bool copy_out) {
     std::vector<uint8_t> out(bytes, 0x5a), scratch;
     net::FrameHeader h;
     std::vector<double> us;
@@ -110,7 +122,7 @@ double round_trips(net::Connection &c, size_t bytes, int trips) {
     for (int i = -20; i < trips; ++i) {
         const auto t0 = Clock::now();
         if (!c.send_msg(net::MsgType::echo, static_cast<uint64_t>(i + 100), out).ok()) std::exit(1);
-        auto got = c.recv_view(h, scratch, 5000);
+        auto got = receive(c, h, scratch, 5000, copy_out);
         if (!got.ok() || got->size() != bytes) {
             std::fprintf(stderr, "transport-rtt: the echo failed\n");
             std::exit(1);
@@ -159,8 +171,9 @@ int main(int argc, char **argv) {
     const size_t sizes[] = {64, 8192};
     const struct {
         const char *name;
-        int spin_us;  // -1: the link's default
-    } modes[] = {{"sleep at once", 0}, {"spin 200 us", 200}};
+        int spin_us;
+        bool copy_out;
+    } modes[] = {{"sleep at once", 0, false}, {"spin 200 us", 200, false}, {"spin, copy out", 200, true}};
     std::vector<net::Transport> transports = {net::Transport::tcp};
     if (net::shm_supported()) transports.push_back(net::Transport::shm);
     if (net::ucx_supported()) transports.push_back(net::Transport::ucx);
@@ -174,7 +187,7 @@ int main(int argc, char **argv) {
     std::printf("\n");
     for (const auto &m : modes) {
         std::vector<Link> links;
-        for (net::Transport t : transports) links.push_back(dial(port, t, m.spin_us));
+        for (net::Transport t : transports) links.push_back(dial(port, t, m.spin_us, m.copy_out));
         const size_t n = links.size();
         for (size_t bytes : sizes) {
             std::vector<std::vector<double>> us(n), ratio(n);
@@ -183,7 +196,7 @@ int main(int argc, char **argv) {
                 std::vector<double> x(n);
                 for (size_t k = 0; k < n; ++k) {
                     const size_t i = (k + static_cast<size_t>(r)) % n;
-                    x[i] = round_trips(*links[i].conn, bytes, trips);
+                    x[i] = round_trips(*links[i].conn, bytes, trips, m.copy_out);
                 }
                 for (size_t i = 0; i < n; ++i) {
                     us[i].push_back(x[i]);
