@@ -47,8 +47,8 @@ const net::ClusterSecret &secret() {
 constexpr uint32_t kCopyOut = 1u << 20;  // Hello.rank's flag: receive with recv(), not recv_view()
 
 // One frame's payload: copied out into scratch (recv) or read in place where the link can (recv_view).
-Result<std::span<const uint8_t>> receive(net::Connection &c, net::FrameHeader &h, std::vector<uint8_t> &scratch,
-                                         int timeout_ms, bool copy_out) {
+Result<std::span<const uint8_t>> receive(net::Connection &c, net::FrameHeader &h,
+                                         std::vector<uint8_t> &scratch, int timeout_ms, bool copy_out) {
     if (!copy_out) return c.recv_view(h, scratch, timeout_ms);
     TD_TRY(c.recv(h, scratch, timeout_ms));
     return std::span<const uint8_t>(scratch);
