@@ -13,6 +13,7 @@
 #include "cluster/planner.h"
 #include "gguf/gguf.h"
 #include "model/arch/arch.h"
+#include "net/codec.h"
 #include "test-util.h"
 
 namespace td::cluster {
@@ -51,8 +52,8 @@ ClusterSpec boxes(int n, double latency_us, double gbits, double mem_gib = 64) {
     c.name = "test";
     for (int i = 0; i < n; ++i)
         c.nodes.push_back(box(std::string(1, static_cast<char>('a' + i)), 100, 1000, mem_gib));
-    c.default_link = LinkSpec{latency_us * 1e-6, gbits * 1e9 / 8};
-    c.head_link = LinkSpec{5e-6, 20e9};
+    c.default_link = LinkSpec{latency_us * 1e-6, gbits * 1e9 / 8, {}};
+    c.head_link = LinkSpec{5e-6, 20e9, {}};
     return c;
 }
 
@@ -155,6 +156,92 @@ TEST(CostModel, ThreeRanksReduceLargePartsInTwoLatencies) {
     const double lat = tp3.gen.terms[static_cast<size_t>(Term::link_latency)];
     // Two all-reduces per layer of two latencies each, the sampling merge (small: one), the head's hops.
     EXPECT_NEAR(lat, (2 * 32 * 2 + 1) * 1e-3 + 2 * 5e-6, 1e-4);
+}
+
+TEST(CostModel, AMessageCostsWhatMessagesOfItsSizeMeasured) {
+    LinkSpec l{100e-6, 0.25e9, {{64, 100e-6}, {8192, 110e-6}, {131072, 150e-6}}};
+    EXPECT_DOUBLE_EQ(l.seconds(10), 100e-6);  // below the smallest: the smallest
+    EXPECT_DOUBLE_EQ(l.seconds(8192), 110e-6);
+    EXPECT_NEAR(l.seconds(65536), 110e-6 + 40e-6 * (65536 - 8192) / (131072 - 8192), 1e-12);
+    // Beyond the largest: the stream's rate.
+    EXPECT_NEAR(l.seconds(1048576), 150e-6 + (1048576 - 131072) / 0.25e9, 1e-12);
+    EXPECT_NEAR(l.transfer_seconds(131072), 50e-6, 1e-12);
+    // A described link without messages: latency + bytes / bandwidth.
+    const LinkSpec d{100e-6, 0.25e9, {}};
+    EXPECT_NEAR(d.seconds(131072), 100e-6 + 131072 / 0.25e9, 1e-12);
+}
+
+TEST(CostModel, AMeasuredLinkKeepsEveryRoundTripAndStreamsBeyondThem) {
+    auto sample = [](uint64_t bytes, uint32_t mode, double p50, double gbps) {
+        net::LinkSample s;
+        s.bytes = bytes;
+        s.mode = mode;
+        s.p50 = p50;
+        s.gbps = gbps;
+        return s;
+    };
+    const LinkSpec l =
+        link_from_samples({sample(64, 0, 200e-6, 0), sample(4096, 0, 190e-6, 0), sample(65536, 0, 260e-6, 0),
+                           sample(32768, 1, 0, 9.0), sample(1u << 20, 1, 0, 0.5)});
+    EXPECT_DOUBLE_EQ(l.latency_s, 100e-6);   // half the smallest round trip
+    EXPECT_DOUBLE_EQ(l.bytes_per_s, 0.5e9);  // the largest stream
+    // The 32 KiB stream lies among the round trips and is left out; 4 KiB's faster median (noise) is raised
+    // to 64 B's.
+    ASSERT_EQ(l.messages.size(), 4u);
+    EXPECT_EQ(l.messages[1].first, 4096);
+    EXPECT_DOUBLE_EQ(l.messages[1].second, 100e-6);
+    EXPECT_DOUBLE_EQ(l.messages[2].second, 130e-6);
+    EXPECT_EQ(l.messages[3].first, 1u << 20);
+    EXPECT_NEAR(l.messages[3].second, 100e-6 + (1u << 20) / 0.5e9, 1e-12);
+}
+
+TEST(CostModel, AllReducesArePricedAtTheirMessagesMeasuredTimes) {
+    // Three ranks at 16 rows: 256 KiB partials go as reduce-scatter chunks of 85.3 KiB. Over a link whose
+    // streams crawl (0.25 GB/s) but whose messages of that size cross in 40 us more than a small one, the
+    // bandwidth term is what those messages measured, not the stream's rate.
+    const ModelShape m = shape_8b();
+    ClusterSpec streamed = boxes(3, 100, 2);  // 0.25 GB/s
+    ClusterSpec measured = streamed;
+    measured.default_link.messages = {{64, 100e-6}, {65536, 130e-6}, {131072, 150e-6}};
+    const Layout l = layout_of(m, streamed, {{0, 1, 2}});
+    const Prediction ps = predict(m, streamed, l, 16, {}), pm = predict(m, measured, l, 16, {});
+    const double chunk = 16.0 * 4096 * 4 / 3;
+    const double per = 2.0 * measured.default_link.transfer_seconds(chunk);  // to each of two peers
+    EXPECT_NEAR(per, 2.0 * (30e-6 + 20e-6 * (chunk - 65536) / 65536), 1e-12);
+    const double bw = pm.gen.terms[static_cast<size_t>(Term::link_bandwidth)];
+    // Two all-reduces a layer of two phases each; the sampling merge and the head's hops are small.
+    EXPECT_NEAR(bw, 2 * 32 * 2 * per, 0.05 * bw);
+    EXPECT_DOUBLE_EQ(pm.gen.terms[static_cast<size_t>(Term::link_latency)],
+                     ps.gen.terms[static_cast<size_t>(Term::link_latency)]);
+    EXPECT_GT(pm.gen.tokens_per_s, 1.5 * ps.gen.tokens_per_s);
+}
+
+TEST(Planner, LinksAreMeasuredAtTheSizesTheLayoutsSend) {
+    SynthParams p;
+    p.n_embd = 2048;
+    p.n_layer = 16;
+    p.n_head = 32;
+    p.n_head_kv = 8;
+    p.n_ff = 5632;
+    auto m = model_shape_from_synth(p, 32000);
+    ASSERT_TRUE(m.ok());
+    PlanOptions o;
+    o.batches = {1, 16};
+    const std::vector<uint64_t> sizes = link_message_sizes(*m, o, 3);
+    ASSERT_GE(sizes.size(), 4u);
+    ASSERT_LE(sizes.size(), net::kMaxProbeSizes);
+    EXPECT_EQ(sizes.front(), 64u);
+    for (size_t i = 1; i < sizes.size(); ++i) EXPECT_GT(sizes[i], sizes[i - 1]);
+    // The largest: a 512-row prompt chunk's all-reduce part, f32.
+    EXPECT_EQ(sizes.back(), 512u * 2048 * 4);
+    // Every message a layout sends lies within 2x of a measured size: a token's hop, 16 rows' all-reduce
+    // (128 KiB) and its reduce-scatter chunk over 3 ranks.
+    for (uint64_t want : {net::forward_payload_bytes(1, 2048, o.predict.wire, false), size_t{16 * 2048 * 4},
+                          size_t{16 * 2048 * 4 / 3}, size_t{8192}}) {
+        bool near = false;
+        for (uint64_t b : sizes) near |= b <= 2 * want && want <= 2 * b;
+        EXPECT_TRUE(near) << want;
+    }
 }
 
 TEST(CostModel, PipelineKeepsEveryStageBusyWithManySequences) {
@@ -360,6 +447,19 @@ TEST(Planner, ClusterDescriptionErrorsNameTheField) {
     ASSERT_TRUE(ok.ok()) << ok.status().message();
     EXPECT_DOUBLE_EQ(ok->link(0, 1).latency_s, 5e-6);
     EXPECT_DOUBLE_EQ(ok->link(1, 0).bytes_per_s, 10e9);  // either way; gigabits per second
+    // Measured messages, as `plan --json` prints a measured link's: they price the sizes among them.
+    auto measured =
+        cluster_from_json(R"({"nodes": [{"name": "a", "memory_gib": 8, "mem_bw_gbs": 10, "gflops": 100},
+                                                    {"name": "b", "memory_gib": 8, "mem_bw_gbs": 10, "gflops": 100}],
+        "link": {"latency_us": 200, "bandwidth_gbps": 2,
+                 "messages": [{"bytes": 131072, "one_way_us": 260}, {"bytes": 64, "one_way_us": 200}]}})");
+    ASSERT_TRUE(measured.ok()) << measured.status().message();
+    EXPECT_NEAR(measured->link(0, 1).seconds(65568), 230e-6, 1e-9);
+    e = cluster_from_json(R"({"nodes": [{"name": "a", "memory_gib": 8, "mem_bw_gbs": 10, "gflops": 100}],
+        "link": {"latency_us": 200, "bandwidth_gbps": 2, "messages": [{"bytes": 64}]}})");
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("link.messages[0].one_way_us is missing"), std::string::npos)
+        << e.status().message();
 }
 
 TEST(Planner, ShippedClusterDescriptionsPlan) {

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "cluster/cluster-engine.h"
+#include "cluster/probe.h"
 #include "core/check.h"
 #include "model/arch/arch.h"
 #include "model/bench.h"
@@ -174,6 +175,45 @@ ShapeMatrix slice_matrix(const ShapeMatrix &m, const HParams &hp, const TpSlice 
 }
 
 // ---- nodes and links -------------------------------------------------------------------------------------
+
+double LinkSpec::seconds(double bytes) const {
+    if (messages.empty()) return latency_s + bytes / bytes_per_s;
+    if (bytes <= messages.front().first) return messages.front().second;
+    for (size_t i = 1; i < messages.size(); ++i) {
+        const auto [b1, t1] = messages[i];
+        if (bytes <= b1) {
+            const auto [b0, t0] = messages[i - 1];
+            return b1 > b0 ? t0 + (t1 - t0) * (bytes - b0) / (b1 - b0) : t1;
+        }
+    }
+    return messages.back().second + (bytes - messages.back().first) / bytes_per_s;
+}
+
+void LinkSpec::set_messages(std::vector<std::pair<double, double>> measured) {
+    std::sort(measured.begin(), measured.end());
+    for (size_t i = 1; i < measured.size(); ++i)
+        measured[i].second = std::max(measured[i].second, measured[i - 1].second);
+    messages = std::move(measured);
+}
+
+LinkSpec link_from_samples(const std::vector<net::LinkSample> &samples) {
+    LinkSpec l;
+    l.latency_s = link_latency_seconds(samples);
+    l.bytes_per_s = std::max(1.0, link_bytes_per_second(samples));
+    std::vector<std::pair<double, double>> m;
+    double largest_rtt = 0.0;
+    for (const net::LinkSample &s : samples)
+        if (s.mode == 0 && s.p50 > 0) {
+            m.emplace_back(static_cast<double>(s.bytes), s.p50 / 2.0);
+            largest_rtt = std::max(largest_rtt, static_cast<double>(s.bytes));
+        }
+    for (const net::LinkSample &s : samples)
+        if (s.mode == 1 && s.gbps > 0 && static_cast<double>(s.bytes) > largest_rtt)
+            m.emplace_back(static_cast<double>(s.bytes),
+                           l.latency_s + static_cast<double>(s.bytes) / (s.gbps * 1e9));
+    l.set_messages(std::move(m));
+    return l;
+}
 
 double NodeSpec::matmul_seconds(const ShapeMatrix &m, int32_t rows) const {
     const uint32_t t = static_cast<uint32_t>(m.type);
@@ -346,23 +386,30 @@ LayerTime layer_time(const ModelShape &model, const NodeSpec &node, int32_t il, 
 double all_reduce_seconds(const ClusterSpec &c, const std::vector<int> &group, double bytes, double *lat) {
     const size_t n = group.size();
     if (n < 2) return 0.0;
-    double latency = 0.0, bps = 1e300;
-    for (int a : group)
+    const bool direct = n == 2 || bytes <= 64.0 * 1024;
+    const double part = direct ? bytes : bytes / static_cast<double>(n);
+    // Each rank sends its part to every peer, one after another from its thread; the slowest rank sets the
+    // time, and the latest latency among the links.
+    double latency = 0.0, sending = 0.0;
+    for (int a : group) {
+        double own = 0.0;
         for (int b : group)
             if (a != b) {
                 latency = std::max(latency, c.link(a, b).latency_s);
-                bps = std::min(bps, c.link(a, b).bytes_per_s);
+                own += c.link(a, b).transfer_seconds(part);
             }
-    if (n == 2 || bytes <= 64.0 * 1024) {
+        sending = std::max(sending, own);
+    }
+    if (direct) {
         *lat += latency;
-        return latency + (n - 1) * bytes / bps;
+        return latency + sending;
     }
     // Reduce-scatter then all-gather (PeerCollective): each phase sends a chunk to every peer at once and
     // then receives theirs, so two latencies, not one per peer; the bytes, (n - 1) chunks of bytes / n per
     // phase, leave through one link. Charged 2 (n - 1) latencies, `--tp 3` at 16 sequences over 1 ms links
     // was predicted 1.68x low.
     *lat += 2.0 * latency;
-    return 2.0 * latency + 2.0 * (n - 1) * bytes / n / bps;
+    return 2.0 * (latency + sending);
 }
 
 struct StageCost {
@@ -465,13 +512,13 @@ StageCost hop_cost(const ClusterSpec &c, int from, const std::vector<int> &to, d
         const LinkSpec &lk = c.link(from, -1);
         h.seconds = lk.seconds(bytes);
         h.terms[static_cast<int>(Term::link_latency)] = lk.latency_s;
-        h.terms[static_cast<int>(Term::link_bandwidth)] = bytes / lk.bytes_per_s;
+        h.terms[static_cast<int>(Term::link_bandwidth)] = lk.transfer_seconds(bytes);
         return h;
     }
     double sent = 0;  // one rank after another from the sender's thread
     for (int r : to) {
         const LinkSpec &lk = c.link(from, r);
-        sent += bytes / lk.bytes_per_s;
+        sent += lk.transfer_seconds(bytes);
         const double t = sent + lk.latency_s;
         if (t > h.seconds) {
             h.seconds = t;

@@ -8,7 +8,8 @@
 //   NodeSpec     per node: threads, free memory, plain-read bandwidth, matmul time per (type, shape, rows)
 //                (measured by a compute probe) or a roofline (read bandwidth x efficiency, peak FLOP/s) where
 //                nothing was measured, and how much slower it runs while k nodes of its host compute at once.
-//   LinkSpec     per link: one-way latency of a small message and bytes/s.
+//   LinkSpec     per link: one-way latency of a small message, bytes/s of a stream, and what single messages
+//                of the sizes a layout sends took (measured round trips).
 //   Layout       stages of tensor-parallel groups, their layer ranges and slices (what ClusterEngine runs).
 //
 // What a step costs, for a micro-batch of m rows (the messages and bytes the code really sends):
@@ -16,10 +17,12 @@
 //                   x slowdown among the nodes busy at the same time (ClusterSpec::together)
 //                   + 2 x layers x all-reduce(tp, m x n_embd x 4 bytes)       (tp > 1)
 //                   + output head at m rows + the sampling gather                   (last stage)
-//   hop       latency + bytes / bandwidth (Forward of m rows at the wire type, to every rank of the next
+//   hop       latency + transfer(bytes) (Forward of m rows at the wire type, to every rank of the next
 //             group one after another; tokens from the head, 12-byte results back)
-//   all-reduce  2 ranks or <= 64 KiB: latency + (n - 1) x bytes / bandwidth (direct exchange); else
-//             2 (n - 1) x (latency + bytes / n / bandwidth) (reduce-scatter + all-gather)
+//   all-reduce  2 ranks or <= 64 KiB: latency + (n - 1) x transfer(bytes) (direct exchange); else
+//             2 x (latency + (n - 1) x transfer(bytes / n)) (reduce-scatter + all-gather)
+//   where transfer(b) = LinkSpec::transfer_seconds(b): the measured time of a message of that size less the
+//   latency, or b / bandwidth for a described link
 // Generation at batch B over S stages: n_micro = min(B, S) micro-batches of m = ceil(B / n_micro) rows;
 // the ring time R = hops + sum t_s; period = max(R, n_micro x max t_s); tokens/s = B / period.
 // Prompt processing: rows go in chunks of auto_chunk_rows(n_batch, S); the first chunk fills the pipeline,
@@ -33,6 +36,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cluster/placement.h"
@@ -77,10 +81,28 @@ Result<ModelShape> model_shape_from_synth(const SynthParams &params, int32_t n_v
 ShapeMatrix slice_matrix(const ShapeMatrix &m, const HParams &hp, const TpSlice &slice);
 
 struct LinkSpec {
-    double latency_s = 50e-6;  // one way, a small message
-    double bytes_per_s = 1.0e9;
-    double seconds(double bytes) const { return latency_s + bytes / bytes_per_s; }
+    double latency_s = 50e-6;    // one way, a small message
+    double bytes_per_s = 1.0e9;  // a stream of large messages
+    // Measured one-way seconds of one message by its size, (bytes, seconds) ascending in both; empty: every
+    // message costs latency_s + bytes / bytes_per_s. A link's cost per byte depends on the message's size (a
+    // relay or a NIC that handles large transfers in pieces): through a 0.1 ms relay here, 64-128 KiB
+    // messages crossed at ~2.6 GB/s and 4 MiB streams at 0.25, and pricing the all-reduces of `--tp 3` at the
+    // stream's rate predicted them 1.3x slow.
+    std::vector<std::pair<double, double>> messages;
+    // One message of `bytes`, sent alone: interpolated between the measured sizes, beyond the largest at
+    // bytes_per_s.
+    double seconds(double bytes) const;
+    // The part of seconds(bytes) beyond latency_s (what the bytes cost).
+    double transfer_seconds(double bytes) const { return seconds(bytes) - latency_s; }
+    // Sets `messages` from measured (bytes, seconds) in any order: sorted by size, each time raised to the
+    // one before it (a larger message never costs less; noise between close sizes).
+    void set_messages(std::vector<std::pair<double, double>> measured);
 };
+
+// A measured link (ProbeClient::measure_link / link_to): the latency of its smallest round trip, the rate of
+// its largest stream, and every round trip's half as the time of one message of that size; streams add the
+// sizes beyond the largest round trip (latency + bytes at the stream's rate).
+LinkSpec link_from_samples(const std::vector<net::LinkSample> &samples);
 
 struct NodeSpec {
     std::string name;  // as in --workers, or the described node's name

@@ -13,6 +13,7 @@
 #include "cluster/cluster-engine.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "net/codec.h"
 
 namespace td::cluster {
 namespace {
@@ -34,6 +35,12 @@ std::string fmt_seconds(double s) {
     if (s < 1e-3) return fmt::format("{:.0f} µs", s * 1e6);
     if (s < 1.0) return fmt::format("{:.2f} ms", s * 1e3);
     return fmt::format("{:.2f} s", s);
+}
+
+std::string fmt_size(double b) {
+    if (b < 1024) return fmt::format("{:.0f} B", b);
+    if (b < 1048576) return fmt::format("{:.3g} KiB", b / 1024);
+    return fmt::format("{:.3g} MiB", b / 1048576);
 }
 
 // Every (type, n_in, n_out) the candidates would give a node, whole layers and output head included.
@@ -133,6 +140,22 @@ Result<LinkSpec> json_link(const json &j, const std::string &where) {
     TD_ASSIGN_OR_RETURN(double bw, json_number(j, "bandwidth_gbps", where, true, 0));
     l.latency_s = lat * 1e-6;
     l.bytes_per_s = bw * 1e9 / 8.0;  // gigabits per second, as links are sold
+    // Measured single messages (`plan --json`'s links carry them), optional.
+    if (j.contains("messages")) {
+        const json &m = j["messages"];
+        if (!m.is_array() || m.size() > net::kMaxProbeSizes * 2)
+            return invalid_input("{}.messages must be a list of at most {} {{bytes, one_way_us}}", where,
+                                 net::kMaxProbeSizes * 2);
+        std::vector<std::pair<double, double>> measured;
+        for (size_t i = 0; i < m.size(); ++i) {
+            const std::string w = fmt::format("{}.messages[{}]", where, i);
+            if (!m[i].is_object()) return invalid_input("{} must be an object with bytes and one_way_us", w);
+            TD_ASSIGN_OR_RETURN(double b, json_number(m[i], "bytes", w, true, 0));
+            TD_ASSIGN_OR_RETURN(double t, json_number(m[i], "one_way_us", w, true, 0));
+            measured.emplace_back(b, t * 1e-6);
+        }
+        l.set_messages(std::move(measured));
+    }
     return l;
 }
 
@@ -148,6 +171,34 @@ std::vector<int32_t> plan_rows(const PlanOptions &o, int n_nodes) {
     std::vector<int32_t> out(rows.begin(), rows.end());
     if (out.size() > net::kMaxProbeRows) out.resize(net::kMaxProbeRows);
     return out;
+}
+
+std::vector<uint64_t> link_message_sizes(const ModelShape &model, const PlanOptions &o, int n_nodes) {
+    const auto embd = static_cast<uint64_t>(model.hp.n_embd);
+    const uint64_t reduce_row = embd * net::reduce_type_bytes(o.predict.reduce);
+    std::vector<uint64_t> want{64};
+    for (int32_t r : plan_rows(o, n_nodes)) {
+        const auto rows = static_cast<uint64_t>(r);
+        want.push_back(net::forward_payload_bytes(static_cast<uint32_t>(r), static_cast<uint32_t>(embd),
+                                                  o.predict.wire, false));  // a hop of r rows
+        want.push_back(rows * reduce_row);                                  // an all-reduce's part, direct
+        for (int n = 3; n <= n_nodes; ++n)                                  // reduce-scatter's chunks
+            if (rows * reduce_row > 64u << 10) want.push_back(rows * reduce_row / static_cast<uint64_t>(n));
+    }
+    std::sort(want.begin(), want.end());
+    // A message's time is close to linear in its size between sizes 2x apart (interpolation carries it);
+    // the largest is always measured.
+    std::vector<uint64_t> sizes;
+    for (uint64_t b : want) {
+        b = std::min<uint64_t>(b, net::kMaxEchoPayload);
+        if (sizes.empty() || b >= 2 * sizes.back())
+            sizes.push_back(b);
+        else if (b == want.back() || b == net::kMaxEchoPayload)
+            sizes.back() = b;
+    }
+    if (sizes.size() > net::kMaxProbeSizes)
+        sizes.erase(sizes.begin() + 1, sizes.end() - net::kMaxProbeSizes + 1);
+    return sizes;
 }
 
 Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, const ModelShape &model,
@@ -178,21 +229,14 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
         spec.nodes[0].name = "head node";
         spec.nodes[0].host = workers.size() > 1 ? host_of(clients[ref]->local_address()) : spec.nodes[0].host;
     }
-    // Links: a small message, one token's activation, an all-reduce part, and a stream.
+    // Links: round trips of a small message and of every size a candidate layout sends (link_message_sizes),
+    // and a stream for anything larger.
     LinkOptions lo;
     lo.budget_ms = o.link_ms;
     lo.transports = o.transports;
-    lo.rtt_sizes = {
-        64,
-        static_cast<uint64_t>(net::wire_row_bytes(o.predict.wire, static_cast<size_t>(model.hp.n_embd))) + 64,
-        static_cast<uint64_t>(model.hp.n_embd) * 4};
-    lo.stream_sizes = {4u << 20};
-    auto to_spec = [](const std::vector<net::LinkSample> &s) {
-        LinkSpec l;
-        l.latency_s = link_latency_seconds(s);
-        l.bytes_per_s = std::max(1.0, link_bytes_per_second(s));
-        return l;
-    };
+    lo.rtt_sizes = link_message_sizes(model, o, static_cast<int>(workers.size()));
+    lo.stream_sizes = {std::max<uint64_t>(4u << 20, lo.rtt_sizes.back())};
+    auto to_spec = [](const std::vector<net::LinkSample> &s) { return link_from_samples(s); };
     for (size_t i = 0; i < workers.size(); ++i) {
         say(fmt::format("measuring the link head -> {}", workers[i]));
         TD_ASSIGN_OR_RETURN(auto s, clients[i]->measure_link(lo));
@@ -408,7 +452,7 @@ Result<ClusterSpec> cluster_from_json(const std::string &text) {
     if (j.contains("link")) {
         TD_ASSIGN_OR_RETURN(c.default_link, json_link(j["link"], "link"));
     }
-    c.head_link = LinkSpec{5e-6, 20e9};  // the head beside a node: loopback
+    c.head_link = LinkSpec{5e-6, 20e9, {}};  // the head beside a node: loopback
     if (j.contains("head_link")) {
         TD_ASSIGN_OR_RETURN(c.head_link, json_link(j["head_link"], "head_link"));
     }
@@ -526,8 +570,16 @@ std::string plan_text(const Plan &plan) {
             c.together_of(k.first, k.second, true),
             f >= ClusterSpec::kSharedCore ? " (they share cores: no tensor parallelism between them)" : "");
     auto link_line = [&](const std::string &a, const std::string &b, const LinkSpec &l) {
-        return fmt::format("  {:<22} -> {:<22} {:>8}  {:>6.2f} GB/s\n", a, b, fmt_seconds(l.latency_s),
-                           l.bytes_per_s / 1e9);
+        std::string line = fmt::format("  {:<22} -> {:<22} {:>8}  {:>6.2f} GB/s\n", a, b,
+                                       fmt_seconds(l.latency_s), l.bytes_per_s / 1e9);
+        if (l.messages.size() > 1) {
+            line += "    one message, measured at the sizes the layouts send:";
+            for (size_t i = 1; i < l.messages.size(); ++i)
+                line += fmt::format("{} {} {}", i > 1 ? "," : "", fmt_size(l.messages[i].first),
+                                    fmt_seconds(l.messages[i].second));
+            line += "\n";
+        }
+        return line;
     };
     o += "links (one way: a small message; a stream):\n";
     if (c.links.empty()) {
@@ -603,7 +655,13 @@ std::string plan_json(const Plan &plan) {
                          {"to", k.second < 0 ? std::string("head")
                                              : plan.cluster.nodes[static_cast<size_t>(k.second)].name},
                          {"latency_us", l.latency_s * 1e6},
-                         {"gbps", l.bytes_per_s / 1e9}});
+                         {"gbps", l.bytes_per_s / 1e9},
+                         {"messages", [&] {
+                              json m = json::array();
+                              for (const auto &[b, t] : l.messages)
+                                  m.push_back({{"bytes", b}, {"one_way_us", t * 1e6}});
+                              return m;
+                          }()}});
     j["links"] = links;
     json together = json::array();
     for (const auto &[k, f] : plan.cluster.together)

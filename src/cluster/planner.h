@@ -2,7 +2,8 @@
 // recommend one. The measurements are the ones the cost model takes (cluster/cost-model.h):
 //
 //   links    the head to every worker, and every worker to every other (the worker measures its own link:
-//            ProbeClient::link_to): round trips of small and activation-sized messages, a stream
+//            ProbeClient::link_to): round trips of a small message and of every size a layout would send
+//            (link_message_sizes), a stream for larger ones
 //   nodes    a compute probe per worker of every matrix shape the candidate layouts would give it, at every
 //            row count they would run (micro-batches of each batch size, prompt chunks), measured alone; then
 //            every pair of nodes of one host alone and at once, seconds apart, for the host's contention
@@ -40,6 +41,11 @@ struct PlanOptions {
 // Row counts a plan needs measured: micro-batches of every batch over 1..n_nodes stages, prompt chunks, 1.
 std::vector<int32_t> plan_rows(const PlanOptions &options, int n_nodes);
 
+// Message sizes a plan measures round trips of: a small message, and the hops and all-reduce parts (whole,
+// and the reduce-scatter's chunks) of every row count plan_rows() lists, thinned to sizes about 2x apart, the
+// largest kept.
+std::vector<uint64_t> link_message_sizes(const ModelShape &model, const PlanOptions &options, int n_nodes);
+
 // Measures `workers` for `model` (progress lines go to `progress`, may be empty), proving `secret` to each.
 // Errors: a worker that cannot be reached, refuses the secret or speaks another protocol, a probe that fails.
 Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, const ModelShape &model,
@@ -53,6 +59,8 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
 //    "link": {"latency_us": 40, "bandwidth_gbps": 9.4},          // between any two nodes
 //    "links": [{"from": "a", "to": "b", "latency_us": 5, "bandwidth_gbps": 90}],   // optional, either way
 //    "head_link": {"latency_us": 10, "bandwidth_gbps": 20}}      // head <-> node; default: a loopback
+// A link may also list measured messages, "messages": [{"bytes": 131072, "one_way_us": 292}, ...] (as `plan
+// --json` prints a measured link's), which price messages near those sizes (LinkSpec::messages).
 // Errors name the field ("nodes[1].mem_bw_gbs must be a positive number").
 Result<ClusterSpec> cluster_from_json(const std::string &text);
 

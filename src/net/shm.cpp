@@ -233,6 +233,8 @@ private:
     Status read_bytes(uint8_t *dst, size_t n, const Deadline &deadline, bool *timed_out, int64_t *spin_ns);
     // recv()'s first half: a lent frame given back, then the next frame's header read and checked (recv_mu_).
     Status read_header(FrameHeader &header, const Deadline &deadline, int timeout_ms, int64_t *spin_ns);
+    // A frame's bytes stopped coming: the stream can no longer be framed, so the link closes.
+    Status timed_out_inside(size_t n, int timeout_ms);
     // recv()'s second half: the n-byte payload copied out into `payload` (recv_mu_).
     Status read_payload(std::vector<uint8_t> &payload, size_t n, const Deadline &deadline, int timeout_ms,
                         int64_t *spin_ns);
@@ -424,6 +426,12 @@ Status ShmConnection::read_header(FrameHeader &header, const Deadline &deadline,
     return {};
 }
 
+Status ShmConnection::timed_out_inside(size_t n, int timeout_ms) {
+    close();
+    return make_error(ErrorKind::failed, "recv from {} timed out after {} ms inside a {}-byte frame; closed",
+                      peer_, timeout_ms, n);
+}
+
 Status ShmConnection::read_payload(std::vector<uint8_t> &payload, size_t n, const Deadline &deadline,
                                    int timeout_ms, int64_t *spin_ns) {
     size_payload(payload, n, cap_);  // grows from one ring's worth as the bytes come
@@ -433,12 +441,7 @@ Status ShmConnection::read_payload(std::vector<uint8_t> &payload, size_t n, cons
         if (got == payload.size()) payload.resize(std::min(n, 2 * payload.size()));
         const size_t want = payload.size() - got;
         TD_TRY(read_bytes(payload.data() + got, want, deadline, &timed_out, spin_ns));
-        if (timed_out) {
-            close();
-            return make_error(ErrorKind::failed,
-                              "recv from {} timed out after {} ms inside a {}-byte frame; closed", peer_,
-                              timeout_ms, n);
-        }
+        if (timed_out) return timed_out_inside(n, timeout_ms);
         got += want;
     }
     count_received(n);
@@ -477,12 +480,7 @@ Result<std::span<const uint8_t>> ShmConnection::recv_view(FrameHeader &header, s
             return head - tail >= n;
         };
         TD_TRY(wait_until(whole, in_.data_seq, in_.consumer_sleeping, deadline, spin_ns, &timed_out));
-        if (timed_out) {
-            close();
-            return make_error(ErrorKind::failed,
-                              "recv from {} timed out after {} ms inside a {}-byte frame; closed", peer_,
-                              timeout_ms, n);
-        }
+        if (timed_out) return timed_out_inside(n, timeout_ms);
     }
     if (head - tail > cap_) return corrupt("in", head, tail);
     view_end_.store(tail + n, std::memory_order_relaxed);
