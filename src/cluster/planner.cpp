@@ -649,19 +649,17 @@ std::string plan_json(const Plan &plan) {
                          {"matvec_efficiency", n.matvec_efficiency}});
     j["nodes"] = nodes;
     json links = json::array();
-    for (const auto &[k, l] : plan.cluster.links)
+    for (const auto &[k, l] : plan.cluster.links) {
+        json messages = json::array();
+        for (const auto &[b, t] : l.messages) messages.push_back({{"bytes", b}, {"one_way_us", t * 1e6}});
         links.push_back({{"from", k.first < 0 ? std::string("head")
                                               : plan.cluster.nodes[static_cast<size_t>(k.first)].name},
                          {"to", k.second < 0 ? std::string("head")
                                              : plan.cluster.nodes[static_cast<size_t>(k.second)].name},
                          {"latency_us", l.latency_s * 1e6},
                          {"gbps", l.bytes_per_s / 1e9},
-                         {"messages", [&] {
-                              json m = json::array();
-                              for (const auto &[b, t] : l.messages)
-                                  m.push_back({{"bytes", b}, {"one_way_us", t * 1e6}});
-                              return m;
-                          }()}});
+                         {"messages", messages}});
+    }
     j["links"] = links;
     json together = json::array();
     for (const auto &[k, f] : plan.cluster.together)
