@@ -22,13 +22,19 @@ namespace {
 namespace fs = std::filesystem;
 using test::TempDir;
 
-ModelShape shape_8b(DType type = DType::q4_0) {
+// A llama-shaped model of these dimensions, as `tandem synth` describes it (Q4_0 unless set after).
+SynthParams llama_params(int32_t n_embd, int32_t n_layer, int32_t n_head, int32_t n_head_kv, int32_t n_ff) {
     SynthParams p;
-    p.n_embd = 4096;
-    p.n_layer = 32;
-    p.n_head = 32;
-    p.n_head_kv = 8;
-    p.n_ff = 14336;
+    p.n_embd = n_embd;
+    p.n_layer = n_layer;
+    p.n_head = n_head;
+    p.n_head_kv = n_head_kv;
+    p.n_ff = n_ff;
+    return p;
+}
+
+ModelShape shape_8b(DType type = DType::q4_0) {
+    SynthParams p = llama_params(4096, 32, 32, 8, 14336);
     p.type = type;
     auto m = model_shape_from_synth(p, 128256);
     EXPECT_TRUE(m.ok()) << m.status().message();
@@ -217,12 +223,7 @@ TEST(CostModel, AllReducesArePricedAtTheirMessagesMeasuredTimes) {
 }
 
 TEST(Planner, LinksAreMeasuredAtTheSizesTheLayoutsSend) {
-    SynthParams p;
-    p.n_embd = 2048;
-    p.n_layer = 16;
-    p.n_head = 32;
-    p.n_head_kv = 8;
-    p.n_ff = 5632;
+    const SynthParams p = llama_params(2048, 16, 32, 8, 5632);
     auto m = model_shape_from_synth(p, 32000);
     ASSERT_TRUE(m.ok());
     PlanOptions o;
@@ -354,12 +355,7 @@ TEST(Planner, CandidatesCoverEveryKindAndTheirFlagsRunThem) {
     EXPECT_TRUE(flags.count("--workers a,b,c,d --layout 2,2 --layers 0-16,17-31"));
     EXPECT_TRUE(flags.count("--workers c")) << "every node alone";
     // 8 KV heads: 5 or more ranks in one group are left out, never an error.
-    SynthParams p;
-    p.n_embd = 256;
-    p.n_layer = 4;
-    p.n_head = 4;
-    p.n_head_kv = 2;
-    p.n_ff = 512;
+    const SynthParams p = llama_params(256, 4, 4, 2, 512);
     auto small = model_shape_from_synth(p, 1000);
     ASSERT_TRUE(small.ok());
     for (const Layout &l : candidate_layouts(*small, boxes(3, 20, 25), 1))
@@ -367,12 +363,7 @@ TEST(Planner, CandidatesCoverEveryKindAndTheirFlagsRunThem) {
 }
 
 TEST(Planner, AModelTooBigForOneNodeSaysWhatItNeeds) {
-    SynthParams p;
-    p.n_embd = 8192;
-    p.n_layer = 80;
-    p.n_head = 64;
-    p.n_head_kv = 8;
-    p.n_ff = 28672;
+    SynthParams p = llama_params(8192, 80, 64, 8, 28672);
     ASSERT_TRUE(synth_parse_type("q4_k_m", p).ok());
     auto m = model_shape_from_synth(p, 128256);
     ASSERT_TRUE(m.ok());

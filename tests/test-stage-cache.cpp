@@ -8,8 +8,10 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "cluster/cluster-engine.h"
@@ -135,6 +137,75 @@ TEST(StageCache, SizesParseWithUnits) {
         ASSERT_FALSE(r.ok()) << bad;
         EXPECT_NE(r.status().message().find("is not a size"), std::string::npos);
     }
+}
+
+// ---- a cache dir shared with other processes -------------------------------------------------------------
+
+std::string read_all(std::FILE *f) {
+    std::string out;
+    char buf[256];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    return out;
+}
+
+// Writes `path` as the writers do (a whole file, renamed into place), then, the first `evictions` times,
+// removes it again as another head's make_room would before this one opens it.
+struct EvictedMaker {
+    std::string path;
+    int evictions = 0;
+    int made = 0;
+    Status operator()() {
+        ++made;
+        make_file(path + ".tmp", 1000, 0);
+        fs::rename(path + ".tmp", path);
+        if (made <= evictions) fs::remove(path);
+        return {};
+    }
+};
+
+TEST(StageCache, AFileEvictedBeforeItIsOpenedIsMadeAgainAndTheOpenHandleOutlivesTheNextEviction) {
+    test::TempDir dir;
+    EvictedMaker maker{dir.file("a.gguf"), kMaxMakes - 1};
+    auto f = open_or_make(maker.path, nullptr, std::ref(maker));
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    EXPECT_EQ(maker.made, kMaxMakes);
+    fs::remove(maker.path);  // evicted again while it streams: the handle still reads the whole file
+    EXPECT_EQ(read_all(f->get()), std::string(1000, 'x'));
+}
+
+TEST(StageCache, AFileEvictedAfterEveryMakeIsAnErrorNamingItsDir) {
+    test::TempDir dir;
+    EvictedMaker maker{dir.file("a.gguf"), kMaxMakes};
+    auto f = open_or_make(maker.path, nullptr, std::ref(maker));
+    ASSERT_FALSE(f.ok());
+    EXPECT_EQ(maker.made, kMaxMakes);
+    EXPECT_NE(
+        f.status().message().find("a.gguf: gone again after being made 4 times (another process evicting "
+                                  "from " +
+                                  dir.path()),
+        std::string::npos)
+        << f.status().message();
+}
+
+TEST(StageCache, AUsableFileIsOpenedAsItIsAndAnUnusableOneIsMadeAgain) {
+    test::TempDir dir;
+    EvictedMaker maker{dir.file("a.gguf")};
+    make_file(maker.path, 10, 0);
+    auto kept = open_or_make(
+        maker.path, [](const std::string &) { return true; }, std::ref(maker));
+    ASSERT_TRUE(kept.ok());
+    EXPECT_EQ(maker.made, 0);
+    EXPECT_EQ(read_all(kept->get()), std::string(10, 'x'));
+    auto remade = open_or_make(
+        maker.path, [](const std::string &p) { return fs::file_size(p) == 1000; }, std::ref(maker));
+    ASSERT_TRUE(remade.ok());
+    EXPECT_EQ(maker.made, 1);
+    EXPECT_EQ(read_all(remade->get()), std::string(1000, 'x'));
+    // A make that fails is the error, nothing retried.
+    auto failed =
+        open_or_make(dir.file("b.gguf"), nullptr, [] { return make_error(ErrorKind::io, "disk full"); });
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(failed.status().message(), "disk full");
 }
 
 // ---- real workers ----------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // ClusterEngine: connecting, placing, loading and linking the pipeline; tearing it down.
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -212,15 +213,15 @@ Status ClusterEngine::handshake(size_t i) {
 
 Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
     const std::string path = options_.stage_dir + "/" + fingerprint_hex(ls.fingerprint) + ".gguf";
-    std::error_code ec;
-    bool have = std::filesystem::exists(path);
-    if (have && ls.tp_size > 1) {  // a file left by another version may carry other slice keys: check them
-        auto f = gguf::File::open(path);
+    // A slice file left by another version may carry other slice keys: check them.
+    auto usable = [&](const std::string &p) {
+        if (ls.tp_size <= 1) return true;
+        auto f = gguf::File::open(p);
         auto sl = f.ok() ? tp_slice_read(*f, model_->hparams()) : Result<TpSlice>(f.status());
-        have = sl.ok() && *sl == slices_[i];
-        if (!have) std::filesystem::remove(path, ec);
-    }
-    if (!have) {
+        return sl.ok() && *sl == slices_[i];
+    };
+    auto make = [&]() -> Status {
+        std::error_code ec;
         std::filesystem::create_directories(options_.stage_dir, ec);
         if (ec) return make_error(ErrorKind::io, "{}: cannot create: {}", options_.stage_dir, ec.message());
         // stage_dir is a cache of cuts of the model file: before another is written, the least recently used
@@ -233,17 +234,20 @@ Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
         if (!StageCache(options_.stage_dir, capped).make_room(bytes, stage_files_).ok())
             TD_TRY(StageCache(options_.stage_dir, {}).make_room(bytes, stage_files_));
         if (ls.tp_size > 1)
-            TD_TRY(tp_write_slice_file(model_->file(), model_->hparams(), ls.layer_first, ls.layer_last,
-                                       slices_[i], path));
-        else
-            TD_TRY(write_stage_file(model_->file(), ls.layer_first, ls.layer_last, ls.n_layer, path));
-    }
+            return tp_write_slice_file(model_->file(), model_->hparams(), ls.layer_first, ls.layer_last,
+                                       slices_[i], path);
+        return write_stage_file(model_->file(), ls.layer_first, ls.layer_last, ls.n_layer, path);
+    };
+    // Other heads on this host share stage_dir and evict from it: the file is read through the handle opened
+    // here, never by its name again.
+    TD_ASSIGN_OR_RETURN(const OpenFile file, open_or_make(path, usable, make));
+    std::FILE *const in = file.get();
     StageCache::touch(path);
     stage_files_.insert(path);
-    const uint64_t total = std::filesystem::file_size(path, ec);
-    if (ec || total == 0) return make_error(ErrorKind::io, "{}: cannot read the stage file", path);
-    std::FILE *in = std::fopen(path.c_str(), "rb");
-    if (in == nullptr) return make_error(ErrorKind::io, "{}: cannot open", path);
+    struct stat st {};
+    if (::fstat(::fileno(in), &st) != 0 || st.st_size <= 0)
+        return make_error(ErrorKind::io, "{}: cannot read the stage file", path);
+    const uint64_t total = static_cast<uint64_t>(st.st_size);
     std::vector<uint8_t> chunk(kChunkBytes);
     std::vector<uint8_t> header;  // the WeightsChunk fields; the chunk's bytes go as a second part
     uint64_t sent = 0;
@@ -269,7 +273,6 @@ Status ClusterEngine::stream_stage_file(size_t i, const net::LoadStage &ls) {
                          fmt_bytes(static_cast<double>(total)).c_str());
     }
     if (progress) std::fprintf(stderr, "\n");
-    std::fclose(in);
     return s;
 }
 

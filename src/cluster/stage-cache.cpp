@@ -112,6 +112,26 @@ Status StageCache::make_room(uint64_t bytes, const std::set<std::string> &keep) 
     return {};
 }
 
+Result<OpenFile> open_or_make(const std::string &path, const std::function<bool(const std::string &)> &usable,
+                              const std::function<Status()> &make) {
+    for (int made = 0;; ++made) {
+        OpenFile f(std::fopen(path.c_str(), "rb"));
+        if (f && usable && !usable(path)) {
+            f.reset();
+            std::error_code ec;
+            fs::remove(path, ec);
+            log_warn("{}: not the file wanted (left by another version?); making it again", path);
+        }
+        if (f) return f;
+        if (made == kMaxMakes)
+            return make_error(ErrorKind::io,
+                              "{}: gone again after being made {} times (another process evicting from {}?)",
+                              path, made, fs::path(path).parent_path().string());
+        if (made > 0) log_warn("{}: evicted before it was opened; making it again", path);
+        TD_TRY(make());
+    }
+}
+
 void StageCache::touch(const std::string &path) {
     // The access time only: the modification time is part of a file's identity (the packed weights' key
     // hashes it, model/weight-pack.h), and a stage file whose identity changed on every use was packed anew

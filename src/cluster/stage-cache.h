@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -52,5 +54,19 @@ private:
 };
 
 std::string fmt_gib(uint64_t bytes);  // "1.25 GiB"
+
+struct FileCloser {
+    void operator()(std::FILE *f) const { std::fclose(f); }
+};
+using OpenFile = std::unique_ptr<std::FILE, FileCloser>;
+
+// `path` open for reading, made by `make` (which writes it whole, by a rename) when it is missing or `usable`
+// refuses it (then it is removed first; null: any file is usable). A cache dir may be shared with other
+// processes that evict from it (every head on a host streams from <temp>/tandem-stages): a file evicted
+// between `make` and the open is made again, up to kMaxMakes times, and once open here it outlives any
+// eviction.
+inline constexpr int kMaxMakes = 4;
+Result<OpenFile> open_or_make(const std::string &path, const std::function<bool(const std::string &)> &usable,
+                              const std::function<Status()> &make);
 
 }  // namespace td::cluster
