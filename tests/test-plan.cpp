@@ -362,6 +362,34 @@ TEST(Planner, CandidatesCoverEveryKindAndTheirFlagsRunThem) {
         for (const auto &g : l.groups) EXPECT_LE(g.size(), 2u);
 }
 
+TEST(Planner, WithinTwoPercentTheSimplerLayoutIsRecommended) {
+    // Entries as make_plan sorts them: fastest first, those that fit first.
+    auto entry = [](std::vector<std::vector<int>> groups, double tokens_per_s, bool shares_core = false) {
+        PlanEntry e;
+        e.layout.groups = std::move(groups);
+        e.prediction.gen.tokens_per_s = tokens_per_s;
+        e.prediction.shares_core = shares_core;
+        return e;
+    };
+    const auto tp2 = std::vector<std::vector<int>>{{0, 1}}, pipe2 = std::vector<std::vector<int>>{{0}, {1}};
+    const auto one = std::vector<std::vector<int>>{{0}}, tp3 = std::vector<std::vector<int>>{{0, 1, 2}};
+    // The tie plan-check met (tokens/s predicted): the pipeline, whose two nodes never wait for each other.
+    EXPECT_EQ(recommend({entry(tp2, 486.0), entry(pipe2, 485.5), entry(one, 300)}), 1);
+    // 2% apart is still a tie, 3% is not.
+    EXPECT_EQ(recommend({entry(tp2, 500), entry(pipe2, 490.0), entry(one, 300)}), 1);
+    EXPECT_EQ(recommend({entry(tp2, 500), entry(pipe2, 485.0), entry(one, 300)}), 0);
+    // Fewer nodes first: one node within 2% of both.
+    EXPECT_EQ(recommend({entry(tp2, 100), entry(pipe2, 99.5), entry(one, 98.5)}), 2);
+    // Of equal node counts, the narrower group: tp 3 against a 2+1 hybrid.
+    EXPECT_EQ(recommend({entry(tp3, 100), entry({{0, 1}, {2}}, 99)}), 1);
+    // Ranks on shared cores are never recommended; a layout that does not fit ends the list.
+    EXPECT_EQ(recommend({entry(tp2, 900, true), entry(pipe2, 400)}), 1);
+    PlanEntry big = entry(one, 50);
+    big.prediction.fits = false;
+    EXPECT_EQ(recommend({entry(tp2, 900, true), big}), -1);
+    EXPECT_EQ(recommend({}), -1);
+}
+
 TEST(Planner, AModelTooBigForOneNodeSaysWhatItNeeds) {
     SynthParams p = llama_params(8192, 80, 64, 8, 28672);
     ASSERT_TRUE(synth_parse_type("q4_k_m", p).ok());

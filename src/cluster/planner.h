@@ -74,6 +74,10 @@ struct PlanBatch {
     int best_single = -1, best_pipeline = -1, best_tp = -1, best_hybrid = -1;  // indices into entries
     int recommended = -1;
 };
+// The entry to recommend among `entries` (fastest generation first, those that fit first): the fastest that
+// fits and puts no two ranks of a group on shared cores; within 2% of it, the simplest (fewer nodes, then
+// smaller tensor-parallel groups). -1 where none qualifies.
+int recommend(const std::vector<PlanEntry> &entries);
 struct Plan {
     ModelShape model;
     ClusterSpec cluster;
