@@ -1,11 +1,12 @@
 #include "cluster/worker.h"
 
 #include <cerrno>
-#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "cluster/fingerprint.h"
 #include "cluster/handshake.h"
@@ -344,11 +345,13 @@ Result<std::shared_ptr<Model>> Worker::obtain_weights(net::Connection &conn, con
     if (opt_.cache_dir.empty())
         return invalid_input("worker {} has neither --model nor --cache-dir; it cannot hold weights", me);
     const std::string path = opt_.cache_dir + "/" + fingerprint_hex(ls.fingerprint) + ".gguf";
-    bool cached = false;
+    // A cached file stays open from its check to its load: workers of one host share a cache dir by default,
+    // and another's make_room may evict the file in between (an open file outlives its name).
+    std::optional<gguf::File> cached;
     if (std::filesystem::exists(path)) {
         auto f = gguf::File::open(path);
         if (f.ok() && stage_fingerprint(*f, ls.layer_first, ls.layer_last, ls.n_layer) == ls.fingerprint) {
-            cached = true;
+            cached = std::move(*f);
         } else {
             log_warn("{}: cached stage file is damaged; fetching it again", path);
             std::error_code ec;
@@ -365,7 +368,8 @@ Result<std::shared_ptr<Model>> Worker::obtain_weights(net::Connection &conn, con
     *source = reply.source;
     TD_TRY(send_control(conn, net::MsgType::load_reply, reply));
     if (!cached) TD_TRY(receive_stage_file(conn, ls, path));
-    TD_ASSIGN_OR_RETURN(auto model, Model::load(path, range));
+    TD_ASSIGN_OR_RETURN(auto model,
+                        cached ? Model::load(std::move(*cached), range) : Model::load(path, range));
     if (!model->pack().path.empty()) StageCache::touch(model->pack().path);
     return model;
 }
@@ -382,13 +386,17 @@ Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const
     if (ec) return make_error(ErrorKind::io, "worker {}: cannot create {}: {}", me, dir, ec.message());
     const std::string path = dir + "/" + fingerprint_hex(ls.fingerprint) + ".gguf";
     const TpSlice slice{ls.slice[0], ls.slice[1], ls.slice[2], ls.slice[3], ls.slice[4], ls.slice[5]};
-    auto matches = [&](const std::string &p) {
+    auto open_matching = [&](const std::string &p) -> std::optional<gguf::File> {
         auto f = gguf::File::open(p);
-        return f.ok() && stage_fingerprint(*f, ls.layer_first, ls.layer_last, ls.n_layer) == ls.fingerprint;
+        if (f.ok() && stage_fingerprint(*f, ls.layer_first, ls.layer_last, ls.n_layer) == ls.fingerprint)
+            return std::move(*f);
+        return std::nullopt;
     };
     net::LoadReply reply;
+    std::optional<gguf::File> cached;  // open from its check to its load (see obtain_weights)
     if (std::filesystem::exists(path)) {
-        if (matches(path)) {
+        cached = open_matching(path);
+        if (cached) {
             StageCache::touch(path);
             reply.source = "cache " + path;
         } else {
@@ -412,7 +420,7 @@ Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const
         TD_ASSIGN_OR_RETURN(auto whole, Model::load(*local_model_, plain));
         const std::string part = path + ".part";
         TD_TRY(tp_write_slice_file(*local_model_, whole->hparams(), ls.layer_first, ls.layer_last, slice, part));
-        if (!matches(part)) {
+        if (!open_matching(part)) {
             std::filesystem::remove(part, ec);
             return make_error(ErrorKind::failed, "worker {}: the slice cut from {} does not match the head's", me,
                               local_model_->path());
@@ -428,7 +436,8 @@ Result<std::shared_ptr<Model>> Worker::obtain_slice(net::Connection &conn, const
     *source = reply.source;
     TD_TRY(send_control(conn, net::MsgType::load_reply, reply));
     if (reply.need_weights) TD_TRY(receive_stage_file(conn, ls, path));
-    TD_ASSIGN_OR_RETURN(auto model, Model::load(path, range));
+    TD_ASSIGN_OR_RETURN(auto model,
+                        cached ? Model::load(std::move(*cached), range) : Model::load(path, range));
     if (!model->pack().path.empty()) StageCache::touch(model->pack().path);
     if (model->slice() != slice)
         return invalid_input("{}: holds slice {}, the head asked for {}", path, tp_slice_str(model->slice()),
