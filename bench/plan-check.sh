@@ -15,16 +15,24 @@
 # Two cores' read over one core's is recorded at both times too: where it moved between plan and bench, two
 # nodes streaming weights at once (tensor parallelism at batch 1) run at another speed than plan measured; and
 # so is the CPU time the hypervisor gave to others (steal, from /proc/stat) while plan and each bench ran.
-# The benches run in paired rounds (ROUNDS, each bench once per round, the order rotating): each measured
-# figure is the median of its rounds, and the recommendation is judged on the medians and round by round.
+# The benches run in paired rounds (ROUNDS, each bench once per round, the order rotating), and plan runs again
+# right before every round (REPLAN=1): each round's benches are checked against the plan made a minute or two
+# before them, not against one made ten minutes earlier on a host that has moved since (back to back, one
+# node's tg128 read 43.6 and then 32.4 tokens/s, and --tp 2 over it 1.33x and then 1.84x). Each row's ratio is
+# the median of its rounds' ratios, its predicted and measured figures the medians of their rounds; the first
+# plan picks the layouts. A row is marked recommended for the layout most rounds' plans recommended, and the
+# recommendation is judged on the medians and round by round (each round's plan's choice against that round's
+# fastest; a choice that was not among the layouts run is counted apart).
 # A row whose host moved between plan and bench (two cores' read over one core's off by more than 20% from
-# plan's, or more than 5% of the CPU time stolen) is marked, and the summary also counts the rows where the
-# host held still: on a moved host a prediction is checked against another machine than the one plan measured.
+# plan's in most rounds, or more than 5% of the CPU time stolen) is marked, and the summary also counts the
+# rows where the host held still: on a moved host a prediction is checked against another machine than the one
+# plan measured.
 #
 #   bench/plan-check.sh [MODEL]
 #   env: TANDEM (binary), MEMBW (bench/membw binary), NODES ("1 2 3"), DELAYS_MS ("0 0.1 1"), N_GEN (128),
-#        N_PROMPT (512), PARALLEL (16), ROUNDS (3: paired rounds of the benches),
-#        PLAN_DIR (keep each cluster's plan JSON there as plan-N-Dms.json)
+#        N_PROMPT (512), PARALLEL (16), ROUNDS (3: paired rounds of the benches), REPLAN (1: plan before every
+#        round; 0: the first plan's figures for every round), PLAN_DIR (keep each cluster's plan JSON there as
+#        plan-N-Dms.json, and plan-N-Dms-rR.json for round R's)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin=${TANDEM:-$here/build/release/tandem}
@@ -43,6 +51,7 @@ n_gen=${N_GEN:-128}
 n_prompt=${N_PROMPT:-512}
 parallel=${PARALLEL:-16}
 rounds=${ROUNDS:-3}
+replan=${REPLAN:-1}
 plan_dir=${PLAN_DIR:-}
 if [[ ! -f $model ]]; then
   mkdir -p "$(dirname "$model")"
@@ -57,6 +66,36 @@ export TANDEM_CACHE_DIR=${TANDEM_CACHE_DIR:-/tmp/tandem-bench/cache}
 bench_failed() {
   echo "bench $1 failed: $(tail -n 3 "$tmp/bench.err")" >&2
   for w in "$tmp"/w*.log; do echo "  $(basename "$w"): $(tail -n 2 "$w")" >&2; done
+}
+
+# plan_round R: the plain read, two cores' read over one core's and the CPU steal while `tandem plan` runs on
+# $list, its JSON in $tmp/plan-R.json (and $PLAN_DIR), and one line of $tmp/preds: what that plan predicts for
+# the layouts of $tmp/layouts (round 0 picks them) and which it recommends per batch.
+plan_round() {
+  local r=$1 bw bus mark steal
+  bw=$(read_gbs)
+  bus=$(bus_ratio "$bw")
+  mark=$(steal_mark)
+  "$bin" plan -m "$model" --workers "$list" --transport tcp -t 1 --batch "1,$parallel" -n "$n_gen" -p "$n_prompt" --json \
+    > "$tmp/plan-$r.json" 2>/dev/null
+  steal=$(steal_since "$mark")
+  if [[ -n $plan_dir ]]; then
+    mkdir -p "$plan_dir"
+    cp "$tmp/plan-$r.json" "$plan_dir/plan-$n-${d}ms$( ((r > 0)) && echo "-r$r").json"
+  fi
+  python3 - "$tmp/plan-$r.json" "$r" "$bw" "$bus" "$steal" >> "$tmp/preds" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1]))
+pred, rec = {}, {}
+for b in plan["batches"]:
+    rec[str(b["batch"])] = b["recommended"]["flags"]
+    for l in b["layouts"]:
+        if l["fits"]:
+            e = pred.setdefault(l["flags"], {"gen": {}, "prompt": l["prompt"]["tokens_per_s"]})
+            e["gen"][str(b["batch"])] = l["generation"]["tokens_per_s"]
+print(json.dumps({"round": int(sys.argv[2]), "pred": pred, "rec": rec, "read": float(sys.argv[3]),
+                  "bus": float(sys.argv[4]), "steal": float(sys.argv[5])}))
+PY
 }
 
 max_nodes=0
@@ -85,15 +124,10 @@ for n in $nodes_list; do
       fi
       list+="${list:+,}$a"
     done
-    bw_plan=$(read_gbs)
-    bus_plan=$(bus_ratio "$bw_plan")
-    mark=$(steal_mark)
-    "$bin" plan -m "$model" --workers "$list" --transport tcp -t 1 --batch "1,$parallel" -n "$n_gen" -p "$n_prompt" --json \
-      > "$tmp/plan.json" 2>/dev/null
-    steal_plan=$(steal_since "$mark")
-    if [[ -n $plan_dir ]]; then mkdir -p "$plan_dir" && cp "$tmp/plan.json" "$plan_dir/plan-$n-${d}ms.json"; fi
+    : > "$tmp/preds"
+    plan_round 0
     # The layouts to run: flags, label and predictions per batch.
-    python3 - "$tmp/plan.json" "$n" > "$tmp/layouts" <<'PY'
+    python3 - "$tmp/plan-0.json" "$n" > "$tmp/layouts" <<'PY'
 import json, sys
 plan = json.load(open(sys.argv[1])); n = int(sys.argv[2])
 want = {}
@@ -119,6 +153,7 @@ PY
     mapfile -t lines < "$tmp/layouts"
     : > "$tmp/rounds"
     for ((r = 0; r < rounds; r++)); do
+      if ((r > 0 && replan)); then plan_round "$r"; fi
       for ((k = 0; k < ${#lines[@]}; k++)); do
         li=$(((k + r) % ${#lines[@]}))
         line=${lines[$li]}
@@ -145,43 +180,65 @@ print(json.dumps({"layout": int(sys.argv[1]), "round": int(sys.argv[2]), "gen": 
 PY
       done
     done
-    python3 - "$tmp/layouts" "$tmp/rounds" "$n" "$d" "$n_gen" "$n_prompt" "$bw_plan" "$bus_plan" "$steal_plan" >> "$tmp/summary" <<'PY'
+    python3 - "$tmp/layouts" "$tmp/rounds" "$tmp/preds" "$n" "$d" "$n_gen" "$n_prompt" >> "$tmp/summary" <<'PY'
 import json, statistics, sys
 layouts = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rounds = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
-n, d, ng, npr, bw_plan, bus_plan = sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], float(sys.argv[7]), sys.argv[8]
-steal_plan = float(sys.argv[9])
+preds = {p["round"]: p for p in (json.loads(l) for l in open(sys.argv[3]) if l.strip())}
+n, d, ng, npr = sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 med = lambda xs: statistics.median(xs) if xs else None
+plan_of = lambda k: preds.get(k, preds[0])  # the plan made right before round k (REPLAN=0: the first)
+batches = sorted({int(b) for p in preds.values() for b in p["rec"]})
+# The layout each round's plan recommends per batch; a row is marked recommended for the layout most rounds'
+# plans recommended (the first plan's on a tie).
+rec_of = {}
+for b in batches:
+    picks = [plan_of(x["round"])["rec"][str(b)] for x in rounds if x["layout"] == 0]
+    rec_of[b] = max(dict.fromkeys([preds[0]["rec"][str(b)]] + picks), key=picks.count)
 for i, e in enumerate(layouts):
     mine = [x for x in rounds if x["layout"] == i]
-    drift = med([x["read"] for x in mine]) / bw_plan  # read at bench / read at plan
+    drift = [x["read"] / plan_of(x["round"])["read"] for x in mine]  # read at bench / read at plan, per round
+    bus_plan = med([plan_of(x["round"])["bus"] for x in mine])
     bus_bench = med([x["bus"] for x in mine])
-    bus = f'{bus_plan}, {bus_bench:.2f}'
-    steal_max = max([steal_plan] + [x["steal"] for x in mine])
-    steal = f'{100 * steal_plan:.0f}, {100 * max(x["steal"] for x in mine):.0f}'
-    moved = abs(bus_bench / float(bus_plan) - 1) > 0.2 or steal_max > 0.05
-    tests = [(int(b), f"tg{ng} x{b}", p, {x["round"]: x["gen"].get(str(b)) for x in mine}) for b, p in e["gen"].items()]
-    tests.sort(key=lambda t: t[0])
-    tests.append((0, f"pp{npr}", e["prompt"], {x["round"]: x["pp"] for x in mine}))
-    for b, test, p, per_round in tests:
+    steal_plan = max(plan_of(x["round"])["steal"] for x in mine)
+    steal_bench = max(x["steal"] for x in mine)
+    moved = med([abs(x["bus"] / plan_of(x["round"])["bus"] - 1) for x in mine]) > 0.2 or max(steal_plan, steal_bench) > 0.05
+    tests = [(int(b), f"tg{ng} x{b}", lambda p, b=b: p["gen"].get(str(b)), lambda x, b=b: x["gen"].get(str(b)))
+             for b in sorted(e["gen"], key=int)]
+    tests.append((0, f"pp{npr}", lambda p: p["prompt"], lambda x: x["pp"]))
+    for b, test, pred_in, meas_in in tests:
+        per_round, pred_round, ratio, scaled = {}, [], [], []
+        for x, dr in zip(mine, drift):
+            p = plan_of(x["round"])["pred"].get(e["flags"])
+            pv, mv = (pred_in(p) if p else None), meas_in(x)
+            per_round[x["round"]] = mv
+            if pv: pred_round.append(pv)
+            if pv and mv:
+                ratio.append(mv / pv)
+                scaled.append(mv / pv / dr)
         vals = [v for v in per_round.values() if v]
+        recs = [plan_of(x["round"])["rec"].get(str(b)) == e["flags"] for x in mine] if b > 0 else []
         print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": test, "batch": b,
-                          "pred": p, "meas": med(vals), "spread": [min(vals), max(vals)] if vals else None,
+                          "pred": med(pred_round), "meas": med(vals), "ratio": med(ratio), "scaled": med(scaled),
+                          "spread": [min(vals), max(vals)] if vals else None,
                           "rounds": {str(k): v for k, v in per_round.items()},
-                          "rec": b in e.get("recommended", []), "drift": drift, "bus": bus, "steal": steal,
-                          "moved": moved}))
+                          "rec": b > 0 and rec_of.get(b) == e["flags"],
+                          "rec_rounds": {str(x["round"]): r for x, r in zip(mine, recs)},
+                          "rec_flags": {str(k): plan_of(k)["rec"].get(str(b)) for k in per_round} if b > 0 else {},
+                          "drift": med(drift), "bus": f"{bus_plan:.2f}, {bus_bench:.2f}",
+                          "steal": f"{100 * steal_plan:.0f}, {100 * steal_bench:.0f}", "moved": moved}))
 PY
     for r in "${relays[@]}"; do kill "$r" 2>/dev/null || true; wait "$r" 2>/dev/null || true; done
     python3 - "$tmp/summary" "$n" "$d" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if r["n"] == sys.argv[2] and r["d"] == sys.argv[3]]
+nan = float("nan")
 for r in rows:
-    ratio = r["meas"] / r["pred"] if r["meas"] and r["pred"] else float("nan")
     spread = f'{r["spread"][0]:.0f}–{r["spread"][1]:.0f}' if r["spread"] else ""
     print(f'| {r["n"]} | {r["d"]} ms | {r["label"]}{" (recommended)" if r["rec"] else ""} | {r["test"]} | '
-          f'{r["pred"]:.1f} | {r["meas"] or float("nan"):.1f} | {spread} | {ratio:.2f} | {r["drift"]:.2f} | '
-          f'{ratio / r["drift"]:.2f} | {r["bus"]} | {r["steal"]} | {"yes" if r.get("moved") else ""} |')
+          f'{r["pred"] or nan:.1f} | {r["meas"] or nan:.1f} | {spread} | {r["ratio"] or nan:.2f} | {r["drift"]:.2f} | '
+          f'{r["scaled"] or nan:.2f} | {r["bus"]} | {r["steal"]} | {"yes" if r.get("moved") else ""} |')
 PY
   done
 done
@@ -194,25 +251,31 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 groups = {}
 for r in rows:
     if r["batch"] > 0 and r["meas"]: groups.setdefault((r["n"], r["d"], r["batch"]), []).append(r)
-within = []
+within, not_run = [], 0
 for (n, d, b), rs in groups.items():
     fast = max(rs, key=lambda r: r["meas"])
     rec = [r for r in rs if r["rec"]]
     if not rec: continue
     q = rec[0]["meas"] / fast["meas"]
     within.append(q >= 0.95)
+    # Round by round: the layout that round's plan recommended against that round's fastest.
     per_round = []
-    for k, v in rec[0]["rounds"].items():
+    for k, flags in rec[0]["rec_flags"].items():
+        mine = [x for x in rs if x["flags"] == flags]
         best = max((x["rounds"].get(k) or 0) for x in rs)
+        if not mine:
+            not_run += 1
+            continue
+        v = mine[0]["rounds"].get(k)
         if v and best: per_round.append(v >= 0.95 * best)
     print(f'| {n} | {d} ms | {b} | {rec[0]["label"]} | {fast["label"]} | {q:.2f} | {sum(per_round)} of {len(per_round)} |')
-ratios = [r["meas"] / r["pred"] for r in rows if r["meas"] and r["pred"]]
-scaled = [r["meas"] / r["pred"] / r["drift"] for r in rows if r["meas"] and r["pred"]]
+ratios = [r["ratio"] for r in rows if r["ratio"]]
+scaled = [r["scaled"] for r in rows if r["scaled"]]
 ok = sum(1 for q in ratios if 0.8 <= q <= 1.2)
 ok_scaled = sum(1 for q in scaled if 0.8 <= q <= 1.2)
-held = [r["meas"] / r["pred"] for r in rows if r["meas"] and r["pred"] and not r.get("moved")]
+held = [r["ratio"] for r in rows if r["ratio"] and not r.get("moved")]
 ok_held = sum(1 for q in held if 0.8 <= q <= 1.2)
 print(f"\npredictions within 20%: {ok} of {len(ratios)} as measured, {ok_scaled} of {len(scaled)} scaled by the read's "
       f"drift, {ok_held} of {len(held)} where the host held still; recommended within 5% of the fastest: "
-      f"{sum(within)} of {len(within)}")
+      f"{sum(within)} of {len(within)}" + (f"; {not_run} round(s) recommended a layout not run" if not_run else ""))
 PY
