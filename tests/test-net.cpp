@@ -81,6 +81,10 @@ Status decode_any(MsgType type, std::span<const uint8_t> p) {
         case MsgType::echo:  // opaque bytes
         case MsgType::echo_reply:
             return {};
+        case MsgType::probe_sync:
+            return decode_probe_sync(p).status();
+        case MsgType::probe_sync_reply:
+            return decode_probe_sync_reply(p).status();
         case MsgType::probe_compute:
             return decode_probe_compute(p).status();
         case MsgType::probe_compute_reply:
@@ -175,6 +179,19 @@ ProbeCompute sample_probe_compute() {
     m.ops = {2048, 8192, 32, 8, 64, 256};
     return m;
 }
+ProbeSync sample_probe_sync() {
+    ProbeSync m;
+    m.n_threads = 1;
+    m.budget_ms = 300;
+    m.rows = 16;
+    m.n_embd = 2048;
+    m.reduce = static_cast<uint32_t>(ReduceType::f16);
+    m.split = 2;
+    m.matrices = {{2, 2048, 1024}, {2, 1024, 2048}, {2, 2048, 2816}, {2, 2816, 2048}};
+    m.peer = "10.0.0.3:9000";
+    m.transports = kTransportsAll;
+    return m;
+}
 StatsReply sample_stats() {
     StatsReply m;
     m.msgs_in = 1;
@@ -260,6 +277,8 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
     v.emplace_back(MsgType::shutdown, Bytes{});
     v.emplace_back(MsgType::ping, Bytes{1, 2, 3, 4, 5, 6, 7, 8});
     add(MsgType::probe_compute, sample_probe_compute());
+    add(MsgType::probe_sync, sample_probe_sync());
+    add(MsgType::probe_sync_reply, ProbeSyncReply{1000, 0.31, {{0.2, 0.1}, {0.25, 0.06}}});
     add(MsgType::probe_compute_reply, ProbeComputeReply{2, 31.5, {1e-4, 2e-4, 3e-4}, 1e-6, 2e-6, 1e-6, 5e-6, 3e-6});
     add(MsgType::probe_link, ProbeLink{"10.0.0.3:9000", 50, {64, 4096}, {1u << 20}});
     add(MsgType::probe_link_reply, ProbeLinkReply{{LinkSample{64, 0, 100, 4e-5, 5e-5, 9e-5, 2e-4, 0.003},
@@ -562,6 +581,38 @@ TEST(NetCodec, ProbeMessagesRoundTripAndCheckTheirLimits) {
     b.clear();
     encode(ProbeComputeReply{1, 10.0, {-1.0}, 0, 0, 0, 0, 0}, b);  // a negative time
     EXPECT_FALSE(decode_probe_compute_reply(b).ok());
+
+    b.clear();
+    encode(sample_probe_sync(), b);
+    auto ps = decode_probe_sync(b);
+    ASSERT_TRUE(ps.ok()) << ps.status().message();
+    EXPECT_EQ(ps->rows, 16u);
+    EXPECT_EQ(ps->split, 2u);
+    EXPECT_EQ(ps->matrices.size(), 4u);
+    EXPECT_EQ(ps->matrices[3].n_in, 2816u);
+    EXPECT_EQ(ps->peer, "10.0.0.3:9000");
+    EXPECT_EQ(ps->transports, kTransportsAll);
+    for (int k = 0; k < 6; ++k) {
+        ProbeSync bad = sample_probe_sync();
+        if (k == 0) bad.rows = 0;
+        if (k == 1) bad.n_embd = 0;
+        if (k == 2) bad.rows = 8192, bad.n_embd = 4096;  // 32M values in one all-reduce
+        if (k == 3) bad.reduce = 3;
+        if (k == 4) bad.split = 5;
+        if (k == 5) bad.matrices.clear();
+        b.clear();
+        encode(bad, b);
+        EXPECT_FALSE(decode_probe_sync(b).ok()) << k;
+    }
+    b.clear();
+    encode(ProbeSyncReply{8, 0.5, {{0.3, 0.2}, {0.4, 0.1}}}, b);
+    auto sr = decode_probe_sync_reply(b);
+    ASSERT_TRUE(sr.ok()) << sr.status().message();
+    ASSERT_EQ(sr->ranks.size(), 2u);
+    EXPECT_DOUBLE_EQ(sr->ranks[1].compute_s, 0.4);
+    b.clear();
+    encode(ProbeSyncReply{8, 0.5, {{-0.3, 0.2}}}, b);  // a negative time
+    EXPECT_FALSE(decode_probe_sync_reply(b).ok());
 
     // The echo's limit is what netbench's largest message needs, and no more.
     EXPECT_EQ(max_payload(MsgType::echo), kMaxEchoPayload);

@@ -154,6 +154,40 @@ TEST(CostModel, TensorParallelHelpsOverFastLinksAndHurtsOverSlowOnes) {
     EXPECT_NEAR(lat, (2 * 32 + 1) * 1e-3 + 2 * 5e-6, 1e-4);
 }
 
+TEST(CostModel, WhatAPairWaitsForEachOtherIsChargedAtEveryCollective) {
+    // A pair measured in lock step waiting 40 us beyond the link at 1 row and 200 us at 16: a token at 1 row
+    // costs 2 x 32 collectives x 40 us more, as link latency, and 16 rows interpolate to 8.
+    const ModelShape m = shape_8b();
+    const ClusterSpec plain = boxes(3, 50, 100);
+    ClusterSpec synced = plain;
+    synced.sync[{0, 1}] = {SyncPoint{1, 40e-6, 0, 0, 0}, SyncPoint{16, 200e-6, 0, 0, 0}};
+    synced.sync[{1, 2}] = {SyncPoint{1, 10e-6, 0, 0, 0}};
+    EXPECT_DOUBLE_EQ(synced.sync_seconds({0, 1}, 1), 40e-6);
+    EXPECT_DOUBLE_EQ(synced.sync_seconds({1, 0}, 16), 200e-6);
+    EXPECT_NEAR(synced.sync_seconds({0, 1}, 6), 40e-6 + 160e-6 * 5 / 15, 1e-12);
+    EXPECT_DOUBLE_EQ(synced.sync_seconds({0, 1}, 512), 200e-6);  // beyond the largest: the largest
+    EXPECT_DOUBLE_EQ(synced.sync_seconds({1, 2}, 16), 10e-6);
+    EXPECT_DOUBLE_EQ(synced.sync_seconds({0, 1, 2}, 1), 40e-6);  // the group's worst pair
+    EXPECT_DOUBLE_EQ(synced.sync_seconds({0, 2}, 1), 0.0);       // never measured
+    EXPECT_DOUBLE_EQ(synced.sync_seconds({0}, 1), 0.0);
+    for (int32_t batch : {1, 16}) {
+        const Layout l = layout_of(m, plain, {{0, 1}});
+        const Prediction a = predict(m, plain, l, batch, {}), b = predict(m, synced, l, batch, {});
+        const double added = 2 * 32 * synced.sync_seconds({0, 1}, batch);
+        EXPECT_NEAR(b.gen.seconds - a.gen.seconds, added, 1e-9) << batch;
+        EXPECT_NEAR(b.gen.terms[static_cast<size_t>(Term::link_latency)] -
+                        a.gen.terms[static_cast<size_t>(Term::link_latency)],
+                    added, 1e-9);
+    }
+    // One node and a pipeline have no collectives: nothing changes.
+    for (const auto &groups : {std::vector<std::vector<int>>{{0}}, std::vector<std::vector<int>>{{0}, {1}}}) {
+        const Layout l = layout_of(m, plain, groups);
+        EXPECT_DOUBLE_EQ(predict(m, synced, l, 1, {}).gen.seconds, predict(m, plain, l, 1, {}).gen.seconds);
+    }
+    // A plan runs each pair in lock step at 1 row, the largest batch and a prompt chunk.
+    EXPECT_EQ(sync_rows(PlanOptions{}), (std::vector<int32_t>{1, 16, 512}));
+}
+
 TEST(CostModel, ThreeRanksReduceLargePartsInTwoLatencies) {
     // 16 rows of f32 partials (256 KiB) over 3 ranks: reduce-scatter, then all-gather, each one latency.
     const ModelShape m = shape_8b();

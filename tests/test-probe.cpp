@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "cluster/cost-model.h"
 #include "cluster/planner.h"
@@ -177,6 +178,84 @@ TEST(Probe, AWorkerMeasuresItsLinkToAnother) {
     EXPECT_NE(dead.status().message().find("127.0.0.1:1"), std::string::npos) << dead.status().message();
 }
 
+// A lock-step probe of a layer's worth of small matrices: two segments, an all-reduce of n_embd values after
+// each.
+net::ProbeSync small_sync(const std::string &peer, uint32_t budget_ms = 100, uint32_t rows = 1) {
+    net::ProbeSync r;
+    r.n_threads = 1;
+    r.budget_ms = budget_ms;
+    r.working_set = 8u << 20;
+    r.rows = rows;
+    r.n_embd = 256;
+    r.split = 2;
+    const auto q4 = static_cast<uint32_t>(DType::q4_0);
+    r.matrices = {{q4, 256, 256}, {q4, 256, 256}, {q4, 256, 512}, {q4, 512, 256}};
+    r.peer = peer;
+    r.transports = net::kTransportsTcp;
+    return r;
+}
+
+TEST(Probe, TwoWorkersRunInLockStepAndSayWhatEachWaited) {
+    TempDir dir;
+    WorkerProcess a(dir.file("a")), b(dir.file("b"));
+    auto c = ProbeClient::connect(a.address(), test_secret());
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    auto r = (*c)->sync(small_sync(b.address()));
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(r->ranks.size(), 2u);
+    EXPECT_GE(r->segments, 2u);
+    EXPECT_EQ(r->segments % 2, 0u);  // whole rounds: both segments of a layer
+    EXPECT_GE(r->wall_s, 0.1);       // rank 0 ran for the budget
+    EXPECT_LT(r->wall_s, 10.0);
+    for (const net::ProbeSyncRank &k : r->ranks) {
+        EXPECT_GT(k.compute_s, 0);
+        // Every timed moment of a rank is its matrices or its all-reduces, through the same wall.
+        EXPECT_LE(k.compute_s + k.wait_s, r->wall_s * 1.1 + 0.01);
+        EXPECT_GE(k.compute_s + k.wait_s, r->wall_s * 0.7);
+    }
+    // Both workers go on serving: the same probe connection at another row count, and b a new one.
+    auto again = (*c)->sync(small_sync(b.address(), 50, 16));
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    EXPECT_EQ(again->ranks.size(), 2u);
+    auto cb = ProbeClient::connect(b.address(), test_secret());
+    ASSERT_TRUE(cb.ok()) << cb.status().message();
+    EXPECT_TRUE((*cb)->measure_link(small_link()).ok());
+    // A peer nobody listens at is an error naming it; the connection stays usable.
+    auto dead = (*c)->sync(small_sync("127.0.0.1:1"));
+    ASSERT_FALSE(dead.ok());
+    EXPECT_NE(dead.status().message().find("127.0.0.1:1"), std::string::npos) << dead.status().message();
+    auto after = (*c)->sync(small_sync(b.address(), 20));
+    EXPECT_TRUE(after.ok()) << after.status().message();
+}
+
+TEST(Probe, InLockStepARankWaitsOutTheOthersStallAndItsLinksDelay) {
+    TempDir dir;
+    WorkerProcess a(dir.file("a")), b(dir.file("b"));
+    auto c = ProbeClient::connect(a.address(), test_secret());
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    // b stops for 400 ms in the middle (well after the probe's untimed start, even under the sanitizers): a's
+    // all-reduces wait for it.
+    std::thread stall([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(800));
+        b.stall();
+        std::this_thread::sleep_for(std::chrono::milliseconds(400));
+        b.resume();
+    });
+    auto r = (*c)->sync(small_sync(b.address(), net::kMaxProbeBudgetMs));
+    stall.join();
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_GE(r->ranks[0].wait_s, 0.3) << "compute " << r->ranks[0].compute_s;
+    EXPECT_GE(r->wall_s, 2.0);
+    // Through a relay that holds every message 2 ms, each all-reduce waits for the other rank's part that
+    // long.
+    auto relay = net::DelayRelay::start("127.0.0.1", 0, b.address(), 2000);
+    ASSERT_TRUE(relay.ok()) << relay.status().message();
+    auto d = (*c)->sync(small_sync((*relay)->address(), 200));
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    for (const net::ProbeSyncRank &k : d->ranks)
+        EXPECT_GE(k.wait_s / d->segments, 1.5e-3) << "compute " << k.compute_s << " s";
+}
+
 TEST(Probe, AnotherProtocolVersionIsRefusedWithBoth) {
     TempDir dir;
     WorkerProcess w(dir.file("cache"), 0, "", {"TANDEM_PROTOCOL_VERSION_OVERRIDE=2"});
@@ -318,9 +397,23 @@ TEST(PlanDelay, ADelayedLinkMovesThePredictionAndTheRecommendationLikeTheMeasure
     o.predict.n_gen = 32;
     o.transports = net::kTransportsTcp;  // through the relay, as the bench runs (shm would pass it by)
     // Predicted tokens/s of b alone (through the relay) and of a alone, and the recommended flags.
-    auto plan_now = [&](double *pa, double *pb, std::string *rec) {
+    // And the pair in lock step: one row's segment, the link's price of its exchange, what is left.
+    struct Sync {
+        double segment_s = 0, link_s = 0, excess_s = 0;
+    };
+    Sync sync0, sync1;
+    auto plan_now = [&](double *pa, double *pb, std::string *rec, Sync *sync) {
         auto spec = measure_cluster({a.address(), via}, *shape, o, test_secret(), {});
         ASSERT_TRUE(spec.ok()) << spec.status().message();
+        const auto it = spec->sync.find({0, 1});
+        ASSERT_NE(it, spec->sync.end());
+        ASSERT_EQ(it->second.size(), sync_rows(o).size());
+        for (const SyncPoint &p : it->second) {
+            EXPECT_GT(p.segment_s, 0);
+            EXPECT_GT(p.link_s, 0);
+            EXPECT_GE(p.excess_s, 0);
+        }
+        *sync = {it->second[0].segment_s, it->second[0].link_s, it->second[0].excess_s};
         const Plan p = make_plan(*shape, *spec, o);
         for (const PlanEntry &e : p.batches[0].entries) {
             const std::string fl = e.layout.flags(*spec);
@@ -331,10 +424,10 @@ TEST(PlanDelay, ADelayedLinkMovesThePredictionAndTheRecommendationLikeTheMeasure
     };
     double pa0 = 0, pb0 = 0, pa1 = 0, pb1 = 0;
     std::string rec0, rec1;
-    plan_now(&pa0, &pb0, &rec0);
+    plan_now(&pa0, &pb0, &rec0, &sync0);
     const double ma0 = bench_tg({"--workers", a.address()}), mb0 = bench_tg({"--workers", via});
     (*relay)->set_delay_us(4000);
-    plan_now(&pa1, &pb1, &rec1);
+    plan_now(&pa1, &pb1, &rec1, &sync1);
     const double ma1 = bench_tg({"--workers", a.address()}), mb1 = bench_tg({"--workers", via});
     ASSERT_GT(pa0 * pb0 * pa1 * pb1, 0);
     ASSERT_GT(ma0 * mb0 * ma1 * mb1, 0);
@@ -352,6 +445,13 @@ TEST(PlanDelay, ADelayedLinkMovesThePredictionAndTheRecommendationLikeTheMeasure
     EXPECT_LT(std::max(pred_added, meas_added) / std::min(pred_added, meas_added), 1.6)
         << "predicted +" << pred_added * 1e3 << " ms a token, measured +" << meas_added * 1e3 << " ms";
     EXPECT_LT(1.0 / pa1 - 1.0 / pa0, 1e-3) << "a alone: " << pa0 << " -> " << pa1 << " tokens/s";
+    // In lock step the pair's exchange now waits for the delay, once per all-reduce (each rank's part crosses
+    // one way while the other's crosses back), and the model prices it as the link, not again as the pair's
+    // synchronisation.
+    EXPECT_GT(sync1.segment_s - sync0.segment_s, 3e-3) << sync0.segment_s << " -> " << sync1.segment_s;
+    EXPECT_GT(sync1.link_s, 3e-3);
+    EXPECT_LT(sync1.excess_s, 0.5 * sync1.link_s)
+        << "segment " << sync1.segment_s << " link " << sync1.link_s;
     // With the delay, the recommendation leaves the delayed worker out, as the measurement says it should.
     EXPECT_EQ(rec1.find(via), std::string::npos) << rec1;
     EXPECT_GT(ma1, mb1);

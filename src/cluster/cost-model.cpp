@@ -260,6 +260,30 @@ double NodeSpec::matmul_seconds(const ShapeMatrix &m, int32_t rows) const {
     return std::max(bytes / (read_bytes_per_s * matvec_efficiency), flops / flops_per_s);
 }
 
+double ClusterSpec::sync_seconds(const std::vector<int> &group, int32_t rows) const {
+    double worst = 0.0;
+    for (size_t a = 0; a < group.size(); ++a)
+        for (size_t b = a + 1; b < group.size(); ++b) {
+            const auto it = sync.find({std::min(group[a], group[b]), std::max(group[a], group[b])});
+            if (it == sync.end() || it->second.empty()) continue;
+            const std::vector<SyncPoint> &v = it->second;
+            double s = v.back().excess_s;
+            if (rows <= v.front().rows) {
+                s = v.front().excess_s;
+            } else {
+                for (size_t k = 1; k < v.size(); ++k)
+                    if (rows <= v[k].rows) {
+                        const double f =
+                            static_cast<double>(rows - v[k - 1].rows) / (v[k].rows - v[k - 1].rows);
+                        s = v[k - 1].excess_s + f * (v[k].excess_s - v[k - 1].excess_s);
+                        break;
+                    }
+            }
+            worst = std::max(worst, s);
+        }
+    return worst;
+}
+
 double ClusterSpec::together_of(int i, int j, bool stream) const {
     const auto &m = stream && !together_stream.empty() ? together_stream : together;
     auto it = m.find({std::min(i, j), std::max(i, j)});
@@ -491,8 +515,9 @@ StageCost stage_cost(const ModelShape &model, const ClusterSpec &c, const Layout
         double lat = 0;
         const int n_layers = l.layers[s].second - l.layers[s].first;
         const double one = all_reduce_seconds(c, g, bytes, &lat);
-        double total = 2.0 * n_layers * one;
-        double total_lat = 2.0 * n_layers * lat;
+        const double wait = c.sync_seconds(g, rows);
+        double total = 2.0 * n_layers * (one + wait);
+        double total_lat = 2.0 * n_layers * (lat + wait);
         if (s + 1 == l.groups.size() && outputs > 0) {  // the sampling merge: candidates to rank 0
             double glat = 0;
             total += all_reduce_seconds(c, g, 16.0 * outputs, &glat);

@@ -15,7 +15,7 @@
 // What a step costs, for a micro-batch of m rows (the messages and bytes the code really sends):
 //   stage s   t_s = max over ranks (sum of its matmuls at m rows + row ops + attention over its KV heads)
 //                   x slowdown among the nodes busy at the same time (ClusterSpec::together)
-//                   + 2 x layers x all-reduce(tp, m x n_embd x 4 bytes)       (tp > 1)
+//                   + 2 x layers x (all-reduce(tp, m x n_embd x 4 bytes) + sync(group, m))  (tp > 1)
 //                   + output head at m rows + the sampling gather                   (last stage)
 //   hop       latency + transfer(bytes) (Forward of m rows at the wire type, to every rank of the next
 //             group one after another; tokens from the head, 12-byte results back)
@@ -23,6 +23,8 @@
 //             2 x (latency + (n - 1) x transfer(bytes / n)) (reduce-scatter + all-gather)
 //   where transfer(b) = LinkSpec::transfer_seconds(b): the measured time of a message of that size less the
 //   latency, or b / bandwidth for a described link
+//   sync      what the group's ranks wait at a collective for each other's stalls (ClusterSpec::sync,
+//             measured in lock step; 0 for a described cluster), charged as link latency
 // Generation at batch B over S stages: n_micro = min(B, S) micro-batches of m = ceil(B / n_micro) rows;
 // the ring time R = hops + sum t_s; period = max(R, n_micro x max t_s); tokens/s = B / period.
 // Prompt processing: rows go in chunks of auto_chunk_rows(n_batch, S); the first chunk fills the pipeline,
@@ -128,6 +130,19 @@ struct NodeSpec {
     double stream_bytes_per_s() const { return read_bytes_per_s * matvec_efficiency; }
 };
 
+// A pair's synchronisation, measured in lock step (net::ProbeSync) at one row count: per collective, what the
+// pair's segments took beyond the slower rank's own compute and the link's price of the exchange. Two ranks
+// do not reach each all-reduce together: a stall of either (the host's other tenants, its scheduler) is
+// waited out by both, and neither a compute probe (one node alone) nor a link probe (an idle pair) sees it.
+// 1B `--tp 2` here: 22-69 us per collective waited where the link's round trip priced 19.
+struct SyncPoint {
+    int32_t rows = 1;
+    double excess_s = 0.0;   // per collective, >= 0: what the model adds
+    double segment_s = 0.0;  // one segment (a rank's matrices, then the all-reduce), the pair in lock step
+    double compute_s = 0.0;  // the slower rank's matrices per segment
+    double link_s = 0.0;     // the link's price of the exchange
+};
+
 struct ClusterSpec {
     std::string name;
     std::vector<NodeSpec> nodes;
@@ -142,11 +157,17 @@ struct ClusterSpec {
     // weights, the computing one for the rest.
     std::map<std::pair<int, int>, double> together;         // compute-bound (the largest measured rows)
     std::map<std::pair<int, int>, double> together_stream;  // memory-bound (one row)
+    // (i, j), i < j: the pair's synchronisation by row count, ascending (measured; absent: none).
+    std::map<std::pair<int, int>, std::vector<SyncPoint>> sync;
     // The node that is the head's own (`--head-node`: a worker in the head's process), or -1. It can only be
     // the first node of a layout, which candidate layouts keep (their nodes go in index order): make it 0.
     int head_node = -1;
     const LinkSpec &link(int from, int to) const;
     double together_of(int i, int j, bool stream = false) const;
+    // Seconds a collective of `group` waits beyond the link's price at `rows` rows: the largest over its
+    // measured pairs, interpolated in rows between the measured counts (the nearest one beyond them); 0
+    // where no pair of it was measured.
+    double sync_seconds(const std::vector<int> &group, int32_t rows) const;
     // Slower than this together, two nodes share cores (not only a memory bus): tensor parallelism between
     // them takes turns on one core and waits for the scheduler at every all-reduce, which the model does not
     // price; the planner does not recommend it.

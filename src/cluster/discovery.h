@@ -48,7 +48,7 @@ Status enough_workers(const std::vector<FoundWorker> &found, const DiscoverOptio
 
 // "10.0.0.2:9000,10.0.0.3:9000": the usable ones, for --workers.
 std::string usable_worker_list(const std::vector<FoundWorker> &found);
-// One line per worker: "10.0.0.2:9000  vm  cluster lab  protocol 7  8 cores  100.0 GiB free  520 GFLOP/s
+// One line per worker: "10.0.0.2:9000  vm  cluster lab  protocol 8  8 cores  100.0 GiB free  520 GFLOP/s
 // used" (or "not used: <reason>").
 std::string describe_found(const std::vector<FoundWorker> &found);
 

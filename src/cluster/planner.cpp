@@ -173,6 +173,16 @@ std::vector<int32_t> plan_rows(const PlanOptions &o, int n_nodes) {
     return out;
 }
 
+std::vector<int32_t> sync_rows(const PlanOptions &o) {
+    const auto cap = static_cast<int32_t>(net::kMaxBatchRows);
+    int32_t largest = 1;
+    for (int32_t b : o.batches) largest = std::max(largest, b);
+    const int32_t step = std::min(o.predict.n_batch, o.predict.n_prompt);
+    const std::set<int32_t> rows{1, std::clamp(largest, 1, cap),
+                                 std::clamp(auto_chunk_rows(step, 1), 1, cap)};
+    return {rows.begin(), rows.end()};
+}
+
 std::vector<uint64_t> link_message_sizes(const ModelShape &model, const PlanOptions &o, int n_nodes) {
     const auto embd = static_cast<uint64_t>(model.hp.n_embd);
     const uint64_t reduce_row = embd * net::reduce_type_bytes(o.predict.reduce);
@@ -266,7 +276,7 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
                 conns.emplace_back([conn = std::move(c).value(), &secret, &o]() mutable {
                     auto a = accept_probe(std::move(conn), "head", secret, o.transports);
                     if (a.ok())
-                        serve_probe(**a, 1, secret);
+                        serve_probe(*a, 1, secret);
                     else
                         log_warn("plan: probe connection refused: {}", a.status().message());
                 });
@@ -415,6 +425,53 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
                 spec.together[{static_cast<int>(i), static_cast<int>(j)}] = median(compute);
                 spec.together_stream[{static_cast<int>(i), static_cast<int>(j)}] = median(stream);
             }
+    }
+    // Pairs in lock step (net::ProbeSync): rank 0's half of a layer (an even two-way split), the attention's
+    // matrices, an all-reduce, the FFN's, another all-reduce, over and over through the engine's own
+    // collective. What a segment took beyond the slower rank's own compute and the link's price of its
+    // exchange is what the ranks of a group wait for each other's stalls at every collective (SyncPoint).
+    if (o.sync_ms > 0 && workers.size() >= 2) {
+        auto halves = tp_split(model.hp, {1.0, 1.0}, model.ff_unit);
+        if (halves.ok()) {
+            std::vector<net::ProbeMatrix> attn, ffn;
+            for (const ShapeMatrix &x : model.layers[0]) {
+                const ShapeMatrix m = slice_matrix(x, model.hp, (*halves)[0]);
+                const net::ProbeMatrix pm{static_cast<uint32_t>(m.type), static_cast<uint32_t>(m.n_in),
+                                          static_cast<uint32_t>(m.n_out)};
+                (x.cut == ShapeCut::rows_kv || x.cut == ShapeCut::cols_kv ? attn : ffn).push_back(pm);
+            }
+            net::ProbeSync req;
+            req.n_threads = static_cast<uint32_t>(std::max(0, o.n_threads));
+            req.working_set = std::min<uint64_t>(o.working_set, net::kMaxProbeWorkingSet);
+            req.budget_ms =
+                static_cast<uint32_t>(std::clamp(o.sync_ms, 1, static_cast<int>(net::kMaxProbeBudgetMs)));
+            req.n_embd = static_cast<uint32_t>(model.hp.n_embd);
+            req.reduce = static_cast<uint32_t>(o.predict.reduce);
+            req.split = static_cast<uint32_t>(attn.size());
+            req.matrices = attn;
+            req.matrices.insert(req.matrices.end(), ffn.begin(), ffn.end());
+            req.transports = o.transports;
+            for (size_t i = 0; i < workers.size(); ++i)
+                for (size_t j = i + 1; j < workers.size(); ++j) {
+                    say(fmt::format("measuring {} and {} in lock step", workers[i], workers[j]));
+                    const int a = static_cast<int>(i), b = static_cast<int>(j);
+                    for (int32_t r : sync_rows(o)) {
+                        req.rows = static_cast<uint32_t>(r);
+                        req.peer = workers[j];
+                        TD_ASSIGN_OR_RETURN(net::ProbeSyncReply rep, clients[i]->sync(req));
+                        SyncPoint p;
+                        p.rows = r;
+                        p.segment_s = rep.wall_s / rep.segments;
+                        for (const net::ProbeSyncRank &k : rep.ranks)
+                            p.compute_s = std::max(p.compute_s, k.compute_s / rep.segments);
+                        const double bytes = static_cast<double>(r) * model.hp.n_embd *
+                                             static_cast<double>(net::reduce_type_bytes(o.predict.reduce));
+                        p.link_s = std::max(spec.link(a, b).seconds(bytes), spec.link(b, a).seconds(bytes));
+                        p.excess_s = std::max(0.0, p.segment_s - p.compute_s - p.link_s);
+                        spec.sync[{a, b}].push_back(p);
+                    }
+                }
+        }
     }
     return spec;
 }
@@ -585,6 +642,17 @@ std::string plan_text(const Plan &plan) {
             c.nodes[static_cast<size_t>(k.first)].name, c.nodes[static_cast<size_t>(k.second)].name, f,
             c.together_of(k.first, k.second, true),
             f >= ClusterSpec::kSharedCore ? " (they share cores: no tensor parallelism between them)" : "");
+    for (const auto &[k, v] : c.sync) {
+        o += fmt::format("  {} and {} in lock step, per collective beyond the link:",
+                         c.nodes[static_cast<size_t>(k.first)].name,
+                         c.nodes[static_cast<size_t>(k.second)].name);
+        for (size_t i = 0; i < v.size(); ++i)
+            o += fmt::format("{} {} row{} {} (segment {}, compute {}, link {})", i > 0 ? "," : "", v[i].rows,
+                             v[i].rows == 1 ? "" : "s", fmt_seconds(v[i].excess_s),
+                             fmt_seconds(v[i].segment_s), fmt_seconds(v[i].compute_s),
+                             fmt_seconds(v[i].link_s));
+        o += "\n";
+    }
     auto link_line = [&](const std::string &a, const std::string &b, const LinkSpec &l) {
         std::string line = fmt::format("  {:<22} -> {:<22} {:>8}  {:>6.2f} GB/s\n", a, b,
                                        fmt_seconds(l.latency_s), l.bytes_per_s / 1e9);
@@ -684,6 +752,17 @@ std::string plan_json(const Plan &plan) {
                             {"slowdown", f},
                             {"stream_slowdown", plan.cluster.together_of(k.first, k.second, true)}});
     j["together"] = together;
+    json sync = json::array();
+    for (const auto &[k, v] : plan.cluster.sync)
+        for (const SyncPoint &p : v)
+            sync.push_back({{"a", plan.cluster.nodes[static_cast<size_t>(k.first)].name},
+                            {"b", plan.cluster.nodes[static_cast<size_t>(k.second)].name},
+                            {"rows", p.rows},
+                            {"excess_us", p.excess_s * 1e6},
+                            {"segment_us", p.segment_s * 1e6},
+                            {"compute_us", p.compute_s * 1e6},
+                            {"link_us", p.link_s * 1e6}});
+    j["sync"] = sync;
     json batches = json::array();
     for (const PlanBatch &pb : plan.batches) {
         json b;

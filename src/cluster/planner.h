@@ -7,6 +7,8 @@
 //   nodes    a compute probe per worker of every matrix shape the candidate layouts would give it, at every
 //            row count they would run (micro-batches of each batch size, prompt chunks), measured alone; then
 //            every pair of nodes of one host alone and at once, seconds apart, for the host's contention
+//   pairs    every pair of nodes in lock step, as two ranks of a tensor-parallel group run (a layer's halves,
+//            the engine's all-reduce between them): what they wait for each other beyond the link's price
 //
 // A described cluster (JSON, `plan --offline`) gives the same numbers by hand; docs/clusters/ has examples.
 #pragma once
@@ -30,6 +32,9 @@ struct PlanOptions {
     uint64_t working_set = 0;  // bytes each compute probe cycles through; 0: the worker's default (4x its L3)
     int32_t n_threads = 0;   // threads per worker (0: each worker's own)
     bool contention = true;  // measure nodes that share a host together too
+    // Per row count, how long each pair of nodes runs in lock step (net::ProbeSync: a layer's half at 1 row,
+    // at the largest batch and at a prompt chunk, an all-reduce between the halves); 0: no lock-step probe.
+    int sync_ms = 300;
     // The transports the measured links may take: the engine's (ClusterOptions::transports), so links between
     // nodes of one host are measured over shared memory when the engine would use it.
     uint32_t transports = net::auto_transports();
@@ -40,6 +45,8 @@ struct PlanOptions {
 
 // Row counts a plan needs measured: micro-batches of every batch over 1..n_nodes stages, prompt chunks, 1.
 std::vector<int32_t> plan_rows(const PlanOptions &options, int n_nodes);
+// Row counts a pair is run in lock step at: 1, the largest batch, a prompt chunk (one stage's).
+std::vector<int32_t> sync_rows(const PlanOptions &options);
 
 // Message sizes a plan measures round trips of: a small message, and the hops and all-reduce parts (whole,
 // and the reduce-scatter's chunks) of every row count plan_rows() lists, thinned to sizes about 2x apart, the

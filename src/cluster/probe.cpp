@@ -12,6 +12,7 @@
 
 #include "cluster/handshake.h"
 #include "cluster/node-info.h"
+#include "cluster/tp-collective.h"
 #include "cluster/wire.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -52,6 +53,13 @@ net::LinkSample summarize(uint64_t bytes, uint32_t mode, const std::vector<doubl
 }
 
 constexpr int kProbeTimeoutMs = 10000;  // one echo or ack; a probe of a 64 MiB message over 100 Mb/s fits
+// A lock-step probe's longest wait for the other rank: its connection, its copies of the matrices (a second
+// or two under the sanitizers), one segment.
+constexpr int kSyncTimeoutMs = 30000;
+// Rounds a lock-step probe runs at least, whatever its budget: at a prompt chunk's rows a round takes tens of
+// milliseconds, and 4-5 rounds in a 300 ms budget read the pair's excess at 512 rows anywhere from 1.4 to 8.2
+// ms.
+constexpr uint32_t kMinSyncRounds = 8;
 
 // Seconds per call of fn: one warm-up, then calls until budget_ms have passed (at least 3).
 template <typename Fn>
@@ -118,6 +126,66 @@ void time_row_ops(const net::ProbeOps &o, uint32_t budget_ms, ThreadPool &pool,
     reply.dispatch_s = time_calls(budget, [&] { pool.run([](int, int) {}); });
 }
 
+// A probed matrix's type and size, checked. `what` names the request in errors.
+struct MatrixPlan {
+    DType type = DType::f32;
+    size_t row_bytes = 0;
+    uint64_t bytes = 0;
+    bool pack = false;  // stored packed, as the engine would
+};
+Result<MatrixPlan> plan_matrix(const net::ProbeMatrix &m, const char *what) {
+    if (!dtype_is_known(m.dtype)) return invalid_input("{}: unknown type {}", what, m.dtype);
+    MatrixPlan p;
+    p.type = static_cast<DType>(m.dtype);
+    const DTypeTraits &tr = dtype_traits(p.type);
+    const kernels::TypeKernels *k = kernels::type_kernels(p.type);
+    if (!tr.supported || k == nullptr || k->from_float == nullptr)
+        return invalid_input("{}: no kernels for {}", what, tr.name);
+    if (m.n_in % tr.block_size != 0)
+        return invalid_input("{}: {} rows of {} elements are not whole {} blocks", what, m.n_out, m.n_in,
+                             tr.name);
+    p.row_bytes = dtype_row_bytes(p.type, m.n_in);
+    p.bytes = static_cast<uint64_t>(p.row_bytes) * m.n_out;
+    if (p.bytes > net::kMaxProbeMatrixBytes)
+        return invalid_input("{}: a {} x {} {} matrix is {} bytes, limit {}", what, m.n_out, m.n_in, tr.name,
+                             p.bytes, net::kMaxProbeMatrixBytes);
+    p.pack = kernels::packable(p.type, m.n_in, m.n_out) && kernels::pack_pays(p.type);
+    return p;
+}
+
+// One copy of the matrix at `dst` (p.bytes): a few distinct quantized rows repeated (the values do not matter
+// for speed, only their validity), packed where p.pack says (through `arena`'s slot 2).
+Status fill_matrix(const net::ProbeMatrix &m, const MatrixPlan &p, uint8_t *dst, ProbeArena &arena,
+                   std::mt19937 &rng) {
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const kernels::TypeKernels *k = kernels::type_kernels(p.type);
+    const uint32_t n_seed = std::min<uint32_t>(m.n_out, 16);
+    std::vector<float> src(m.n_in);
+    for (uint32_t r = 0; r < n_seed; ++r) {
+        for (float &v : src) v = dist(rng);
+        k->from_float(src.data(), dst + r * p.row_bytes, m.n_in);
+    }
+    for (uint32_t r = n_seed; r < m.n_out; ++r)
+        std::memcpy(dst + r * p.row_bytes, dst + (r % n_seed) * p.row_bytes, p.row_bytes);
+    if (p.pack) {
+        TD_ASSIGN_OR_RETURN(uint8_t *const packed, arena.get(2, p.bytes));
+        kernels::pack_rows(p.type, dst, m.n_in, m.n_out, packed);
+        std::memcpy(dst, packed, p.bytes);
+    }
+    return {};
+}
+
+TensorView matrix_view(const net::ProbeMatrix &m, const MatrixPlan &p, uint8_t *data) {
+    TensorView w;
+    w.name = "probe";
+    w.type = p.type;
+    w.n_dims = 2;
+    w.ne[0] = m.n_in;
+    w.ne[1] = m.n_out;
+    w.data = data;  // timing only: with packing, data holds the packed bytes too
+    w.packed = p.pack ? w.data : nullptr;
+    return w;
+}
 }  // namespace
 
 LinkOptions default_link_options() {
@@ -272,6 +340,22 @@ Result<std::vector<net::LinkSample>> ProbeClient::link_to(const std::string &tar
     return r.samples;
 }
 
+Result<net::ProbeSyncReply> ProbeClient::sync(const net::ProbeSync &request) {
+    if (request.peer.empty()) return invalid_input("a lock-step probe needs a peer for {}", address_);
+    const uint64_t id = next_id_++;
+    TD_TRY(send_control(*conn_, net::MsgType::probe_sync, request, id));
+    // The peer's connection and both ranks' copies of the matrices, then the budget.
+    const int timeout_ms = 2 * kSyncTimeoutMs + static_cast<int>(request.budget_ms) * 4;
+    std::vector<uint8_t> payload;
+    TD_TRY(recv_expect(*conn_, net::MsgType::probe_sync_reply, payload, timeout_ms,
+                       fmt::format("worker {} in lock step with {}", address_, request.peer)));
+    TD_ASSIGN_OR_RETURN(net::ProbeSyncReply r, net::decode_probe_sync_reply(payload));
+    if (r.ranks.size() != 2 || r.segments == 0)
+        return invalid_input("worker {}: a lock-step probe with {} ranks and {} segments", address_,
+                             r.ranks.size(), r.segments);
+    return r;
+}
+
 double link_latency_seconds(const std::vector<net::LinkSample> &samples) {
     const net::LinkSample *best = nullptr;
     for (const net::LinkSample &s : samples)
@@ -361,52 +445,17 @@ Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &reques
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     std::vector<uint8_t> scratch;
     for (const net::ProbeMatrix &m : request.matrices) {
-        if (!dtype_is_known(m.dtype)) return invalid_input("probe_compute: unknown type {}", m.dtype);
-        const DType type = static_cast<DType>(m.dtype);
-        const DTypeTraits &tr = dtype_traits(type);
-        const kernels::TypeKernels *k = kernels::type_kernels(type);
-        if (!tr.supported || k == nullptr || k->from_float == nullptr)
-            return invalid_input("probe_compute: no kernels for {}", tr.name);
-        if (m.n_in % tr.block_size != 0)
-            return invalid_input("probe_compute: {} rows of {} elements are not whole {} blocks", m.n_out,
-                                 m.n_in, tr.name);
-        const size_t row_bytes = dtype_row_bytes(type, m.n_in);
-        const uint64_t mat_bytes = static_cast<uint64_t>(row_bytes) * m.n_out;
-        if (mat_bytes > net::kMaxProbeMatrixBytes)
-            return invalid_input("probe_compute: a {} x {} {} matrix is {} bytes, limit {}", m.n_out, m.n_in,
-                                 tr.name, mat_bytes, net::kMaxProbeMatrixBytes);
+        TD_ASSIGN_OR_RETURN(const MatrixPlan mp, plan_matrix(m, "probe_compute"));
+        const uint64_t mat_bytes = mp.bytes;
         // Copies that together exceed the working set, so every call reads its weights from memory.
         const size_t copies =
             std::clamp<size_t>((ws + mat_bytes - 1) / std::max<uint64_t>(mat_bytes, 1), 1, 256);
         // In 2 MiB pages, as the engine's weights are (see measure_read_bytes_per_second).
         TD_ASSIGN_OR_RETURN(uint8_t *const buf, arena->get(1, copies * mat_bytes));
-        // A few distinct quantized rows repeated: the values do not matter for speed, only their validity.
-        const uint32_t n_seed = std::min<uint32_t>(m.n_out, 16);
-        std::vector<float> src(m.n_in);
-        for (uint32_t r = 0; r < n_seed; ++r) {
-            for (float &v : src) v = dist(rng);
-            k->from_float(src.data(), buf + r * row_bytes, m.n_in);
-        }
-        for (uint32_t r = n_seed; r < m.n_out; ++r)
-            std::memcpy(buf + r * row_bytes, buf + (r % n_seed) * row_bytes, row_bytes);
-        const bool pack = kernels::packable(type, m.n_in, m.n_out) && kernels::pack_pays(type);
-        if (pack) {
-            TD_ASSIGN_OR_RETURN(uint8_t *const packed, arena->get(2, mat_bytes));
-            kernels::pack_rows(type, buf, m.n_in, m.n_out, packed);
-            std::memcpy(buf, packed, mat_bytes);
-        }
+        TD_TRY(fill_matrix(m, mp, buf, *arena, rng));
         for (size_t c = 1; c < copies; ++c) std::memcpy(buf + c * mat_bytes, buf, mat_bytes);
         std::vector<TensorView> views(copies);
-        for (size_t c = 0; c < copies; ++c) {
-            TensorView &w = views[c];
-            w.name = "probe";
-            w.type = type;
-            w.n_dims = 2;
-            w.ne[0] = m.n_in;
-            w.ne[1] = m.n_out;
-            w.data = buf + c * mat_bytes;  // timing only: with packing, data holds the packed bytes too
-            w.packed = pack ? w.data : nullptr;
-        }
+        for (size_t c = 0; c < copies; ++c) views[c] = matrix_view(m, mp, buf + c * mat_bytes);
         std::vector<float> x(static_cast<size_t>(max_rows) * m.n_in),
             y(static_cast<size_t>(max_rows) * m.n_out);
         for (float &v : x) v = dist(rng);
@@ -427,6 +476,127 @@ Result<net::ProbeComputeReply> run_compute_probe(const net::ProbeCompute &reques
     return reply;
 }
 
+namespace {
+
+// One rank of a lock-step probe over `coll` (a pair, its link attached): net::ProbeSync's loop. Rank 0's
+// reply carries both ranks' figures (rank 1's through the collective's gather), rank 1's its own.
+Result<net::ProbeSyncReply> run_sync_rank(const net::ProbeSync &req, ThreadPool &pool, ProbeArena &arena,
+                                          PeerCollective &coll) {
+    const bool lead = coll.rank() == 0;
+    const size_t ws = req.working_set > 0 ? req.working_set : default_probe_working_set();
+    std::vector<MatrixPlan> plans;
+    uint64_t layer = 0;
+    uint32_t max_in = 1, max_out = 1;
+    for (const net::ProbeMatrix &m : req.matrices) {
+        TD_ASSIGN_OR_RETURN(MatrixPlan p, plan_matrix(m, "probe_sync"));
+        layer += p.bytes;
+        max_in = std::max(max_in, m.n_in);
+        max_out = std::max(max_out, m.n_out);
+        plans.push_back(p);
+    }
+    if (layer > net::kMaxProbeMatrixBytes)
+        return invalid_input("probe_sync: matrices of {} bytes, limit {}", layer, net::kMaxProbeMatrixBytes);
+    // Copies of the whole set that together exceed the working set: the weights come from memory, as a
+    // forward pass's layers do.
+    const size_t copies = std::clamp<size_t>((ws + layer - 1) / std::max<uint64_t>(layer, 1), 1, 256);
+    TD_ASSIGN_OR_RETURN(uint8_t *const buf, arena.get(1, copies * layer));
+    std::mt19937 rng(13);
+    std::vector<std::vector<TensorView>> views(copies);
+    uint64_t at = 0;
+    for (size_t k = 0; k < plans.size(); ++k) {
+        TD_TRY(fill_matrix(req.matrices[k], plans[k], buf + at, arena, rng));
+        at += plans[k].bytes;
+    }
+    for (size_t c = 1; c < copies; ++c) std::memcpy(buf + c * layer, buf, layer);
+    for (size_t c = 0; c < copies; ++c) {
+        at = c * layer;
+        for (size_t k = 0; k < plans.size(); ++k) {
+            views[c].push_back(matrix_view(req.matrices[k], plans[k], buf + at));
+            at += plans[k].bytes;
+        }
+    }
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(req.rows) * max_in), y(static_cast<size_t>(req.rows) * max_out);
+    for (float &v : x) v = dist(rng);
+    std::vector<uint8_t> scratch;
+    // The all-reduce's values, and a flag rank 0 adds: 1 while it wants another round.
+    const size_t n = static_cast<size_t>(req.rows) * req.n_embd;
+    std::vector<float> sum(n + 1);
+    auto reduce = [&](bool more) -> Status {
+        std::fill(sum.begin(), sum.end(), 0.0f);
+        sum[n] = lead && more ? 1.0f : 0.0f;
+        return coll.all_reduce_sum(sum.data(), n + 1);
+    };
+    auto segment = [&](size_t c, int half) {
+        const size_t from = half == 0 ? 0 : req.split, to = half == 0 ? req.split : views[c].size();
+        for (size_t k = from; k < to; ++k)
+            kernels::matmul(views[c][k], x.data(), y.data(), req.rows, pool, scratch);
+    };
+    // Untimed: one round (code, scratch, and the other rank getting ready: the first all-reduce waits for
+    // it).
+    segment(0, 0);
+    segment(0, 1);
+    TD_TRY(reduce(true));
+    net::ProbeSyncReply out;
+    net::ProbeSyncRank mine;
+    const auto t0 = Clock::now();
+    size_t c = 1 % copies;
+    for (bool more = true; more; c = (c + 1) % copies) {
+        for (int half = 0; half < 2; ++half) {
+            const auto t1 = Clock::now();
+            segment(c, half);
+            const auto t2 = Clock::now();
+            TD_TRY(
+                reduce(seconds_since(t0) * 1000.0 < req.budget_ms || out.segments + 2 < 2 * kMinSyncRounds));
+            mine.compute_s += std::chrono::duration<double>(t2 - t1).count();
+            mine.wait_s += seconds_since(t2);
+            ++out.segments;
+        }
+        more = sum[n] >= 0.5f;
+    }
+    out.wall_s = seconds_since(t0);
+    out.ranks.push_back(mine);
+    std::vector<uint8_t> bytes;
+    net::encode(out, bytes);
+    std::vector<std::vector<uint8_t>> all;
+    TD_TRY(coll.gather(bytes, all));
+    if (lead) {
+        TD_ASSIGN_OR_RETURN(net::ProbeSyncReply theirs, net::decode_probe_sync_reply(all.at(1)));
+        if (theirs.ranks.size() != 1 || theirs.segments != out.segments)
+            return invalid_input("probe_sync: the other rank ran {} segments, this one {}", theirs.segments,
+                                 out.segments);
+        out.ranks.push_back(theirs.ranks[0]);
+    }
+    return out;
+}
+
+// Rank 0: dials the peer, asks it to be rank 1, runs the probe with it.
+Result<net::ProbeSyncReply> lead_sync(const net::ProbeSync &req, ThreadPool &pool, ProbeArena &arena,
+                                      const net::ClusterSecret &secret) {
+    TD_ASSIGN_OR_RETURN(auto client, ProbeClient::connect(req.peer, secret, 3000, req.transports));
+    std::unique_ptr<net::Connection> link = client->take_connection();
+    net::ProbeSync follower = req;
+    follower.peer.clear();
+    TD_TRY(send_control(*link, net::MsgType::probe_sync, follower, 1));
+    PeerCollective coll(0, 2, {"this worker", req.peer}, static_cast<net::ReduceType>(req.reduce),
+                        kSyncTimeoutMs);
+    TD_TRY(coll.attach(1, std::move(link)));
+    return run_sync_rank(req, pool, arena, coll);
+}
+
+// Rank 1: lends `conn` (rank 0's link) to the probe's collective; it is back in `conn` after.
+Status follow_sync(const net::ProbeSync &req, std::unique_ptr<net::Connection> &conn, ThreadPool &pool,
+                   ProbeArena &arena) {
+    PeerCollective coll(1, 2, {conn->peer(), "this worker"}, static_cast<net::ReduceType>(req.reduce),
+                        kSyncTimeoutMs);
+    TD_TRY(coll.attach(0, std::move(conn)));
+    Status s = run_sync_rank(req, pool, arena, coll).status();
+    conn = coll.detach(0);
+    return s;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<net::Connection>> accept_probe(std::unique_ptr<net::Connection> conn,
                                                       const std::string &name,
                                                       const net::ClusterSecret &secret, uint32_t transports) {
@@ -443,13 +613,20 @@ Result<std::unique_ptr<net::Connection>> accept_probe(std::unique_ptr<net::Conne
     return answer_hello(std::move(conn), hello, r, transports);
 }
 
-void serve_probe(net::Connection &conn, int default_threads, const net::ClusterSecret &secret) {
-    const std::string peer = conn.peer();
+void serve_probe(std::unique_ptr<net::Connection> &conn_owner, int default_threads,
+                 const net::ClusterSecret &secret) {
+    const std::string peer = conn_owner->peer();
     net::FrameHeader h;
     std::vector<uint8_t> payload, reply;
     std::unique_ptr<ThreadPool> pool;
     ProbeArena arena;
-    for (;;) {
+    auto pool_of = [&](uint32_t n_threads) -> ThreadPool & {
+        const int nth = n_threads > 0 ? static_cast<int>(n_threads) : default_threads;
+        if (!pool || pool->n_threads() != nth) pool = std::make_unique<ThreadPool>(nth);
+        return *pool;
+    };
+    while (conn_owner) {
+        net::Connection &conn = *conn_owner;
         Status s = conn.recv(h, payload, -1);
         if (!s.ok()) {
             if (s.kind() != ErrorKind::disconnected)
@@ -470,9 +647,7 @@ void serve_probe(net::Connection &conn, int default_threads, const net::ClusterS
         } else if (type == net::MsgType::probe_compute) {
             auto req = net::decode_probe_compute(payload);
             if (req.ok()) {
-                const int nth = req->n_threads > 0 ? static_cast<int>(req->n_threads) : default_threads;
-                if (!pool || pool->n_threads() != nth) pool = std::make_unique<ThreadPool>(nth);
-                auto r = run_compute_probe(*req, *pool, &arena);
+                auto r = run_compute_probe(*req, pool_of(req->n_threads), &arena);
                 rs = r.ok() ? send_control(conn, net::MsgType::probe_compute_reply, *r, h.request_id)
                             : r.status();
             } else {
@@ -501,6 +676,18 @@ void serve_probe(net::Connection &conn, int default_threads, const net::ClusterS
             } else {
                 rs = r.status();
             }
+        } else if (type == net::MsgType::probe_sync) {
+            auto req = net::decode_probe_sync(payload);
+            if (!req.ok()) {
+                rs = req.status();
+            } else if (req->peer.empty()) {
+                rs = follow_sync(*req, conn_owner, pool_of(req->n_threads), arena);
+                if (!conn_owner) break;
+            } else {
+                auto r = lead_sync(*req, pool_of(req->n_threads), arena, secret);
+                rs = r.ok() ? send_control(conn, net::MsgType::probe_sync_reply, *r, h.request_id)
+                            : r.status();
+            }
         } else if (type == net::MsgType::error) {
             break;
         } else {
@@ -508,12 +695,15 @@ void serve_probe(net::Connection &conn, int default_threads, const net::ClusterS
         }
         if (!rs.ok()) {
             log_warn("probe connection from {}: {}", peer, rs.message());
-            send_error(conn, rs);
-            if (rs.kind() == ErrorKind::disconnected) break;
-            if (type != net::MsgType::probe_compute && type != net::MsgType::probe_link) break;
+            send_error(*conn_owner, rs);
+            // A request that failed (a node it dials unreachable) leaves the connection usable; a connection
+            // that failed fails its next recv.
+            if (type != net::MsgType::probe_compute && type != net::MsgType::probe_link &&
+                type != net::MsgType::probe_sync)
+                break;
         }
     }
-    conn.close();
+    if (conn_owner) conn_owner->close();
 }
 
 }  // namespace td::cluster

@@ -58,6 +58,12 @@ public:
     Result<net::ProbeComputeReply> compute(const net::ProbeCompute &request);
     // The worker measures its link to `target` ("host:port" of another worker) with `options`.
     Result<std::vector<net::LinkSample>> link_to(const std::string &target, const LinkOptions &options);
+    // The worker runs `request` in lock step with request.peer (net::ProbeSync): both ranks' figures, this
+    // worker's first. Errors: no peer named, the peer unreachable, a rank's probe failing.
+    Result<net::ProbeSyncReply> sync(const net::ProbeSync &request);
+    // The connection, for its new owner to go on with (a worker leading a lock-step probe); the client is
+    // unusable after.
+    std::unique_ptr<net::Connection> take_connection() { return std::move(conn_); }
 
 private:
     ProbeClient() = default;
@@ -117,8 +123,11 @@ Result<std::unique_ptr<net::Connection>> accept_probe(std::unique_ptr<net::Conne
                                                       const net::ClusterSecret &secret, uint32_t transports);
 
 // Serves one probe connection (after its handshake) until the peer closes it: echo, probe_compute (on a pool
-// of the request's threads, default_threads when it says 0), probe_link (which dials the named node with
-// `secret`, so it reaches only the cluster's own members).
-void serve_probe(net::Connection &conn, int default_threads, const net::ClusterSecret &secret);
+// of the request's threads, default_threads when it says 0), probe_link and probe_sync with a peer (which
+// dial the named node with `secret`, so they reach only the cluster's own members). A probe_sync without a
+// peer (rank 1 of a lock-step probe) lends `conn` to the probe's collective for its length; it is back in
+// `conn` after (the object is the same one throughout).
+void serve_probe(std::unique_ptr<net::Connection> &conn, int default_threads,
+                 const net::ClusterSecret &secret);
 
 }  // namespace td::cluster

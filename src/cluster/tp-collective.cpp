@@ -59,6 +59,22 @@ Status PeerCollective::attach(int peer, std::unique_ptr<net::Connection> conn) {
     return {};
 }
 
+std::unique_ptr<net::Connection> PeerCollective::detach(int peer) {
+    if (peer < 0 || peer >= size_ || peer == rank_) return nullptr;
+    Peer &p = peers_[peer];
+    if (p.sender) (void)p.sender->flush();
+    release(peer);
+    std::unique_ptr<net::Connection> out;
+    {
+        std::lock_guard lock(mu_);
+        p.sender.reset();  // before the connection it writes to leaves
+        p.sender_used = false;
+        out = std::move(p.conn);
+    }
+    close();
+    return out;
+}
+
 PeerCollective::Peer *PeerCollective::linked(int peer, Status *error) {
     std::unique_lock lock(mu_);
     attached_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms_),

@@ -50,6 +50,11 @@ public:
     Status attach(int peer, std::unique_ptr<net::Connection> conn);
     // Closes every link; a wait in progress and every later call fail. Idempotent, thread-safe.
     void close();
+    // Gives back the link to `peer` (what is queued to it written first; a frame lent from it released), for
+    // its owner to go on using once the collective's calls on it are done (the computing thread, between
+    // calls). nullptr where none is attached. The collective is closed after it (close()), its other links
+    // too.
+    std::unique_ptr<net::Connection> detach(int peer);
 
     int rank() const override { return rank_; }
     int size() const override { return size_; }

@@ -165,7 +165,7 @@ void Worker::handle_connection(std::unique_ptr<net::Connection> conn, uint64_t a
             if (stopping_) return;
             probes_.push_back(conn.get());
         }
-        serve_probe(*conn, pool_->n_threads(), opt_.secret);
+        serve_probe(conn, pool_->n_threads(), opt_.secret);
         std::lock_guard lock(probes_mu_);
         std::erase(probes_, conn.get());
         return;

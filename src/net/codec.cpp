@@ -961,6 +961,57 @@ Status check_probe_link(const ProbeLink &m) {
     return {};
 }
 
+template <typename Io, typename M>
+Status probe_sync_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.n_threads, "n_threads"));
+    TD_TRY(io.field(m.budget_ms, "budget_ms"));
+    TD_TRY(io.field(m.working_set, "working_set"));
+    TD_TRY(io.field(m.rows, "rows"));
+    TD_TRY(io.field(m.n_embd, "n_embd"));
+    TD_TRY(io.field(m.reduce, "reduce"));
+    TD_TRY(io.field(m.split, "split"));
+    TD_TRY(io.list(m.matrices, kMaxProbeMatrices, "matrices", [&](auto &x) {
+        TD_TRY(io.field(x.dtype, "dtype"));
+        TD_TRY(io.field(x.n_in, "n_in"));
+        return io.field(x.n_out, "n_out");
+    }));
+    TD_TRY(io.string(m.peer, "peer"));
+    return io.field(m.transports, "transports");
+}
+
+Status check_probe_sync(const ProbeSync &m) {
+    if (m.budget_ms > kMaxProbeBudgetMs)
+        return invalid_input("probe_sync: budget of {} ms, limit {}", m.budget_ms, kMaxProbeBudgetMs);
+    if (m.working_set > kMaxProbeWorkingSet)
+        return invalid_input("probe_sync: working set of {} bytes, limit {}", m.working_set,
+                             kMaxProbeWorkingSet);
+    if (m.n_threads > 4096) return invalid_input("probe_sync: {} threads", m.n_threads);
+    if (m.rows == 0 || m.rows > kMaxBatchRows)
+        return invalid_input("probe_sync: {} rows, must be 1..{}", m.rows, kMaxBatchRows);
+    if (m.n_embd == 0 || m.n_embd > kMaxEmbd ||
+        static_cast<uint64_t>(m.rows) * m.n_embd > kMaxProbeSyncFloats)
+        return invalid_input("probe_sync: an all-reduce of {} rows of {} values, limit {} values", m.rows,
+                             m.n_embd, kMaxProbeSyncFloats);
+    if (m.reduce > static_cast<uint32_t>(ReduceType::bf16))
+        return invalid_input("probe_sync: unknown reduce type {}", m.reduce);
+    if (m.matrices.empty() || m.split > m.matrices.size())
+        return invalid_input("probe_sync: {} matrices split at {}", m.matrices.size(), m.split);
+    for (const ProbeMatrix &x : m.matrices)
+        if (x.n_in == 0 || x.n_out == 0 || x.n_in > (1u << 24) || x.n_out > (1u << 24))
+            return invalid_input("probe_sync: a {} x {} matrix", x.n_out, x.n_in);
+    return {};
+}
+
+template <typename Io, typename M>
+Status probe_sync_reply_fields(Io &io, M &m) {
+    TD_TRY(io.field(m.segments, "segments"));
+    TD_TRY(io.timing(m.wall_s, "wall_s"));
+    return io.list(m.ranks, kMaxTpSize, "ranks", [&](auto &x) {
+        TD_TRY(io.timing(x.compute_s, "compute_s"));
+        return io.timing(x.wait_s, "wait_s");
+    });
+}
+
 }  // namespace
 
 void encode(const ProbeCompute &m, std::vector<uint8_t> &out) {
@@ -1016,6 +1067,33 @@ Result<ProbeLinkReply> decode_probe_link_reply(std::span<const uint8_t> payload)
     TD_TRY(r.finish());
     for (const LinkSample &x : m.samples)
         if (x.mode > 1) return invalid_input("probe_link_reply: unknown mode {}", x.mode);
+    return m;
+}
+
+void encode(const ProbeSync &m, std::vector<uint8_t> &out) {
+    Writer w(out);
+    (void)probe_sync_fields(w, m);
+}
+
+Result<ProbeSync> decode_probe_sync(std::span<const uint8_t> payload) {
+    Reader r("probe_sync", payload);
+    ProbeSync m;
+    TD_TRY(probe_sync_fields(r, m));
+    TD_TRY(r.finish());
+    TD_TRY(check_probe_sync(m));
+    return m;
+}
+
+void encode(const ProbeSyncReply &m, std::vector<uint8_t> &out) {
+    Writer w(out);
+    (void)probe_sync_reply_fields(w, m);
+}
+
+Result<ProbeSyncReply> decode_probe_sync_reply(std::span<const uint8_t> payload) {
+    Reader r("probe_sync_reply", payload);
+    ProbeSyncReply m;
+    TD_TRY(probe_sync_reply_fields(r, m));
+    TD_TRY(r.finish());
     return m;
 }
 

@@ -55,6 +55,12 @@ Result<ProbeCompute> decode_probe_compute(std::span<const uint8_t> payload);
 Result<ProbeComputeReply> decode_probe_compute_reply(std::span<const uint8_t> payload);
 Result<ProbeLink> decode_probe_link(std::span<const uint8_t> payload);
 Result<ProbeLinkReply> decode_probe_link_reply(std::span<const uint8_t> payload);
+// Version 8: decode_probe_sync checks rows, n_embd (rows x n_embd <= kMaxProbeSyncFloats), the reduce type,
+// split <= the matrices, and the limits probe_compute's matrices have.
+void encode(const ProbeSync &m, std::vector<uint8_t> &out);
+void encode(const ProbeSyncReply &m, std::vector<uint8_t> &out);
+Result<ProbeSync> decode_probe_sync(std::span<const uint8_t> payload);
+Result<ProbeSyncReply> decode_probe_sync_reply(std::span<const uint8_t> payload);
 // stats_request and shutdown carry no payload in this version; anything else is invalid_input.
 Status decode_empty(MsgType type, std::span<const uint8_t> payload);
 

@@ -64,6 +64,10 @@ const char *msg_type_name(MsgType type) {
             return "transport_offer";
         case MsgType::transport_ready:
             return "transport_ready";
+        case MsgType::probe_sync:
+            return "probe_sync";
+        case MsgType::probe_sync_reply:
+            return "probe_sync_reply";
     }
     return "unknown";
 }
@@ -87,6 +91,8 @@ size_t max_payload(MsgType type) {
         case MsgType::probe_compute_reply:
         case MsgType::probe_link:
         case MsgType::probe_link_reply:
+        case MsgType::probe_sync:
+        case MsgType::probe_sync_reply:
             return kMaxControlPayload;
         case MsgType::auth_challenge:
             return 64;
@@ -111,7 +117,7 @@ size_t max_payload(MsgType type) {
 
 bool msg_type_known(uint16_t type) {
     return type >= static_cast<uint16_t>(MsgType::hello) &&
-           type <= static_cast<uint16_t>(MsgType::transport_ready);
+           type <= static_cast<uint16_t>(MsgType::probe_sync_reply);
 }
 
 const char *transport_name(Transport t) {

@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 7;
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -52,6 +52,7 @@ inline constexpr size_t kMaxProbeSizes = 32;                         // message 
 inline constexpr uint64_t kMaxProbeMatrixBytes = uint64_t(4) << 30;  // one probed matrix
 inline constexpr uint64_t kMaxProbeWorkingSet = uint64_t(1) << 30;   // what a compute probe may allocate
 inline constexpr uint32_t kMaxProbeBudgetMs = 2000;                  // per measured point
+inline constexpr uint64_t kMaxProbeSyncFloats = uint64_t(1) << 24;   // one lock-step probe's all-reduce
 
 // Message types. Pinned: never renumber, only append.
 enum class MsgType : uint16_t {
@@ -88,6 +89,9 @@ enum class MsgType : uint16_t {
     // version 6: transports (after hello_reply, when it names one other than TCP)
     transport_offer = 27,  // server -> client: how to attach to the chosen transport (ShmOffer for shm)
     transport_ready = 28,  // client -> server: attached (the TCP stream carries nothing after it), or why not
+    // version 8: a tensor-parallel pair's synchronisation (probe connections)
+    probe_sync = 29,  // probe: run a layer's matrices in lock step with another worker, an all-reduce apart
+    probe_sync_reply = 30,
 };
 
 const char *msg_type_name(MsgType type);  // "forward", ...; "unknown" for others
@@ -397,6 +401,41 @@ struct ProbeLink {
 };
 struct ProbeLinkReply {
     std::vector<LinkSample> samples;  // [<= 2 * kMaxProbeSizes]
+};
+
+// probe_sync (v8): u32 n_threads, u32 budget_ms, u64 working_set, u32 rows, u32 n_embd, u32 reduce, u32
+// split, u32 count + count x (u32 dtype, u32 n_in, u32 n_out), string peer, u32 transports. With a peer, the
+// worker dials it (a probe connection, `transports` as the engine's peer links may take) and sends it the
+// same request without a peer; the two then run as ranks 0 and 1 of a tensor-parallel pair: over and over,
+// the matrices [0, split) at `rows` rows, an all-reduce of rows x n_embd values (`reduce`, the engine's own
+// collective over that connection), the matrices [split, count), another all-reduce, cycling through copies
+// of the matrices that together exceed the working set, for about budget_ms (and at least 8 rounds). Rank 0
+// stops them both (a flag summed along with the values). Each rank times its matrices and its waits in the
+// all-reduces; rank 1 gives its figures to rank 0, which replies with both (probe_sync_reply). What the
+// segments took beyond the slower rank's compute and the link's price is the pair's synchronisation: the
+// stalls of either rank that the other waits out, which neither a compute probe nor a link probe sees.
+struct ProbeSync {
+    uint32_t n_threads = 0;
+    uint32_t budget_ms = 300;           // <= kMaxProbeBudgetMs
+    uint64_t working_set = 0;           // bytes, <= kMaxProbeWorkingSet (0: the worker's default)
+    uint32_t rows = 1;                  // 1..kMaxBatchRows
+    uint32_t n_embd = 0;                // 1..kMaxEmbd; rows x n_embd <= kMaxProbeSyncFloats
+    uint32_t reduce = 0;                // ReduceType
+    uint32_t split = 0;                 // <= matrices.size(): where the second segment starts
+    std::vector<ProbeMatrix> matrices;  // [1, kMaxProbeMatrices], as probe_compute's
+    std::string peer;                   // "host:port" of the other rank's worker; empty: this is rank 1
+    uint32_t transports = kTransportsTcp;
+};
+// probe_sync_reply: u32 segments, f64 wall_s, u32 count + count x (f64 compute_s, f64 wait_s): per rank, rank
+// 0 first (rank 1's own reply to rank 0 carries only its own).
+struct ProbeSyncRank {
+    double compute_s = 0.0;  // in its matrices, all segments
+    double wait_s = 0.0;     // in its all-reduces
+};
+struct ProbeSyncReply {
+    uint32_t segments = 0;  // segments timed (each: its matrices, then an all-reduce)
+    double wall_s = 0.0;    // from the first timed segment to the last all-reduce's end (rank 0's clock)
+    std::vector<ProbeSyncRank> ranks;  // [<= kMaxTpSize]
 };
 
 }  // namespace td::net

@@ -42,6 +42,12 @@ void decode_payload(MsgType type, std::span<const uint8_t> p) {
         case MsgType::probe_compute_reply: (void)decode_probe_compute_reply(p); break;
         case MsgType::probe_link: (void)decode_probe_link(p); break;
         case MsgType::probe_link_reply: (void)decode_probe_link_reply(p); break;
+        case MsgType::probe_sync:
+            (void)decode_probe_sync(p);
+            break;
+        case MsgType::probe_sync_reply:
+            (void)decode_probe_sync_reply(p);
+            break;
         case MsgType::auth_challenge: (void)decode_auth_challenge(p); break;
         case MsgType::auth_proof: (void)decode_auth_proof(p); break;
         case MsgType::transport_offer: (void)decode_transport_offer(p); break;
@@ -88,6 +94,14 @@ TD_FUZZ_INIT(codec) {
     add(MsgType::load_stage, ls);
     add(MsgType::seq_clear, SeqClear{3});
     add(MsgType::probe_link, ProbeLink{"10.0.0.3:9000", 50, {64, 4096}, {1u << 20}});
+    ProbeSync ps;
+    ps.rows = 4;
+    ps.n_embd = 64;
+    ps.split = 1;
+    ps.matrices = {{2, 64, 64}, {2, 64, 128}};
+    ps.peer = "10.0.0.3:9000";
+    add(MsgType::probe_sync, ps);
+    add(MsgType::probe_sync_reply, ProbeSyncReply{4, 0.01, {{0.005, 0.004}, {0.006, 0.003}}});
     AuthChallenge ch;
     ch.nonce.fill(1);
     add(MsgType::auth_challenge, ch);
