@@ -217,13 +217,11 @@ for i, e in enumerate(layouts):
                 ratio.append(mv / pv)
                 scaled.append(mv / pv / dr)
         vals = [v for v in per_round.values() if v]
-        recs = [plan_of(x["round"])["rec"].get(str(b)) == e["flags"] for x in mine] if b > 0 else []
         print(json.dumps({"n": n, "d": d, "label": e["label"], "flags": e["flags"], "test": test, "batch": b,
                           "pred": med(pred_round), "meas": med(vals), "ratio": med(ratio), "scaled": med(scaled),
                           "spread": [min(vals), max(vals)] if vals else None,
                           "rounds": {str(k): v for k, v in per_round.items()},
                           "rec": b > 0 and rec_of.get(b) == e["flags"],
-                          "rec_rounds": {str(x["round"]): r for x, r in zip(mine, recs)},
                           "rec_flags": {str(k): plan_of(k)["rec"].get(str(b)) for k in per_round} if b > 0 else {},
                           "drift": med(drift), "bus": f"{bus_plan:.2f}, {bus_bench:.2f}",
                           "steal": f"{100 * steal_plan:.0f}, {100 * steal_bench:.0f}", "moved": moved}))

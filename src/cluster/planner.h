@@ -9,6 +9,7 @@
 //            every pair of nodes of one host alone and at once, seconds apart, for the host's contention
 //   pairs    every pair of nodes in lock step, as two ranks of a tensor-parallel group run (a layer's halves,
 //            the engine's all-reduce between them): what they wait for each other beyond the link's price
+//            (not pairs that share cores: `together` prices their taking turns)
 //
 // A described cluster (JSON, `plan --offline`) gives the same numbers by hand; docs/clusters/ has examples.
 #pragma once
