@@ -405,15 +405,20 @@ TEST(PlanDelay, ADelayedLinkMovesThePredictionAndTheRecommendationLikeTheMeasure
     auto plan_now = [&](double *pa, double *pb, std::string *rec, Sync *sync) {
         auto spec = measure_cluster({a.address(), via}, *shape, o, test_secret(), {});
         ASSERT_TRUE(spec.ok()) << spec.status().message();
+        // Unless the loaded host ran the two on one core (then `together` prices them, and no lock step).
         const auto it = spec->sync.find({0, 1});
-        ASSERT_NE(it, spec->sync.end());
-        ASSERT_EQ(it->second.size(), sync_rows(o).size());
-        for (const SyncPoint &p : it->second) {
-            EXPECT_GT(p.segment_s, 0);
-            EXPECT_GT(p.link_s, 0);
-            EXPECT_GE(p.excess_s, 0);
+        if (spec->together_of(0, 1) < ClusterSpec::kSharedCore) {
+            EXPECT_NE(it, spec->sync.end());
         }
-        *sync = {it->second[0].segment_s, it->second[0].link_s, it->second[0].excess_s};
+        if (it != spec->sync.end()) {
+            EXPECT_EQ(it->second.size(), sync_rows(o).size());
+            for (const SyncPoint &p : it->second) {
+                EXPECT_GT(p.segment_s, 0);
+                EXPECT_GT(p.link_s, 0);
+                EXPECT_GE(p.excess_s, 0);
+            }
+            *sync = {it->second[0].segment_s, it->second[0].link_s, it->second[0].excess_s};
+        }
         const Plan p = make_plan(*shape, *spec, o);
         for (const PlanEntry &e : p.batches[0].entries) {
             const std::string fl = e.layout.flags(*spec);
@@ -448,10 +453,12 @@ TEST(PlanDelay, ADelayedLinkMovesThePredictionAndTheRecommendationLikeTheMeasure
     // In lock step the pair's exchange now waits for the delay, once per all-reduce (each rank's part crosses
     // one way while the other's crosses back), and the model prices it as the link, not again as the pair's
     // synchronisation.
-    EXPECT_GT(sync1.segment_s - sync0.segment_s, 3e-3) << sync0.segment_s << " -> " << sync1.segment_s;
-    EXPECT_GT(sync1.link_s, 3e-3);
-    EXPECT_LT(sync1.excess_s, 0.5 * sync1.link_s)
-        << "segment " << sync1.segment_s << " link " << sync1.link_s;
+    if (sync0.segment_s > 0 && sync1.segment_s > 0) {
+        EXPECT_GT(sync1.segment_s - sync0.segment_s, 3e-3) << sync0.segment_s << " -> " << sync1.segment_s;
+        EXPECT_GT(sync1.link_s, 3e-3);
+        EXPECT_LT(sync1.excess_s, 0.5 * sync1.link_s)
+            << "segment " << sync1.segment_s << " link " << sync1.link_s;
+    }
     // With the delay, the recommendation leaves the delayed worker out, as the measurement says it should.
     EXPECT_EQ(rec1.find(via), std::string::npos) << rec1;
     EXPECT_GT(ma1, mb1);
