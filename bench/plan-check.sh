@@ -3,7 +3,8 @@
 # 0, 1, 0 ...), each with every link delayed by 0, 0.1 and 1 ms one way (`tandem relay` in front of every
 # worker), runs `tandem plan` (which measures the nodes and links) and then `tandem bench` on the layouts it
 # ranks: one node, the pipeline over all workers, tensor parallelism over all workers, and the recommended
-# one. Generation is tg N_GEN at batch 1 and 16 (PARALLEL), prompt is pp N_PROMPT at batch 1. Prints one
+# one (and any layout a later round's plan recommends, from that round on). Generation is tg N_GEN at batch 1
+# and 16 (PARALLEL) for every layout run, prompt is pp N_PROMPT at batch 1. Prints one
 # markdown row per (cluster, layout, test) with predicted, measured and their ratio, and per (cluster, batch)
 # whether the recommended layout was the measured fastest (or within 5% of it). Links stay on TCP
 # (--transport tcp): shared memory between these processes would pass the relays by.
@@ -20,9 +21,10 @@
 # before them, not against one made ten minutes earlier on a host that has moved since (back to back, one
 # node's tg128 read 43.6 and then 32.4 tokens/s, and --tp 2 over it 1.33x and then 1.84x). Each row's ratio is
 # the median of its rounds' ratios, its predicted and measured figures the medians of their rounds; the first
-# plan picks the layouts. A row is marked recommended for the layout most rounds' plans recommended, and the
-# recommendation is judged on the medians and round by round (each round's plan's choice against that round's
-# fastest; a choice that was not among the layouts run is counted apart).
+# plan picks the layouts, and a round whose plan recommends one not yet run adds it (benched from that round
+# on, so its figures are the medians of fewer rounds). A row is marked recommended for the layout most rounds'
+# plans recommended, and the recommendation is judged on the medians and round by round (each round's plan's
+# choice against that round's fastest).
 # A row whose host moved between plan and bench (two cores' read over one core's off by more than 20% from
 # plan's in most rounds, or more than 5% of the CPU time stolen) is marked, and the summary also counts the
 # rows where the host held still: on a moved host a prediction is checked against another machine than the one
@@ -98,6 +100,31 @@ print(json.dumps({"round": int(sys.argv[2]), "pred": pred, "rec": rec, "read": f
 PY
 }
 
+# pick_layouts R: appends to $tmp/layouts (one JSON line per layout: flags, label, the round it joined) the
+# layouts round R's plan names that are not there yet. Round 0 picks one node, the pipeline and tensor
+# parallelism over all the cluster's workers, and the recommended layout per batch; a later round adds the
+# layout its plan recommends where it is new, so every round's choice is benched in that round and judged.
+pick_layouts() {
+  python3 - "$tmp/plan-$1.json" "$n" "$1" "$tmp/layouts" >> "$tmp/layouts" <<'PY'
+import json, sys
+plan = json.load(open(sys.argv[1])); n = int(sys.argv[2]); r = int(sys.argv[3])
+have = {json.loads(l)["flags"] for l in open(sys.argv[4]) if l.strip()}
+names = [x["name"] for x in plan["nodes"]]
+want = {}
+for b in plan["batches"]:
+    for l in b["layouts"]:
+        if not l["fits"] or l["flags"] in have: continue
+        take = l["flags"] == b["recommended"]["flags"] or (r == 0 and (
+            (l["kind"] == "one node" and l["flags"].split()[1] == names[0]) or
+            (l["kind"] in ("pipeline", "tensor parallel") and l["nodes"] == n)))
+        if take and l["flags"] not in want:
+            ws = l["flags"].split()[1].split(",")
+            want[l["flags"]] = l["label"] + " [" + ",".join("w%d" % names.index(w) for w in ws) + "]"
+for f, label in want.items():
+    print(json.dumps({"flags": f, "label": label, "joined": r}))
+PY
+}
+
 max_nodes=0
 for n in $nodes_list; do (( n > max_nodes )) && max_nodes=$n; done
 addrs=()
@@ -126,34 +153,18 @@ for n in $nodes_list; do
     done
     : > "$tmp/preds"
     plan_round 0
-    # The layouts to run: flags, label and predictions per batch.
-    python3 - "$tmp/plan-0.json" "$n" > "$tmp/layouts" <<'PY'
-import json, sys
-plan = json.load(open(sys.argv[1])); n = int(sys.argv[2])
-want = {}
-for b in plan["batches"]:
-    for l in b["layouts"]:
-        if not l["fits"]: continue
-        take = (l["kind"] == "one node" and l["flags"].split()[1] == plan["nodes"][0]["name"]) or \
-               (l["kind"] in ("pipeline", "tensor parallel") and l["nodes"] == n) or \
-               l["flags"] == b["recommended"]["flags"]
-        if take:
-            e = want.setdefault(l["flags"], {"label": l["label"], "gen": {}, "prompt": l["prompt"]["tokens_per_s"]})
-            e["gen"][b["batch"]] = l["generation"]["tokens_per_s"]
-for b in plan["batches"]:
-    want[b["recommended"]["flags"]].setdefault("recommended", []).append(b["batch"])
-names = [n["name"] for n in plan["nodes"]]
-for f, e in want.items():
-    ws = f.split()[1].split(",")
-    e["label"] += " [" + ",".join("w%d" % names.index(w) for w in ws) + "]"
-    print(json.dumps({"flags": f, **e}))
-PY
+    : > "$tmp/layouts"
+    pick_layouts 0
     # Paired rounds: every round benches each layout once, the order rotating from round to round, so a minute
     # of a slower host falls on all of them rather than on one; each figure is the median of its rounds.
     mapfile -t lines < "$tmp/layouts"
     : > "$tmp/rounds"
     for ((r = 0; r < rounds; r++)); do
-      if ((r > 0 && replan)); then plan_round "$r"; fi
+      if ((r > 0 && replan)); then
+        plan_round "$r"
+        pick_layouts "$r"
+        mapfile -t lines < "$tmp/layouts"
+      fi
       for ((k = 0; k < ${#lines[@]}; k++)); do
         li=$(((k + r) % ${#lines[@]}))
         line=${lines[$li]}
@@ -203,8 +214,8 @@ for i, e in enumerate(layouts):
     steal_plan = max(plan_of(x["round"])["steal"] for x in mine)
     steal_bench = max(x["steal"] for x in mine)
     moved = med([abs(x["bus"] / plan_of(x["round"])["bus"] - 1) for x in mine]) > 0.2 or max(steal_plan, steal_bench) > 0.05
-    tests = [(int(b), f"tg{ng} x{b}", lambda p, b=b: p["gen"].get(str(b)), lambda x, b=b: x["gen"].get(str(b)))
-             for b in sorted(e["gen"], key=int)]
+    tests = [(b, f"tg{ng} x{b}", lambda p, b=b: p["gen"].get(str(b)), lambda x, b=b: x["gen"].get(str(b)))
+             for b in batches]
     tests.append((0, f"pp{npr}", lambda p: p["prompt"], lambda x: x["pp"]))
     for b, test, pred_in, meas_in in tests:
         per_round, pred_round, ratio, scaled = {}, [], [], []
@@ -241,30 +252,37 @@ PY
   done
 done
 echo
-echo "| workers | delay | batch | recommended | measured fastest | recommended / fastest | rounds it was within 5% of that round's fastest |"
+echo "| workers | delay | batch | recommended | measured fastest | recommended / fastest (median of paired rounds) | rounds it was within 5% of that round's fastest |"
 echo "| ---: | ---: | ---: | --- | --- | ---: | ---: |"
 python3 - "$tmp/summary" <<'PY'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 groups = {}
 for r in rows:
     if r["batch"] > 0 and r["meas"]: groups.setdefault((r["n"], r["d"], r["batch"]), []).append(r)
 within, not_run = [], 0
 for (n, d, b), rs in groups.items():
-    fast = max(rs, key=lambda r: r["meas"])
     rec = [r for r in rs if r["rec"]]
     if not rec: continue
-    q = rec[0]["meas"] / fast["meas"]
+    # On the medians of paired rounds: the recommended layout against each other one over the rounds both ran
+    # (a layout a later round added ran in fewer rounds than the others).
+    q, fast = 1.0, rec[0]
+    for x in rs:
+        pairs = [v / x["rounds"][k] for k, v in rec[0]["rounds"].items() if v and x["rounds"].get(k)]
+        if x is not rec[0] and pairs and statistics.median(pairs) < q:
+            q, fast = statistics.median(pairs), x
     within.append(q >= 0.95)
     # Round by round: the layout that round's plan recommended against that round's fastest.
+    choices = {}
+    for x in rs: choices.update(x["rec_flags"])
     per_round = []
-    for k, flags in rec[0]["rec_flags"].items():
+    for k, flags in sorted(choices.items()):
         mine = [x for x in rs if x["flags"] == flags]
         best = max((x["rounds"].get(k) or 0) for x in rs)
-        if not mine:
+        if not mine or not mine[0]["rounds"].get(k):
             not_run += 1
             continue
-        v = mine[0]["rounds"].get(k)
+        v = mine[0]["rounds"][k]
         if v and best: per_round.append(v >= 0.95 * best)
     print(f'| {n} | {d} ms | {b} | {rec[0]["label"]} | {fast["label"]} | {q:.2f} | {sum(per_round)} of {len(per_round)} |')
 ratios = [r["ratio"] for r in rows if r["ratio"]]
