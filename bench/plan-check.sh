@@ -119,7 +119,9 @@ for b in plan["batches"]:
             (l["kind"] in ("pipeline", "tensor parallel") and l["nodes"] == n)))
         if take and l["flags"] not in want:
             ws = l["flags"].split()[1].split(",")
-            want[l["flags"]] = l["label"] + " [" + ",".join("w%d" % names.index(w) for w in ws) + "]"
+            split = l["flags"].split("--split ")[1].split()[0] if "--split " in l["flags"] else ""
+            want[l["flags"]] = l["label"] + (" split " + split if split else "") + \
+                " [" + ",".join("w%d" % names.index(w) for w in ws) + "]"
 for f, label in want.items():
     print(json.dumps({"flags": f, "label": label, "joined": r}))
 PY
