@@ -155,10 +155,20 @@ TEST(PlanContention, TwoWorkersOnOneCoreAreMeasuredSharingIt) {
     EXPECT_GT(spec->together_of(0, 1), 1.3);
     EXPECT_GT(spec->together_of(0, 1, /*stream=*/true), 1.3);
     EXPECT_LT(spec->together_of(0, 1, true), 3.0);
+    // One host, the same threads: one kind, measured as one (PlanOptions::pool_kinds), so the plan cannot
+    // tell the two apart by a passing swing of the host.
+    ASSERT_EQ(spec->nodes.size(), 2u);
+    EXPECT_FALSE(spec->nodes[0].measured.empty());
+    EXPECT_EQ(spec->nodes[0].measured, spec->nodes[1].measured);
+    EXPECT_EQ(spec->nodes[0].read_bytes_per_s, spec->nodes[1].read_bytes_per_s);
+    EXPECT_EQ(spec->nodes[0].attn_per_pos_s, spec->nodes[1].attn_per_pos_s);
+    EXPECT_EQ(spec->nodes[0].matvec_efficiency, spec->nodes[1].matvec_efficiency);
     const Plan p = make_plan(*shape, *spec, o);
     const PlanBatch &pb = p.batches[0];
     ASSERT_GE(pb.best_tp, 0);
     ASSERT_GE(pb.recommended, 0);
+    for (const auto &stage : pb.entries[static_cast<size_t>(pb.best_tp)].layout.shares)
+        for (double share : stage) EXPECT_EQ(share, stage.front());
     if (spec->together_of(0, 1) >= ClusterSpec::kSharedCore) {
         EXPECT_TRUE(pb.entries[static_cast<size_t>(pb.best_tp)].prediction.shares_core);
         EXPECT_NE(pb.entries[static_cast<size_t>(pb.recommended)].layout.kind(), "tensor parallel");

@@ -37,6 +37,7 @@ struct PlanCliOptions {
     int32_t n_gen = 128;
     int probe_ms = 20;
     bool no_contention = false;
+    bool measure_each = false;
     std::string secret_file;
     std::string transport = "auto";
 };
@@ -106,6 +107,7 @@ int plan_main(const PlanCliOptions &opt) {
     po.n_threads = opt.n_threads;
     po.probe_ms = opt.probe_ms;
     po.contention = !opt.no_contention;
+    po.pool_kinds = !opt.measure_each;
     if (std::string error; !net::transports_from_name(opt.transport, &po.transports, &error))
         return fail(invalid_input("{}", error));
     po.predict.n_prompt = opt.n_prompt;
@@ -202,6 +204,10 @@ void register_plan(CLI::App &app, Runners &runners) {
         ->default_val(20)
         ->check(CLI::Range(1, 2000));
     cmd->add_flag("--no-contention", opt->no_contention, "Do not measure nodes of one host together");
+    cmd->add_flag(
+        "--measure-each", opt->measure_each,
+        "Keep each node's own figures where nodes of one host with the same threads would be pooled "
+        "(hosts whose cores differ: performance and efficiency cores)");
     cmd->add_option(
            "--transport", opt->transport,
            "Transports the measured links may take, as the run's --transport: auto (shared memory between "

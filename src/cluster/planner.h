@@ -5,8 +5,9 @@
 //            ProbeClient::link_to): round trips of a small message and of every size a layout would send
 //            (link_message_sizes), a stream for larger ones
 //   nodes    a compute probe per worker of every matrix shape the candidate layouts would give it, at every
-//            row count they would run (micro-batches of each batch size, prompt chunks), measured alone; then
-//            every pair of nodes of one host alone and at once, seconds apart, for the host's contention
+//            row count they would run (micro-batches of each batch size, prompt chunks), measured alone
+//            (nodes of one kind, one host and the same threads, pooled: PlanOptions::pool_kinds); then every
+//            pair of nodes of one host alone and at once, seconds apart, for the host's contention
 //   pairs    every pair of nodes in lock step, as two ranks of a tensor-parallel group run (a layer's halves,
 //            the engine's all-reduce between them): what they wait for each other beyond the link's price
 //            (not pairs that share cores: `together` prices their taking turns)
@@ -33,6 +34,11 @@ struct PlanOptions {
     uint64_t working_set = 0;  // bytes each compute probe cycles through; 0: the worker's default (4x its L3)
     int32_t n_threads = 0;   // threads per worker (0: each worker's own)
     bool contention = true;  // measure nodes that share a host together too
+    // Nodes of one host with the same threads are one kind: every measured point is the median of all their
+    // rounds (the plain read and the row ops the kind's best), so the planner gives them even splits and even
+    // cuts where the host's passing swings told identical cores apart. Off for hosts whose cores differ
+    // (performance and efficiency cores): each node keeps its own figures.
+    bool pool_kinds = true;
     // Per row count, how long each pair of nodes runs in lock step (net::ProbeSync: a layer's half at 1 row,
     // at the largest batch and at a prompt chunk, an all-reduce between the halves); 0: no lock-step probe.
     int sync_ms = 300;
