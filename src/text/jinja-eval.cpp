@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <limits>
 
 #include "text/jinja-ast.h"
 #include "text/jinja-builtins.h"
@@ -311,15 +312,22 @@ private:
         if (!a.is_numeric() || !b.is_numeric()) type_error(op.c_str(), a, b);
         const int64_t x = a.kind == K::boolean ? a.b : a.i, y = b.kind == K::boolean ? b.b : b.i;
         const double p = a.as_double(), q = b.as_double();
-        if (op == "+") return ints ? Value::integer(x + y) : Value::number(p + q);
-        if (op == "-") return ints ? Value::integer(x - y) : Value::number(p - q);
-        if (op == "*") return ints ? Value::integer(x * y) : Value::number(p * q);
+        // Python's integers do not overflow; ours are 64-bit, and a result past them becomes the nearest
+        // double (a template's arithmetic is counters and lengths; a fuzzed one multiplied 2^63 - 1 by
+        // 1079853572).
+        int64_t r = 0;
+        if (op == "+")
+            return ints && !__builtin_add_overflow(x, y, &r) ? Value::integer(r) : Value::number(p + q);
+        if (op == "-")
+            return ints && !__builtin_sub_overflow(x, y, &r) ? Value::integer(r) : Value::number(p - q);
+        if (op == "*")
+            return ints && !__builtin_mul_overflow(x, y, &r) ? Value::integer(r) : Value::number(p * q);
         if (op == "/") {
             if (q == 0) fail("ZeroDivisionError: division by zero");
             return Value::number(p / q);
         }
         if (op == "//" || op == "%") {
-            if (ints) {
+            if (ints && !(x == std::numeric_limits<int64_t>::min() && y == -1)) {
                 if (y == 0) fail("ZeroDivisionError: integer division or modulo by zero");
                 int64_t d = x / y, m = x % y;
                 if (m != 0 && ((m < 0) != (y < 0))) {
@@ -334,9 +342,12 @@ private:
         }
         if (op == "**") {
             if (ints && y >= 0) {
-                int64_t r = 1;
-                for (int64_t k = 0; k < y && k < 64; ++k) r *= x;
-                return Value::integer(r);
+                if (x == 0 || x == 1) return Value::integer(y == 0 ? 1 : x);
+                if (x == -1) return Value::integer(y % 2 == 0 ? 1 : -1);
+                r = 1;
+                bool over = false;  // |x| >= 2: past 63 factors at most
+                for (int64_t k = 0; k < y && !over; ++k) over = __builtin_mul_overflow(r, x, &r);
+                if (!over) return Value::integer(r);
             }
             return Value::number(std::pow(p, q));
         }
@@ -415,6 +426,8 @@ private:
                 const Value v = eval(*e.args[0], frame);
                 if (v.kind == K::integer || v.kind == K::boolean) {
                     const int64_t x = v.kind == K::integer ? v.i : v.b;
+                    if (e.op == Expr::Op::neg && x == std::numeric_limits<int64_t>::min())
+                        return Value::number(-static_cast<double>(x));  // past int64, as + - * above
                     return Value::integer(e.op == Expr::Op::neg ? -x : x);
                 }
                 if (v.kind == K::number) return Value::number(e.op == Expr::Op::neg ? -v.d : v.d);
