@@ -64,6 +64,16 @@ std::vector<net::ProbeMatrix> needed_matrices(const ModelShape &model, const Clu
     return out;
 }
 
+// The row ops a probe measured (norm, activation, rope, attention per position, dispatch), from one node's
+// figures to another's.
+void copy_row_ops(NodeSpec &to, const NodeSpec &from) {
+    to.norm_per_elem_s = from.norm_per_elem_s;
+    to.act_per_elem_s = from.act_per_elem_s;
+    to.rope_per_head_s = from.rope_per_head_s;
+    to.attn_per_pos_s = from.attn_per_pos_s;
+    to.dispatch_s = from.dispatch_s;
+}
+
 Result<std::vector<double>> run_probe(ProbeClient &client, const std::vector<net::ProbeMatrix> &matrices,
                                       const std::vector<int32_t> &rows, const PlanOptions &o,
                                       double *read_bps, const ModelShape *ops_of = nullptr,
@@ -318,13 +328,7 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
             NodeSpec ops;
             TD_ASSIGN_OR_RETURN(auto sec, run_probe(*clients[i], mats, rows, o, &bps[i], &model, &ops));
             NodeSpec &n = spec.nodes[i];
-            if (round == 0 || ops.attn_per_pos_s < n.attn_per_pos_s) {
-                n.norm_per_elem_s = ops.norm_per_elem_s;
-                n.act_per_elem_s = ops.act_per_elem_s;
-                n.rope_per_head_s = ops.rope_per_head_s;
-                n.attn_per_pos_s = ops.attn_per_pos_s;
-                n.dispatch_s = ops.dispatch_s;
-            }
+            if (round == 0 || ops.attn_per_pos_s < n.attn_per_pos_s) copy_row_ops(n, ops);
             runs[i].push_back(std::move(sec));
         }
     // Nodes of one kind (one host, the same threads: cores of one machine) pool their rounds: each point the
@@ -357,28 +361,14 @@ Result<ClusterSpec> measure_cluster(const std::vector<std::string> &workers, con
         for (size_t j = i + 1; j < workers.size(); ++j) {
             if (kind[j] != i) continue;
             bps[i] = std::max(bps[i], bps[j]);
-            NodeSpec &n = spec.nodes[i];
-            const NodeSpec &m = spec.nodes[j];
-            if (m.attn_per_pos_s < n.attn_per_pos_s) {
-                n.norm_per_elem_s = m.norm_per_elem_s;
-                n.act_per_elem_s = m.act_per_elem_s;
-                n.rope_per_head_s = m.rope_per_head_s;
-                n.attn_per_pos_s = m.attn_per_pos_s;
-                n.dispatch_s = m.dispatch_s;
-            }
+            if (spec.nodes[j].attn_per_pos_s < spec.nodes[i].attn_per_pos_s)
+                copy_row_ops(spec.nodes[i], spec.nodes[j]);
         }
     }
     for (size_t i = 0; i < workers.size(); ++i) {
         const size_t q = kind[i];
         NodeSpec &n = spec.nodes[i];
-        if (q != i) {
-            const NodeSpec &m = spec.nodes[q];
-            n.norm_per_elem_s = m.norm_per_elem_s;
-            n.act_per_elem_s = m.act_per_elem_s;
-            n.rope_per_head_s = m.rope_per_head_s;
-            n.attn_per_pos_s = m.attn_per_pos_s;
-            n.dispatch_s = m.dispatch_s;
-        }
+        if (q != i) copy_row_ops(n, spec.nodes[q]);
         n.read_bytes_per_s = bps[q] > 0 ? bps[q] : n.read_bytes_per_s;
         store(n, mats, rows, best[q]);
     }
