@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -577,6 +578,41 @@ TEST(Cluster, FailureWithQueuedStepsDoesNotPoisonTheNextRequest) {
 
 namespace td::cluster {
 namespace {
+
+// --stats' advice for a tensor-parallel group whose ranks ran at different speeds: the shares that would have
+// made them busy for the same time.
+TEST(ClusterPlacement, TensorParallelSharesFromWhatEachRankComputedPerSecond) {
+    // Even work, one rank busy 1.5x as long: it is the slower one; it should get 1 / 1.5 of the other's
+    // share.
+    auto s = tp_rebalance({100.0, 100.0}, {1.5, 1.0});
+    ASSERT_EQ(s.size(), 2u);
+    EXPECT_DOUBLE_EQ(s[0], 1.0);
+    EXPECT_DOUBLE_EQ(s[1], 1.5);
+    // Uneven work (280 : 213 MiB) on equal speeds, so busy in proportion: even shares would even them out.
+    s = tp_rebalance({280.0, 213.0}, {2.80, 2.13});
+    ASSERT_EQ(s.size(), 2u);
+    EXPECT_NEAR(s[0], 1.0, 1e-12);
+    EXPECT_NEAR(s[1], 1.0, 1e-12);
+    // Work in proportion to speed: both busy alike, nothing to say.
+    EXPECT_TRUE(tp_rebalance({280.0, 213.0}, {2.11, 2.11}).empty());
+    // The second rank busy 0.8 of the first's time on 213 of 280: what each computed per second.
+    s = tp_rebalance({280.0, 213.0}, {2.11, 2.11 * 0.8});
+    ASSERT_EQ(s.size(), 2u);
+    EXPECT_NEAR(s[1] / s[0], (213.0 / (2.11 * 0.8)) / (280.0 / 2.11), 1e-12);
+    EXPECT_DOUBLE_EQ(*std::min_element(s.begin(), s.end()), 1.0);
+    // Within 10% is noise; three ranks; too short a run to tell; figures that do not add up.
+    EXPECT_TRUE(tp_rebalance({1.0, 1.0}, {1.09, 1.0}).empty());
+    s = tp_rebalance({1.0, 1.0, 2.0}, {1.0, 2.0, 1.0});
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_DOUBLE_EQ(s[0], 2.0);
+    EXPECT_DOUBLE_EQ(s[1], 1.0);
+    EXPECT_DOUBLE_EQ(s[2], 4.0);
+    EXPECT_TRUE(tp_rebalance({1.0, 1.0}, {0.02, 0.01}).empty());
+    EXPECT_TRUE(tp_rebalance({1.0, 0.0}, {2.0, 1.0}).empty());
+    EXPECT_TRUE(tp_rebalance({1.0, 1.0}, {2.0, -1.0}).empty());
+    EXPECT_TRUE(tp_rebalance({1.0}, {2.0}).empty());
+    EXPECT_TRUE(tp_rebalance({1.0, 1.0}, {2.0}).empty());
+}
 
 TEST(ClusterPlacement, HeadLayersAndAutomaticChunks) {
     auto r = parse_layer_ranges("2-3,4-4", 2, 5, 2);

@@ -673,6 +673,30 @@ std::string ClusterEngine::format_stats(const ClusterStats &st) const {
     for (size_t i = 0; i < st.nodes.size() && i < nodes_.size(); ++i)
         out += fmt::format("    {:<22} {}\n", nodes_[i].address, st.nodes[i].links);
     out += fmt::format("    {:<22} {}\n", "head", st.head_links);
+    // A tensor-parallel group is as fast as its slowest rank: the others wait for it at every all-reduce.
+    // Where the ranks were busy for times more than 10% apart, say so, with the shares that would even them
+    // out (as a --split where the layout is this one group).
+    for (const auto &g : groups_) {
+        if (g.size() < 2) continue;
+        std::vector<double> work, busy;
+        for (size_t i : g) {
+            if (i >= st.nodes.size()) break;
+            work.push_back(static_cast<double>(nodes_[i].ready.weight_bytes));
+            busy.push_back(st.nodes[i].compute_seconds - st.nodes[i].tp_wait_seconds);
+        }
+        const std::vector<double> shares = tp_rebalance(work, busy);
+        if (shares.empty()) continue;
+        std::string ranks, split;
+        for (size_t k = 0; k < g.size(); ++k) {
+            ranks += fmt::format("{}{} {} in {:.2f} s", k == 0 ? "" : ", ", nodes_[g[k]].address,
+                                 fmt_bytes(work[k]), busy[k]);
+            split += fmt::format("{}{:.2f}", k == 0 ? "" : ",", shares[k]);
+        }
+        out += fmt::format(
+            "  tensor-parallel ranks ran at different speeds ({}, less their waits for each "
+            "other); shares in proportion to their speeds: {}{}\n",
+            ranks, groups_.size() == 1 ? "--split " : "", split);
+    }
     return out;
 }
 

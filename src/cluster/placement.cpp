@@ -162,4 +162,18 @@ Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights,
     return out;
 }
 
+std::vector<double> tp_rebalance(const std::vector<double> &work, const std::vector<double> &busy,
+                                 double tolerance, double min_busy_s) {
+    if (work.size() < 2 || work.size() != busy.size()) return {};
+    for (size_t i = 0; i < work.size(); ++i)
+        if (!(work[i] > 0) || !(busy[i] >= min_busy_s)) return {};
+    const auto [lo, hi] = std::minmax_element(busy.begin(), busy.end());
+    if (*hi <= (1.0 + tolerance) * *lo) return {};
+    std::vector<double> shares;
+    for (size_t i = 0; i < work.size(); ++i) shares.push_back(work[i] / busy[i]);
+    const double least = *std::min_element(shares.begin(), shares.end());
+    for (double &s : shares) s /= least;
+    return shares;
+}
+
 }  // namespace td::cluster

@@ -34,4 +34,11 @@ Result<std::vector<double>> parse_split(const std::string &split, size_t n_worke
 Result<std::vector<LayerRange>> split_layers(const std::vector<double> &weights, int32_t n_layer,
                                              int32_t first = 0, double tail_extra = 0.0);
 
+// The shares that would even out a tensor-parallel group whose ranks computed work[i] (their weight bytes: a
+// decode step streams them) in busy[i] seconds (their compute time less their waits in the collectives):
+// each rank's share in proportion to what it computed per second, the smallest 1. Empty where the ranks were
+// busy within `tolerance` of each other, or where a rank was busy less than min_busy_s (too short to tell).
+std::vector<double> tp_rebalance(const std::vector<double> &work, const std::vector<double> &busy,
+                                 double tolerance = 0.10, double min_busy_s = 0.05);
+
 }  // namespace td::cluster
