@@ -396,7 +396,7 @@ TEST(Planner, CandidatesCoverEveryKindAndTheirFlagsRunThem) {
         for (const auto &g : l.groups) EXPECT_LE(g.size(), 2u);
 }
 
-TEST(Planner, WithinTwoPercentTheSimplerLayoutIsRecommended) {
+TEST(Planner, WithinTwoPercentTheSimplerLayoutIsRecommendedThenTheFirstListedWorkers) {
     // Entries as make_plan sorts them: fastest first, those that fit first.
     auto entry = [](std::vector<std::vector<int>> groups, double tokens_per_s, bool shares_core = false) {
         PlanEntry e;
@@ -416,6 +416,15 @@ TEST(Planner, WithinTwoPercentTheSimplerLayoutIsRecommended) {
     EXPECT_EQ(recommend({entry(tp2, 100), entry(pipe2, 99.5), entry(one, 98.5)}), 2);
     // Of equal node counts, the narrower group: tp 3 against a 2+1 hybrid.
     EXPECT_EQ(recommend({entry(tp3, 100), entry({{0, 1}, {2}}, 99)}), 1);
+    // Of equally simple layouts, the one over the first-listed workers: the same prediction over three
+    // identical workers, in any order...
+    EXPECT_EQ(recommend({entry({{1}}, 48.0), entry({{2}}, 48.0), entry({{0}}, 48.0)}), 2);
+    // ...or within 2% (a pair's measured contention differs a little)...
+    EXPECT_EQ(recommend({entry({{1}, {2}}, 529.0), entry({{0}, {1}}, 521.2), entry(tp2, 430.0)}), 1);
+    EXPECT_EQ(recommend({entry({{2, 1}}, 55.2), entry({{0, 1}}, 54.2)}), 1);
+    // ...but not past it, and over the same workers the faster one stays (a 1,2 hybrid against a 2,1).
+    EXPECT_EQ(recommend({entry({{1}, {2}}, 529.0), entry({{0}, {1}}, 513.8)}), 0);
+    EXPECT_EQ(recommend({entry({{0}, {1, 2}}, 57.0), entry({{0, 1}, {2}}, 56.5)}), 0);
     // Ranks on shared cores are never recommended; a layout that does not fit ends the list.
     EXPECT_EQ(recommend({entry(tp2, 900, true), entry(pipe2, 400)}), 1);
     PlanEntry big = entry(one, 50);

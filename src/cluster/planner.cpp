@@ -578,9 +578,19 @@ int recommend(const std::vector<PlanEntry> &entries) {
         for (const auto &g : l.groups) w = std::max(w, g.size());
         return w;
     };
+    // Of equally simple layouts, the one over the first-listed workers: layouts that differ only in which of
+    // identical workers they use predict within 2% of each other, and plans a minute apart alternated between
+    // them (one node over w1, then w2, then w0 of three cores of one kind).
+    auto nodes_of = [](const Layout &l) {
+        std::vector<int> v;
+        for (const auto &g : l.groups) v.insert(v.end(), g.begin(), g.end());
+        std::sort(v.begin(), v.end());
+        return v;
+    };
     auto simpler = [&](const Layout &a, const Layout &b) {
         if (a.n_nodes() != b.n_nodes()) return a.n_nodes() < b.n_nodes();
-        return widest(a) < widest(b);
+        if (widest(a) != widest(b)) return widest(a) < widest(b);
+        return nodes_of(a) < nodes_of(b);
     };
     int best = -1;
     double top = 0;

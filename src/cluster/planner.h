@@ -90,7 +90,7 @@ struct PlanBatch {
 };
 // The entry to recommend among `entries` (fastest generation first, those that fit first): the fastest that
 // fits and puts no two ranks of a group on shared cores; within 2% of it, the simplest (fewer nodes, then
-// smaller tensor-parallel groups). -1 where none qualifies.
+// smaller tensor-parallel groups, then the first-listed workers). -1 where none qualifies.
 int recommend(const std::vector<PlanEntry> &entries);
 struct Plan {
     ModelShape model;
