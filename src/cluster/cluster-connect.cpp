@@ -685,7 +685,7 @@ std::string ClusterEngine::format_stats(const ClusterStats &st) const {
             busy.push_back(st.nodes[i].compute_seconds - st.nodes[i].tp_wait_seconds);
         }
         const std::vector<double> shares = tp_rebalance(work, busy);
-        if (shares.empty()) continue;
+        if (shares.size() != g.size()) continue;
         std::string ranks, split;
         for (size_t k = 0; k < g.size(); ++k) {
             ranks += fmt::format("{}{} {} in {:.2f} s", k == 0 ? "" : ", ", nodes_[g[k]].address,
