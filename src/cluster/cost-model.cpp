@@ -304,6 +304,12 @@ int Layout::n_nodes() const {
     return n;
 }
 
+std::vector<int> Layout::nodes() const {
+    std::vector<int> v;
+    for (const auto &g : groups) v.insert(v.end(), g.begin(), g.end());
+    return v;
+}
+
 std::string Layout::kind() const {
     bool any_tp = false;
     for (const auto &g : groups) any_tp |= g.size() > 1;
@@ -595,12 +601,6 @@ Ring ring_cost(const ModelShape &model, const ClusterSpec &c, const Layout &l, i
     return ring;
 }
 
-std::vector<int> all_nodes(const Layout &l) {
-    std::vector<int> v;
-    for (const auto &g : l.groups) v.insert(v.end(), g.begin(), g.end());
-    return v;
-}
-
 }  // namespace
 
 const char *term_name(Term t) {
@@ -658,8 +658,7 @@ Prediction predict(const ModelShape &model, const ClusterSpec &c, const Layout &
     const int32_t m = div_up(batch, n_micro);
     const double ctx_gen = o.n_gen / 2.0;
     // One micro-batch: one group computes at a time; several: the stages overlap, every node can be busy.
-    const Ring ring =
-        ring_cost(model, c, l, m, m, ctx_gen, n_micro > 1 ? all_nodes(l) : std::vector<int>{}, o);
+    const Ring ring = ring_cost(model, c, l, m, m, ctx_gen, n_micro > 1 ? l.nodes() : std::vector<int>{}, o);
     size_t slow = 0;
     for (size_t s = 0; s < ring.stages.size(); ++s)
         if (ring.stages[s].seconds > ring.stages[slow].seconds) slow = s;
@@ -681,8 +680,7 @@ Prediction predict(const ModelShape &model, const ClusterSpec &c, const Layout &
     const int32_t chunk = std::min(step_rows, auto_chunk_rows(step_rows, S));
     const double n_chunks = static_cast<double>(batch) * o.n_prompt / chunk;
     const double ctx_prompt = o.n_prompt / 2.0;
-    const Ring pr =
-        ring_cost(model, c, l, chunk, 0, ctx_prompt, S > 1 ? all_nodes(l) : std::vector<int>{}, o);
+    const Ring pr = ring_cost(model, c, l, chunk, 0, ctx_prompt, S > 1 ? l.nodes() : std::vector<int>{}, o);
     double bottleneck = 0;
     std::array<double, 4> bt{};
     for (const auto *v : {&pr.stages, &pr.hops})

@@ -195,6 +195,7 @@ struct Layout {
     std::string flags(const ClusterSpec &cluster) const;
     LayoutArgs args(const ClusterSpec &cluster) const;
     int n_nodes() const;
+    std::vector<int> nodes() const;  // every node of every stage, in stage and rank order
 };
 
 struct PredictOptions {

@@ -582,8 +582,7 @@ int recommend(const std::vector<PlanEntry> &entries) {
     // identical workers they use predict within 2% of each other, and plans a minute apart alternated between
     // them (one node over w1, then w2, then w0 of three cores of one kind).
     auto nodes_of = [](const Layout &l) {
-        std::vector<int> v;
-        for (const auto &g : l.groups) v.insert(v.end(), g.begin(), g.end());
+        std::vector<int> v = l.nodes();
         std::sort(v.begin(), v.end());
         return v;
     };
