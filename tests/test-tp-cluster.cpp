@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <thread>
 
 #include "cluster/cluster-engine.h"
@@ -487,6 +488,42 @@ TEST(TpCluster, RunAndBenchCommandsWithTp) {
     auto bad = test::run_tandem({"run", "-m", model, "--tp", "2", "-n", "1"});
     EXPECT_EQ(bad.exit_code, 1);
     EXPECT_NE(bad.err.find("need --workers"), std::string::npos) << bad.err;
+}
+
+// Two ranks on like cores given three and one quarters of the work (--split 3,1): rank 0 is busy about three
+// times as long, and --stats names them with the shares their speeds call for, near even (work over busy
+// time).
+TEST(TpCluster, StatsNameRanksThatRanAtDifferentSpeedsWithTheSharesThatEvenThem) {
+    REQUIRE_MODEL();
+    test::TempDir dir;
+    SynthParams p;  // 4 layers of 512 wide with 4096 FFN rows in f32: ~110 MiB, milliseconds a step
+    p.n_embd = 512;
+    p.n_layer = 4;
+    p.n_head = 8;
+    p.n_head_kv = 4;
+    p.n_ff = 4096;
+    p.n_ctx = 512;
+    p.vocab_from = test::shared_path(kModel);
+    const std::string path = dir.file("synth.gguf");
+    {
+        ThreadPool pool(2);
+        ASSERT_TRUE(synth_model(p, path, pool).ok());
+    }
+    WorkerProcess w1(dir.file("w1")), w2(dir.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    auto bench =
+        test::run_tandem({"bench", "-m", path, "--workers", w1.address() + "," + w2.address(), "--tp", "2",
+                          "--split", "3,1", "-t", "1", "-p", "8", "-n", "128", "-r", "1", "--stats"});
+    ASSERT_EQ(bench.exit_code, 0) << bench.err;
+    const std::string key = "shares in proportion to their speeds: --split ";
+    const size_t at = bench.err.find(key);
+    ASSERT_NE(at, std::string::npos) << bench.err;
+    double a = 0, b = 0;
+    ASSERT_EQ(std::sscanf(bench.err.c_str() + at + key.size(), "%lf,%lf", &a, &b), 2) << bench.err;
+    EXPECT_TRUE(a == 1.0 || b == 1.0) << bench.err;  // the slower rank's share is the unit
+    // Like cores: near even, nowhere near the 3 : 1 it ran with (the cores of this host differ up to ~1.4x).
+    EXPECT_GT(a / b, 0.5) << bench.err;
+    EXPECT_LT(a / b, 2.0) << bench.err;
 }
 
 TEST(TpCluster, LayoutErrorsNameTheProblem) {

@@ -330,6 +330,46 @@ TEST(TpSlice, SliceFileHoldsOnlyTheSliceAndNeedsACollective) {
     EXPECT_NE(ctx.status().message().find("collective"), std::string::npos);
 }
 
+// What a rank streams per decoding step (the work --stats weighs its busy time by): its share of every matrix
+// and the whole norms, never the embedding table, of which a step reads one row.
+TEST(TpSlice, AStepStreamsEveryTensorOfTheSliceButTheEmbedding) {
+    REQUIRE_STORIES();
+    auto file = gguf::File::open(stories());
+    ASSERT_TRUE(file.ok());
+    auto whole = Model::load(stories());
+    ASSERT_TRUE(whole.ok());
+    const HParams &hp = (*whole)->hparams();
+    auto slices = tp_split(hp, {3, 1}, tp_ff_unit(*file, 0, hp.n_layer));
+    ASSERT_TRUE(slices.ok());
+    const gguf::TensorInfo *embd = file->find_tensor("token_embd.weight");
+    ASSERT_NE(embd, nullptr);
+    uint64_t all = 0;
+    for (const gguf::TensorInfo &t : file->tensors()) all += t.n_bytes;
+    auto one = tp_slice_plan(*file, hp, 0, hp.n_layer, tp_slice_whole(hp));
+    ASSERT_TRUE(one.ok());
+    EXPECT_EQ(tp_streamed_bytes(*one), all - embd->n_bytes);
+    uint64_t sum = 0, uncut = 0;
+    for (const TpSlice &s : *slices) {
+        auto plan = tp_slice_plan(*file, hp, 0, hp.n_layer, s);
+        ASSERT_TRUE(plan.ok());
+        uint64_t bytes = 0;
+        for (const TpSliceTensor &t : *plan) bytes += t.n_bytes;
+        EXPECT_EQ(tp_streamed_bytes(*plan), bytes - embd->n_bytes);  // each rank holds the whole embedding
+        sum += tp_streamed_bytes(*plan);
+        if (&s == &slices->front())
+            for (const TpSliceTensor &t : *plan)
+                if (t.cut == TpSliceTensor::Cut::whole && t.name != "token_embd.weight") uncut += t.n_bytes;
+    }
+    EXPECT_EQ(sum, tp_streamed_bytes(*one) + uncut);  // the cut matrices once, the norms in each rank
+    // The rank with three quarters of the heads and rows streams about three times the other's bytes.
+    auto big = tp_slice_plan(*file, hp, 0, hp.n_layer, (*slices)[0]);
+    auto small = tp_slice_plan(*file, hp, 0, hp.n_layer, (*slices)[1]);
+    const double ratio =
+        static_cast<double>(tp_streamed_bytes(*big)) / static_cast<double>(tp_streamed_bytes(*small));
+    EXPECT_GT(ratio, 2.0);
+    EXPECT_LT(ratio, 3.5);
+}
+
 // ---- generation equals one machine --------------------------------------------------------------------------
 
 TEST(TpForward, StoriesGreedyTwoThreeAndHybridEqualOneMachine) {

@@ -17,6 +17,7 @@
 #include "cluster/worker.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "model/tp-slice.h"
 #include "net/codec.h"
 
 namespace td::cluster {
@@ -681,7 +682,11 @@ std::string ClusterEngine::format_stats(const ClusterStats &st) const {
         std::vector<double> work, busy;
         for (size_t i : g) {
             if (i >= st.nodes.size()) break;
-            work.push_back(static_cast<double>(nodes_[i].ready.weight_bytes));
+            // Work: the bytes its slice streams per step (not the embedding, which a step only looks up).
+            const NodeStatus &n = nodes_[i];
+            auto plan =
+                tp_slice_plan(model_->file(), model_->hparams(), n.layers.first, n.layers.second, n.slice);
+            work.push_back(static_cast<double>(plan.ok() ? tp_streamed_bytes(*plan) : n.ready.weight_bytes));
             busy.push_back(st.nodes[i].compute_seconds - st.nodes[i].tp_wait_seconds);
         }
         const std::vector<double> shares = tp_rebalance(work, busy);

@@ -211,6 +211,13 @@ Result<TpSlice> tp_slice_read(const gguf::File &file, const HParams &hp) {
     return s;
 }
 
+uint64_t tp_streamed_bytes(const std::vector<TpSliceTensor> &plan) {
+    uint64_t n = 0;
+    for (const TpSliceTensor &t : plan)
+        if (t.name != "token_embd.weight") n += t.n_bytes;
+    return n;
+}
+
 Result<std::vector<TpSliceTensor>> tp_slice_plan(const gguf::File &file, const HParams &hp, int32_t layer_first,
                                                  int32_t layer_last, const TpSlice &slice) {
     if (slice.kv_first < 0 || slice.kv_first >= slice.kv_last || slice.kv_last > hp.n_head_kv ||

@@ -87,6 +87,10 @@ struct TpSliceTensor {
 Result<std::vector<TpSliceTensor>> tp_slice_plan(const gguf::File &file, const HParams &hp, int32_t layer_first,
                                                  int32_t layer_last, const TpSlice &slice);
 
+// Bytes a decoding step streams of a planned slice: every tensor but the token embedding, of which a step
+// reads one row per token (the output head, tied or not, is output.weight and counted).
+uint64_t tp_streamed_bytes(const std::vector<TpSliceTensor> &plan);
+
 // Writes the slice file of layers [layer_first, layer_last) of `file` for `slice` (see above). Tensors are
 // read with pread, one at a time, so writing maps nothing of `file` into memory and holds one tensor.
 // The embedding is whole (layer_first == 0); the output head (layer_last == n_layer) is written as
