@@ -91,6 +91,9 @@ TEST_F(EngineTest, ContractViolationsAreErrors) {
     SamplerParams bad = sampling(0.5f, 1);
     bad.top_p = 2.0f;
     EXPECT_FALSE((*e)->seq_start(0, bad).ok());                      // invalid sampling
+    SamplerParams biased = sampling(0.5f, 1);
+    biased.logit_bias = {{model->hparams().n_vocab, 1.0f}};
+    EXPECT_FALSE((*e)->seq_start(0, biased).ok());  // a bias outside the vocabulary
     Batch b;
     b.add(1, 0, 0, true);
     EXPECT_FALSE((*e)->submit(b).ok());                              // wants logits, never started

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -167,6 +168,7 @@ SeqStart sample_seq_start() {
     m.seed = 0xdeadbeefcafeull;
     m.n_sampled = 300;
     m.history = {5, 0, 511, 7};
+    m.logit_bias = {{2, -std::numeric_limits<float>::infinity()}, {15043, 1.5f}};
     return m;
 }
 ProbeCompute sample_probe_compute() {
@@ -477,6 +479,11 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(s->repeat_penalty, 1.1f);
     EXPECT_EQ(s->n_sampled, 300u);
     EXPECT_EQ(s->history, (std::vector<int32_t>{5, 0, 511, 7}));
+    ASSERT_EQ(s->logit_bias.size(), 2u);
+    EXPECT_EQ(s->logit_bias[0].id, 2);
+    EXPECT_EQ(s->logit_bias[0].bias, -std::numeric_limits<float>::infinity());
+    EXPECT_EQ(s->logit_bias[1].id, 15043);
+    EXPECT_EQ(s->logit_bias[1].bias, 1.5f);
     EXPECT_EQ(s->repeat_last_n, 128);
     EXPECT_EQ(s->presence_penalty, 0.25f);
     EXPECT_EQ(s->frequency_penalty, 0.5f);
@@ -752,6 +759,22 @@ TEST(NetCodec, SemanticChecks) {
     EXPECT_EQ(seq_start_error(s), "");
     s.history.push_back(1);
     EXPECT_NE(seq_start_error(s).find("limit 65536"), std::string::npos) << seq_start_error(s);
+    // A logit bias: ids >= 0, biases finite or -inf, at most kMaxSeqLogitBias.
+    s = sample_seq_start();
+    s.logit_bias[1].id = -3;
+    EXPECT_NE(seq_start_error(s).find("logit_bias token -3 is negative"), std::string::npos)
+        << seq_start_error(s);
+    for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+        s = sample_seq_start();
+        s.logit_bias[1].bias = bad;
+        EXPECT_NE(seq_start_error(s).find("logit_bias of token 15043"), std::string::npos)
+            << seq_start_error(s);
+    }
+    s = sample_seq_start();
+    s.logit_bias.assign(kMaxSeqLogitBias, SeqLogitBias{1, 1.0f});
+    EXPECT_EQ(seq_start_error(s), "");
+    s.logit_bias.push_back({1, 1.0f});
+    EXPECT_NE(seq_start_error(s).find("limit 1024"), std::string::npos) << seq_start_error(s);
     b.clear();
     encode(ErrorMsg{0, "ok is not an error"}, b);
     EXPECT_FALSE(decode_error(b).ok());

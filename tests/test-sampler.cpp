@@ -354,6 +354,76 @@ TEST(Sampler, RepeatPenaltyFlipsGreedy) {
     EXPECT_LT(histogram(with, logits, 2000)[0] + 150, histogram(without, logits, 2000)[0]);
 }
 
+// OpenAI's logit_bias: added to the listed logits before anything else, -inf bans; greedy and drawn alike.
+TEST(Sampler, LogitBiasMovesAndBansTokensBeforeThePenalties) {
+    const std::vector<float> logits = {2.0f, 1.9f, 0.5f, k_inf};
+    SamplerParams p = greedy();
+    p.logit_bias = {{3, -k_inf}};  // a ban holds even over +inf
+    Sampler ban(p, 4);
+    EXPECT_EQ(ban.sample(logits.data()), 0);
+    p.logit_bias = {{3, -k_inf}, {2, 1.0f}, {2, 0.6f}};  // listed twice: both apply, 0.5 + 1.6 = 2.1
+    Sampler twice(p, 4);
+    EXPECT_EQ(twice.sample(logits.data()), 2);
+    // Before the penalties (llama.cpp's order): token 0 at 0.5 biased by +1 is 1.5 and beats 1.0; once it
+    // repeats, a penalty of 2 makes it (0.5 + 1) / 2 = 0.75 < 1.0. Penalised first and biased after, it would
+    // be 0.5 / 2 + 1 = 1.25 and win again.
+    const std::vector<float> close = {0.5f, 1.0f, 0.2f};
+    SamplerParams q = greedy();
+    q.logit_bias = {{0, 1.0f}};
+    q.repeat_penalty = 2.0f;
+    q.repeat_last_n = 4;
+    Sampler pen(q, 3);
+    EXPECT_EQ(pen.sample(close.data()), 0);
+    pen.accept(0);
+    EXPECT_EQ(pen.sample(close.data()), 1);
+    // A drawn sample: the biased distribution is the softmax of the biased logits, the banned token never.
+    SamplerParams d = plain(1.0f);
+    d.logit_bias = {{0, -1.0f}, {2, 2.0f}, {3, -k_inf}};
+    Sampler drawn(d, 4);
+    const int n = 20000;
+    const auto counts = histogram(drawn, logits, n);
+    EXPECT_EQ(counts[3], 0);
+    const auto probs = softmax({1.0f, 1.9f, 2.5f}, 1.0);
+    EXPECT_LT(chi_square({counts[0], counts[1], counts[2]}, probs, n), 13.8);  // 2 dof, p = 0.001
+    // A zero bias changes nothing: the same seed draws the same tokens.
+    SamplerParams none = plain(1.0f, 77);
+    none.logit_bias = {{1, 0.0f}};
+    Sampler a(plain(1.0f, 77), 4), b(none, 4);
+    const std::vector<float> finite = {2.0f, 1.9f, 0.5f, 0.1f};
+    for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(finite.data()), b.sample(finite.data()));
+}
+
+TEST(SamplerParams, LogitBiasIsCheckedAndParsedAsLlamaCppWritesIt) {
+    SamplerParams p;
+    p.logit_bias = {{5, -k_inf}, {0, 3.5f}};
+    EXPECT_TRUE(sampler_params_validate(p).ok());
+    EXPECT_TRUE(logit_bias_validate(p, 6).ok());
+    const Status outside = logit_bias_validate(p, 5);
+    EXPECT_EQ(outside.kind(), ErrorKind::invalid_input);
+    EXPECT_NE(outside.message().find("token 5 is outside the vocabulary (5 tokens)"), std::string::npos)
+        << outside.message();
+    p.logit_bias = {{-1, 1.0f}};
+    EXPECT_NE(sampler_params_validate(p).message().find("negative"), std::string::npos);
+    p.logit_bias = {{1, k_inf}};
+    EXPECT_FALSE(sampler_params_validate(p).ok());
+    p.logit_bias = {{1, std::nanf("")}};
+    EXPECT_FALSE(sampler_params_validate(p).ok());
+    p.logit_bias.assign(kMaxLogitBias + 1, LogitBias{1, 1.0f});
+    EXPECT_NE(sampler_params_validate(p).message().find("at most"), std::string::npos);
+
+    EXPECT_EQ(*parse_logit_bias("15043+1"), (LogitBias{15043, 1.0f}));
+    EXPECT_EQ(*parse_logit_bias("15043-0.5"), (LogitBias{15043, -0.5f}));
+    EXPECT_EQ(*parse_logit_bias("2-inf"), (LogitBias{2, -k_inf}));
+    for (const char *bad :
+         {"", "15043", "+1", "-1+1", "x+1", "1+", "1+inf", "1--1", "1+1x", "1+nan", "1 +1"}) {
+        auto r = parse_logit_bias(bad);
+        EXPECT_FALSE(r.ok()) << bad;
+        if (!r.ok()) {
+            EXPECT_NE(r.status().message().find("TOKEN_ID+BIAS"), std::string::npos) << bad;
+        }
+    }
+}
+
 TEST(Sampler, RepeatLastNMinusOneSeesWholeHistory) {
     SamplerParams p = greedy();
     p.repeat_penalty = 1.1f;

@@ -478,9 +478,65 @@ TEST_P(ServerTest, BadRequestsGetOpenAiErrors) {
     expect_status("/v1/chat/completions",
                   R"({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"})", 404,
                   "model 'gpt-4' not found");
+    expect_status("/v1/completions", R"({"prompt": "a", "logit_bias": 3})", 400,
+                  "'logit_bias' must be an object");
+    expect_status("/v1/completions", R"({"prompt": "a", "logit_bias": {"comma": 1}})", 400,
+                  "keys must be token ids");
+    expect_status("/v1/completions", R"({"prompt": "a", "logit_bias": {"5": 101}})", 400, "[-100, 100]");
+    expect_status("/v1/completions", R"({"prompt": "a", "logit_bias": [[5]]})", 400,
+                  "[token id, bias] pairs");
+    expect_status("/v1/chat/completions",
+                  R"({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"512": -100}})", 400,
+                  "token 512 is outside the vocabulary (512 tokens)");
     expect_status("/v1/nothing", "{}", 404, "no endpoint");
     // The server still answers afterwards.
     EXPECT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 4}, {"model", "stories"}}).empty());
+}
+
+// logit_bias as OpenAI (an object) and llama.cpp (pairs, false bans) write it: the text `tandem run
+// --logit-bias` gives on one machine, on every engine; seeded draws equal one machine's too (a
+// tensor-parallel group then sends rank 0 every logit, since a bias reorders them).
+TEST_P(ServerTest, LogitBiasSteersAndBansTokensOnEveryEngine) {
+    const std::string prompt = "Once upon a time";
+    auto cli = [&](const std::vector<std::string> &bias) {
+        std::vector<std::string> args = {
+            "run", "-m", test::shared_path(k_model), "-p", prompt, "-n", "24", "--temp", "0", "-t", "1"};
+        for (const std::string &b : bias) args.insert(args.end(), {"--logit-bias", b});
+        auto r = test::run_tandem(args);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return r.out.empty() ? r.out : r.out.substr(0, r.out.size() - 1);
+    };
+    const std::string plain = cli({});
+    ASSERT_EQ(plain.rfind(", there was", 0), 0u) << plain;  // token 432 is ","
+    const std::string steered = cli({"432-100", "261+2.5"});
+    const std::string banned = cli({"432-inf", "261+2.5"});
+    EXPECT_NE(steered, plain);
+    EXPECT_EQ(steered.find(','), std::string::npos) << steered;
+    EXPECT_EQ(banned, steered);
+
+    TestServer s(opts());
+    auto c = s.client();
+    const json base = {{"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}};
+    json req = base;
+    req["logit_bias"] = {{"432", -100}, {"261", 2.5}};
+    EXPECT_EQ(completion_text(c, req), steered);
+    req["logit_bias"] = json::array({json::array({432, false}), json::array({261, 2.5})});
+    EXPECT_EQ(completion_text(c, req), steered);
+    EXPECT_EQ(completion_text(c, base), plain);  // the next request has none
+
+    ServerOptions local;
+    TestServer one_machine(local);
+    auto ref = one_machine.client();
+    for (uint64_t seed : {3u, 4u}) {
+        json drawn = {{"prompt", prompt},
+                      {"max_tokens", 24},
+                      {"temperature", 0.9},
+                      {"seed", seed},
+                      {"logit_bias", {{"432", -100}, {"286", 3}}}};
+        const std::string got = completion_text(c, drawn);
+        EXPECT_EQ(got, completion_text(ref, drawn)) << "seed " << seed;
+        EXPECT_EQ(got.find(','), std::string::npos) << got;
+    }
 }
 
 TEST_P(ServerTest, ApiKeyIsRequiredExceptForHealth) {

@@ -34,6 +34,7 @@ struct RunOptions {
     bool no_bos = false;
     std::string kv_type = "f16";
     SamplerParams sampling;
+    std::vector<std::string> logit_bias;  // --logit-bias TOKEN_ID+BIAS, repeatable
     int64_t seed = -1;
     bool chat = false;
     ChatReplParams chat_params;  // system prompt, template name
@@ -68,7 +69,13 @@ int run_main(const RunOptions &opt) {
 
     SamplerParams sp = opt.sampling;
     sp.seed = opt.seed < 0 ? SamplerParams::seed_random : static_cast<uint64_t>(opt.seed);
+    for (const std::string &text : opt.logit_bias) {
+        auto b = parse_logit_bias(text);
+        if (!b.ok()) return fail(b.status());
+        sp.logit_bias.push_back(*b);
+    }
     if (Status s = sampler_params_validate(sp); !s.ok()) return fail(s);
+    if (Status s = logit_bias_validate(sp, (*model)->hparams().n_vocab); !s.ok()) return fail(s);
 
     ContextParams cp;
     cp.n_ctx = opt.n_ctx;
@@ -156,6 +163,9 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_option("--frequency-penalty", opt->sampling.frequency_penalty, "Frequency penalty")
         ->default_val(0.0f);
     cmd->add_option("-s,--seed", opt->seed, "Random seed (-1: random)")->default_val(-1);
+    cmd->add_option(
+        "-l,--logit-bias", opt->logit_bias,
+        "Add BIAS to a token's logit, TOKEN_ID+BIAS or TOKEN_ID-BIAS (2-inf bans token 2); repeatable");
     add_cluster_flags(cmd, opt->cluster);
     runners.push_back([cmd, opt] {
         if (!cmd->parsed()) return -1;

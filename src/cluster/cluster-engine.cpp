@@ -93,6 +93,9 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     m.presence_penalty = params.presence_penalty;
     m.frequency_penalty = params.frequency_penalty;
     m.seed = params.seed;
+    TD_TRY(logit_bias_validate(params, n_vocab()));
+    static_assert(net::kMaxSeqLogitBias >= kMaxLogitBias);
+    for (const LogitBias &b : params.logit_bias) m.logit_bias.push_back({b.id, b.bias});
     for (int32_t t : sampled)
         if (t < 0 || t >= n_vocab())
             return invalid_input("sampled token {} is out of range (vocabulary has {} tokens)", t, n_vocab());

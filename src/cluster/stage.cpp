@@ -242,8 +242,10 @@ Status Stage::handle_seq_start(Frame &f) {
     sp.presence_penalty = m.presence_penalty;
     sp.frequency_penalty = m.frequency_penalty;
     sp.seed = m.seed;
+    for (const net::SeqLogitBias &b : m.logit_bias) sp.logit_bias.push_back({b.id, b.bias});
     TD_TRY(sampler_params_validate(sp));
     const int32_t n_vocab = model_->hparams().n_vocab;
+    TD_TRY(logit_bias_validate(sp, n_vocab));
     for (int32_t t : m.history)
         if (t >= n_vocab)
             return invalid_input("seq_start: history token {} is outside the vocabulary of {}", t, n_vocab);

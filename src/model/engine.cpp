@@ -44,6 +44,7 @@ Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool wan
                               std::span<const int32_t> sampled, int32_t keep) {
     if (seq < 0 || seq >= n_seq()) return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
+    TD_TRY(logit_bias_validate(params, n_vocab()));
     for (int32_t t : sampled)
         if (t < 0 || t >= n_vocab())
             return invalid_input("sampled token {} is out of range (vocabulary has {} tokens)", t, n_vocab());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -124,12 +125,53 @@ Status sampler_params_validate(const SamplerParams &p) {
         return invalid_input("presence_penalty must be a finite number, got {}", p.presence_penalty);
     if (!std::isfinite(p.frequency_penalty))
         return invalid_input("frequency_penalty must be a finite number, got {}", p.frequency_penalty);
+    if (p.logit_bias.size() > kMaxLogitBias)
+        return invalid_input("logit_bias has {} entries, at most {}", p.logit_bias.size(), kMaxLogitBias);
+    for (const LogitBias &b : p.logit_bias) {
+        if (b.id < 0) return invalid_input("logit_bias: token {} is negative", b.id);
+        if (std::isnan(b.bias) || b.bias == k_inf)
+            return invalid_input(
+                "logit_bias: token {} has bias {}; a bias is a finite number, or -inf to ban it", b.id,
+                b.bias);
+    }
+    return {};
+}
+
+Result<LogitBias> parse_logit_bias(std::string_view text) {
+    const size_t sign = text.find_first_of("+-");
+    LogitBias b;
+    bool ok = sign != std::string_view::npos && sign > 0;
+    if (ok) {
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + sign, b.id);
+        ok = ec == std::errc{} && end == text.data() + sign && b.id >= 0;
+    }
+    const std::string_view value = ok ? text.substr(sign + 1) : std::string_view{};
+    if (ok && value == "inf" && text[sign] == '-') {
+        b.bias = -k_inf;
+    } else if (ok) {
+        // from_chars for float is in libstdc++ 11+; strtof would read the locale's decimal point.
+        const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), b.bias);
+        ok = !value.empty() && ec == std::errc{} && end == value.data() + value.size() &&
+             std::isfinite(b.bias) && value[0] != '-' && value[0] != '+';
+        if (text[sign] == '-') b.bias = -b.bias;
+    }
+    if (!ok)
+        return invalid_input(
+            "--logit-bias '{}': expected TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, 2-inf)", text);
+    return b;
+}
+
+Status logit_bias_validate(const SamplerParams &p, int32_t n_vocab) {
+    for (const LogitBias &b : p.logit_bias)
+        if (b.id >= n_vocab)
+            return invalid_input("logit_bias: token {} is outside the vocabulary ({} tokens)", b.id, n_vocab);
     return {};
 }
 
 Sampler::Sampler(const SamplerParams &params, int32_t n_vocab) : params_(params), n_vocab_(n_vocab) {
     TD_ASSERT(n_vocab >= 1, "n_vocab {}", n_vocab);
-    const Status status = sampler_params_validate(params);
+    Status status = sampler_params_validate(params);
+    if (status.ok()) status = logit_bias_validate(params, n_vocab);
     TD_ASSERT(status.ok(), "unvalidated sampler params: {}", status.message());
     reseed();
 }
@@ -191,6 +233,10 @@ void Sampler::accept(int32_t token) {
 void Sampler::load_logits(const float *logits) {
     cand_.resize(size_t(n_vocab_));  // allocates on the first call only
     for (int32_t i = 0; i < n_vocab_; ++i) cand_[size_t(i)] = {i, sanitize(logits[i])};
+    for (const LogitBias &b : params_.logit_bias) {
+        float &logit = cand_[size_t(b.id)].logit;
+        logit = b.bias == -k_inf ? -k_inf : logit + b.bias;  // a ban holds even over a +inf logit
+    }
     apply_penalties();
 }
 

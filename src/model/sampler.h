@@ -3,8 +3,9 @@
 // The chain follows llama.cpp's default order (common_sampler with default params), so the knobs mean what
 // llama.cpp users expect:
 //
-//   penalties -> top_k -> top_p -> min_p -> temperature -> softmax -> draw
+//   logit bias -> penalties -> top_k -> top_p -> min_p -> temperature -> softmax -> draw
 //
+//   logit bias   adds each listed token's bias to its logit (OpenAI logit_bias; -inf bans the token)
 //   penalties    over the distinct tokens among the last repeat_last_n accepted tokens, each with its count:
 //                repeat:  logit > 0 ? logit / repeat_penalty : logit * repeat_penalty  (CTRL, sign-fixed)
 //                OpenAI:  logit -= frequency_penalty * count + presence_penalty * (count > 0)
@@ -41,11 +42,22 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
 
 namespace td {
+
+// One entry of a logit bias: added to token `id`'s logit before anything else looks at it.
+struct LogitBias {
+    int32_t id = 0;
+    float bias = 0.0f;  // finite, or -inf: the token is never chosen
+    bool operator==(const LogitBias &) const = default;
+};
+
+// The most entries a logit bias may have (OpenAI's API caps it at 300 tokens; llama.cpp at none).
+inline constexpr size_t kMaxLogitBias = 1024;
 
 struct SamplerParams {
     // seed value meaning "pick a random seed" (from std::random_device) at construction and at each reset().
@@ -61,6 +73,7 @@ struct SamplerParams {
     float presence_penalty = 0.0f;   // OpenAI presence_penalty (OpenAI allows [-2, 2]); 0: off
     float frequency_penalty = 0.0f;  // OpenAI frequency_penalty; 0: off
     uint64_t seed = seed_random;
+    std::vector<LogitBias> logit_bias;  // in order; a token listed twice gets both biases
 };
 
 // The tail of a stream's sampled tokens that the penalties can still see: the last repeat_last_n (all with
@@ -71,6 +84,13 @@ std::span<const int32_t> sampler_history_tail(const SamplerParams &params, std::
 // Checks parameters that came from a user (CLI flag, HTTP request). Returns invalid_input naming the field,
 // e.g. "top_p must be in [0, 1], got 1.5". The Sampler constructor asserts what this checks.
 Status sampler_params_validate(const SamplerParams &params);
+// llama.cpp's --logit-bias form: "TOKEN_ID+BIAS" or "TOKEN_ID-BIAS" ("15043+1", "15043-0.5", "2-inf" bans
+// token 2). Error (invalid_input) quoting the text otherwise.
+Result<LogitBias> parse_logit_bias(std::string_view text);
+
+// Checks the logit bias against the model's vocabulary: "logit_bias: token 32000 is outside the vocabulary
+// (32000 tokens)". sampler_params_validate checks the rest (ids >= 0, biases not NaN or +inf, the count).
+Status logit_bias_validate(const SamplerParams &params, int32_t n_vocab);
 
 struct TokenProb {
     int32_t id = 0;
@@ -79,7 +99,7 @@ struct TokenProb {
 
 class Sampler {
 public:
-    // params must pass sampler_params_validate (asserted); n_vocab >= 1 (asserted).
+    // params must pass sampler_params_validate and logit_bias_validate (asserted); n_vocab >= 1 (asserted).
     Sampler(const SamplerParams &params, int32_t n_vocab);
 
     // Picks the next token from logits (after penalties from the accepted history and the chain above).
@@ -121,10 +141,10 @@ public:
 private:
     struct Candidate {
         int32_t id;
-        float logit;  // after penalties
+        float logit;  // after the bias and penalties
     };
 
-    void load_logits(const float *logits);  // fills cand_ in id order and applies the penalties
+    void load_logits(const float *logits);  // fills cand_ in id order, adds the bias, applies the penalties
     void apply_penalties();
     void reseed();
 

@@ -17,9 +17,10 @@ bool penalties_active(const SamplerParams &p) {
            (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
 }
 
-// How many candidates a rank sends for a row: 0 = the dense slice.
+// How many candidates a rank sends for a row: 0 = the dense slice. A logit bias, like the penalties, moves
+// tokens past each other before top-k sees them, so rank 0's sampler gets every logit and applies it.
 int32_t sparse_count(const SamplerParams &p, bool want_logits, int32_t n_vocab) {
-    if (want_logits || penalties_active(p)) return 0;
+    if (want_logits || penalties_active(p) || !p.logit_bias.empty()) return 0;
     if (p.temperature <= 0.0f) return 1;
     if (p.top_k > 0 && p.top_k < n_vocab && p.top_k <= kTpSparseTopK) return p.top_k;
     return 0;

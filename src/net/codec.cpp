@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/check.h"
 #include "kernels/kernels.h"
@@ -610,7 +611,11 @@ Status seq_start_fields(Io &io, M &m) {
     TD_TRY(io.field(m.seed, "seed"));
     TD_TRY(io.field(m.n_sampled, "n_sampled"));
     TD_TRY(io.list(m.history, kMaxSeqHistory, "history", [&](auto &t) { return io.field(t, "history"); }));
-    return io.field(m.keep, "keep");
+    TD_TRY(io.field(m.keep, "keep"));
+    return io.list(m.logit_bias, kMaxSeqLogitBias, "logit_bias", [&](auto &b) -> Status {
+        TD_TRY(io.field(b.id, "logit_bias id"));
+        return io.field(b.bias, "logit_bias bias");
+    });
 }
 
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {
@@ -631,6 +636,11 @@ Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
                              m.n_sampled);
     for (int32_t t : m.history)
         if (t < 0) return invalid_input("seq_start: history token {} is negative", t);
+    for (const SeqLogitBias &b : m.logit_bias) {
+        if (b.id < 0) return invalid_input("seq_start: logit_bias token {} is negative", b.id);
+        if (std::isnan(b.bias) || b.bias == std::numeric_limits<float>::infinity())
+            return invalid_input("seq_start: logit_bias of token {} is {} (finite or -inf)", b.id, b.bias);
+    }
     return m;
 }
 

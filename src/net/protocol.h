@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 8;
+inline constexpr uint16_t kProtocolVersion = 9;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -45,6 +45,7 @@ inline constexpr size_t kMaxDataPayload = 1u << 30;                  // one Forw
 inline constexpr size_t kMaxNextHops = 64;                           // destinations one stage rank sends to
 inline constexpr size_t kMaxTpSize = 64;                             // ranks in a tensor-parallel group
 inline constexpr size_t kMaxSeqHistory = 65536;                      // sampled tokens one SeqStart restores
+inline constexpr size_t kMaxSeqLogitBias = 1024;                     // logit-bias entries of one SeqStart
 inline constexpr size_t kMaxEchoPayload = 64u << 20;                 // one echo (netbench's largest message)
 inline constexpr size_t kMaxProbeMatrices = 128;                     // shapes in one ProbeCompute
 inline constexpr size_t kMaxProbeRows = 16;                          // row counts in one ProbeCompute
@@ -299,6 +300,11 @@ struct ResultRow {
     float logprob = 0.0f;
 };
 
+struct SeqLogitBias {  // i32 id, f32 bias
+    int32_t id = 0;
+    float bias = 0.0f;
+};
+
 struct SeqStart {  // sampling parameters, applied on the last stage; clears the sequence everywhere
     int32_t seq = 0;
     uint32_t want_logits = 0;
@@ -317,6 +323,8 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     std::vector<int32_t> history;  // [<= kMaxSeqHistory, <= n_sampled], each >= 0
     // v5: positions of the sequence every stage keeps (a prefix-cache hit); 0 clears it.
     uint32_t keep = 0;
+    // v9: added to the listed tokens' logits before sampling (OpenAI logit_bias); -inf bans a token.
+    std::vector<SeqLogitBias> logit_bias;  // [<= kMaxSeqLogitBias], ids >= 0, biases finite or -inf
 };
 
 struct SeqClear {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -17,6 +18,73 @@ namespace {
 
 constexpr int32_t max_stop_strings = 16;
 constexpr int32_t max_top_logprobs = 20;
+
+// A request's JSON for an error message, cut to 40 characters (a body may hold megabytes).
+std::string quoted(const json &v) {
+    std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+    if (s.size() > 40) {
+        size_t n = 37;
+        while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // not inside a UTF-8 character
+        s = s.substr(0, n) + "...";
+    }
+    return s;
+}
+
+// One logit_bias value: a number in [-100, 100] (OpenAI's range), or false to ban the token (llama.cpp).
+Status bias_value(const json &v, const std::string &key, float &out) {
+    if (v.is_boolean() && !v.get<bool>()) {
+        out = -std::numeric_limits<float>::infinity();
+        return {};
+    }
+    const double b = v.is_number() ? v.get<double>() : std::nan("");
+    if (!(b >= -100.0 && b <= 100.0))
+        return invalid_input(
+            "'logit_bias' of token {} must be a number in [-100, 100] (or false to ban it), got {}", key,
+            quoted(v));
+    out = static_cast<float>(b);
+    return {};
+}
+
+// 'logit_bias': OpenAI's object of token id -> bias ({"15043": -100}), or llama.cpp's array of pairs
+// ([[15043, -100], [2, false]]). Token ids only: the vocabulary check is the scheduler's.
+Status get_logit_bias(const json &j, std::vector<LogitBias> &out) {
+    const json *v = field(j, "logit_bias");
+    if (v == nullptr) return {};
+    auto add = [&](const json &id, const json &bias) -> Status {
+        int64_t t = -1;
+        if (id.is_number_integer()) {
+            t = id.get<int64_t>();
+        } else if (id.is_string()) {
+            const std::string &k = id.get_ref<const std::string &>();
+            const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), t);
+            if (ec != std::errc{} || end != k.data() + k.size()) t = -1;
+        }
+        const std::string key = quoted(id);
+        if (t < 0 || t > std::numeric_limits<int32_t>::max())
+            return invalid_input("'logit_bias' keys must be token ids (integers >= 0), got '{}'", key);
+        if (out.size() == kMaxLogitBias)
+            return invalid_input("'logit_bias' has more than {} entries", kMaxLogitBias);
+        LogitBias b;
+        b.id = static_cast<int32_t>(t);
+        TD_TRY(bias_value(bias, key, b.bias));
+        out.push_back(b);
+        return {};
+    };
+    if (v->is_object()) {
+        for (const auto &[k, bias] : v->items()) TD_TRY(add(json(k), bias));
+        return {};
+    }
+    if (v->is_array()) {
+        for (const json &pair : *v) {
+            if (!pair.is_array() || pair.size() != 2)
+                return invalid_input("'logit_bias' as an array holds [token id, bias] pairs, got {}",
+                                     quoted(pair));
+            TD_TRY(add(pair[0], pair[1]));
+        }
+        return {};
+    }
+    return invalid_input("'logit_bias' must be an object of token id -> bias, got {}", type_name(*v));
+}
 
 // Fields both endpoints share.
 Status parse_common(const json &j, ApiRequest &r) {
@@ -64,6 +132,7 @@ Status parse_common(const json &j, ApiRequest &r) {
     }
     TD_TRY(get_int(j, "seed", n, has));
     sp.seed = (has && n >= 0) ? static_cast<uint64_t>(n) : SamplerParams::seed_random;
+    TD_TRY(get_logit_bias(j, sp.logit_bias));
     TD_TRY(sampler_params_validate(sp));
 
     TD_TRY(get_strings(j, "stop", max_stop_strings, r.stop));

@@ -118,6 +118,7 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(GenerationJob job) {
     const int32_t n_prompt = static_cast<int32_t>(job.prompt.size());
     if (n_prompt == 0) return invalid_input("the prompt is empty");
     TD_TRY(sampler_params_validate(job.sampling));
+    TD_TRY(logit_bias_validate(job.sampling, engine_.n_vocab()));
     if (job.max_tokens == 0 || job.max_tokens < -1)
         return invalid_input("max_tokens must be at least 1, got {}", job.max_tokens);
     for (int32_t t : job.prompt)
