@@ -774,7 +774,7 @@ TEST(NetCodec, SemanticChecks) {
     s.logit_bias.assign(kMaxSeqLogitBias, SeqLogitBias{1, 1.0f});
     EXPECT_EQ(seq_start_error(s), "");
     s.logit_bias.push_back({1, 1.0f});
-    EXPECT_NE(seq_start_error(s).find("limit 1024"), std::string::npos) << seq_start_error(s);
+    EXPECT_NE(seq_start_error(s).find("limit 2048"), std::string::npos) << seq_start_error(s);
     b.clear();
     encode(ErrorMsg{0, "ok is not an error"}, b);
     EXPECT_FALSE(decode_error(b).ok());

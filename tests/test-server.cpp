@@ -493,15 +493,16 @@ TEST_P(ServerTest, BadRequestsGetOpenAiErrors) {
     EXPECT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 4}, {"model", "stories"}}).empty());
 }
 
-// logit_bias as OpenAI (an object) and llama.cpp (pairs, false bans) write it: the text `tandem run
-// --logit-bias` gives on one machine, on every engine; seeded draws equal one machine's too (a
+// logit_bias as OpenAI (an object) and llama.cpp (pairs, false bans) write it, and ignore_eos: the text
+// `tandem run --logit-bias` gives on one machine, on every engine; seeded draws equal one machine's too (a
 // tensor-parallel group then sends rank 0 every logit, since a bias reorders them).
-TEST_P(ServerTest, LogitBiasSteersAndBansTokensOnEveryEngine) {
+TEST_P(ServerTest, LogitBiasAndIgnoreEosSteerAndBanTokensOnEveryEngine) {
     const std::string prompt = "Once upon a time";
-    auto cli = [&](const std::vector<std::string> &bias) {
+    auto cli = [&](const std::vector<std::string> &bias, bool ignore_eos = false) {
         std::vector<std::string> args = {
             "run", "-m", test::shared_path(k_model), "-p", prompt, "-n", "24", "--temp", "0", "-t", "1"};
         for (const std::string &b : bias) args.insert(args.end(), {"--logit-bias", b});
+        if (ignore_eos) args.push_back("--ignore-eos");
         auto r = test::run_tandem(args);
         EXPECT_EQ(r.exit_code, 0) << r.err;
         return r.out.empty() ? r.out : r.out.substr(0, r.out.size() - 1);
@@ -513,6 +514,9 @@ TEST_P(ServerTest, LogitBiasSteersAndBansTokensOnEveryEngine) {
     EXPECT_NE(steered, plain);
     EXPECT_EQ(steered.find(','), std::string::npos) << steered;
     EXPECT_EQ(banned, steered);
+    // The end of text (token 2) pushed up ends the reply at once; --ignore-eos bans it again (llama.cpp's).
+    EXPECT_EQ(cli({"2+100"}), "");
+    EXPECT_EQ(cli({"2+100"}, true), plain);
 
     TestServer s(opts());
     auto c = s.client();
@@ -523,6 +527,14 @@ TEST_P(ServerTest, LogitBiasSteersAndBansTokensOnEveryEngine) {
     req["logit_bias"] = json::array({json::array({432, false}), json::array({261, 2.5})});
     EXPECT_EQ(completion_text(c, req), steered);
     EXPECT_EQ(completion_text(c, base), plain);  // the next request has none
+    req = base;
+    req["logit_bias"] = {{"2", 100}};
+    std::string finish;
+    EXPECT_EQ(completion_text(c, req, &finish), "");
+    EXPECT_EQ(finish, "stop");
+    req["ignore_eos"] = true;  // llama-server's and vLLM's: runs to max_tokens
+    EXPECT_EQ(completion_text(c, req, &finish), plain);
+    EXPECT_EQ(finish, "length");
 
     ServerOptions local;
     TestServer one_machine(local);

@@ -1,22 +1,23 @@
 // tandem run: generate text from a prompt on this machine, streaming it to stdout.
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <thread>
 
-#include "cli/commands.h"
 #include "cli/chat-repl.h"
 #include "cli/cluster-flags.h"
+#include "cli/commands.h"
 #include "cli/common.h"
 #include "core/log.h"
 #include "core/thread-pool.h"
 #include "model/context.h"
 #include "model/engine.h"
-#include "text/detokenizer.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "text/detokenizer.h"
 #include "text/tokenizer.h"
 #include "text/vocab.h"
 
@@ -35,6 +36,7 @@ struct RunOptions {
     std::string kv_type = "f16";
     SamplerParams sampling;
     std::vector<std::string> logit_bias;  // --logit-bias TOKEN_ID+BIAS, repeatable
+    bool ignore_eos = false;
     int64_t seed = -1;
     bool chat = false;
     ChatReplParams chat_params;  // system prompt, template name
@@ -74,6 +76,9 @@ int run_main(const RunOptions &opt) {
         if (!b.ok()) return fail(b.status());
         sp.logit_bias.push_back(*b);
     }
+    if (opt.ignore_eos)  // llama.cpp's --ignore-eos: every end-of-generation token biased to -inf
+        for (int32_t id : vocab->eog_ids())
+            sp.logit_bias.push_back({id, -std::numeric_limits<float>::infinity()});
     if (Status s = sampler_params_validate(sp); !s.ok()) return fail(s);
     if (Status s = logit_bias_validate(sp, (*model)->hparams().n_vocab); !s.ok()) return fail(s);
 
@@ -166,6 +171,9 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_option(
         "-l,--logit-bias", opt->logit_bias,
         "Add BIAS to a token's logit, TOKEN_ID+BIAS or TOKEN_ID-BIAS (2-inf bans token 2); repeatable");
+    cmd->add_flag(
+        "--ignore-eos", opt->ignore_eos,
+        "Never end at an end-of-generation token: generate -n tokens (bans them, as llama.cpp does)");
     add_cluster_flags(cmd, opt->cluster);
     runners.push_back([cmd, opt] {
         if (!cmd->parsed()) return -1;

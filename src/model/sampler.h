@@ -56,8 +56,9 @@ struct LogitBias {
     bool operator==(const LogitBias &) const = default;
 };
 
-// The most entries a logit bias may have (OpenAI's API caps it at 300 tokens; llama.cpp at none).
-inline constexpr size_t kMaxLogitBias = 1024;
+// The most entries a sampler's logit bias may have: a request's own (the API takes up to half of this) and
+// the end-of-generation tokens its ignore_eos bans.
+inline constexpr size_t kMaxLogitBias = 2048;
 
 struct SamplerParams {
     // seed value meaning "pick a random seed" (from std::random_device) at construction and at each reset().

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -213,6 +214,9 @@ std::shared_ptr<RequestStream> HttpServer::Impl::start_generation(const HttpRequ
         job.prompt = tok.encode(r.prompt, /*add_special=*/true, /*parse_special=*/true);
     }
     job.sampling = r.sampling;
+    if (r.ignore_eos)  // as llama.cpp does it: a bias of -inf on every end-of-generation token
+        for (int32_t id : tok.vocab().eog_ids())
+            job.sampling.logit_bias.push_back({id, -std::numeric_limits<float>::infinity()});
     job.max_tokens = r.max_tokens;
     job.n_logprobs = r.n_logprobs;
     job.stop.insert(job.stop.end(), r.stop.begin(), r.stop.end());

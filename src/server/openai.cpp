@@ -18,6 +18,7 @@ namespace {
 
 constexpr int32_t max_stop_strings = 16;
 constexpr int32_t max_top_logprobs = 20;
+constexpr size_t kMaxRequestLogitBias = kMaxLogitBias / 2;  // the rest is room for ignore_eos's bans
 
 // A request's JSON for an error message, cut to 40 characters (a body may hold megabytes).
 std::string quoted(const json &v) {
@@ -62,8 +63,8 @@ Status get_logit_bias(const json &j, std::vector<LogitBias> &out) {
         const std::string key = quoted(id);
         if (t < 0 || t > std::numeric_limits<int32_t>::max())
             return invalid_input("'logit_bias' keys must be token ids (integers >= 0), got '{}'", key);
-        if (out.size() == kMaxLogitBias)
-            return invalid_input("'logit_bias' has more than {} entries", kMaxLogitBias);
+        if (out.size() == kMaxRequestLogitBias)
+            return invalid_input("'logit_bias' has more than {} entries", kMaxRequestLogitBias);
         LogitBias b;
         b.id = static_cast<int32_t>(t);
         TD_TRY(bias_value(bias, key, b.bias));
@@ -137,6 +138,7 @@ Status parse_common(const json &j, ApiRequest &r) {
 
     TD_TRY(get_strings(j, "stop", max_stop_strings, r.stop));
 
+    TD_TRY(get_bool(j, "ignore_eos", r.ignore_eos));
     TD_TRY(get_bool(j, "stream", r.stream));
     TD_TRY(get_bool(j, "cache_prompt", r.cache_prompt));
     if (const json *rf = field(j, "response_format")) {

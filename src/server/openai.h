@@ -60,6 +60,7 @@ struct ApiRequest {
     bool include_usage = false;
     int32_t n_logprobs = -1;  // -1: no logprobs
     bool cache_prompt = true;  // llama-server's cache_prompt: false computes the whole prompt again
+    bool ignore_eos = false;   // llama-server's and vLLM's: end-of-generation tokens are never drawn
     std::shared_ptr<const JsonSchema> schema;  // response_format json_object / json_schema; null: text
     nlohmann::json tools = nlohmann::json::array();  // chat: the tools offered (validated)
     ToolChoice tool_choice = ToolChoice::auto_;
