@@ -70,6 +70,24 @@ TEST_P(ServerTest, ModelsListsTheAlias) {
     ASSERT_EQ(j["data"].size(), 1u);
     EXPECT_EQ(j["data"][0]["id"], "stories");
     EXPECT_EQ(j["data"][0]["object"], "model");
+    // OpenAI's retrieve (client.models.retrieve): the served model by its id, percent-escapes decoded.
+    for (const char *path : {"/v1/models/stories", "/v1/models/st%6Fries"}) {
+        r = c.Get(path);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << path << ": " << r->body;
+        j = json::parse(r->body);
+        EXPECT_EQ(j["id"], "stories");
+        EXPECT_EQ(j["object"], "model");
+        EXPECT_EQ(j["owned_by"], "tandem");
+    }
+    r = c.Get("/v1/models/gpt-4%");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404);
+    EXPECT_NE(r->body.find("model 'gpt-4%' not found; this server serves 'stories'"), std::string::npos)
+        << r->body;
+    r = c.Delete("/v1/models/stories");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 405);
 }
 
 TEST_P(ServerTest, GreedyCompletionEqualsTandemRun) {

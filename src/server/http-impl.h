@@ -91,6 +91,10 @@ struct HttpServer::Impl {
     void handle(const HttpRequest &req, HttpResponse &res);
     void handle_health(HttpResponse &res);
     void handle_models(HttpResponse &res);
+    // GET /v1/models/{id} (OpenAI's retrieve): the model when id (percent-decoded) is the one served, else
+    // 404.
+    void handle_model(const std::string &id, HttpResponse &res);
+    nlohmann::json model_json();
     void handle_metrics(HttpResponse &res);
     void handle_status(HttpResponse &res);
     void handle_tokenize(const HttpRequest &req, HttpResponse &res);

@@ -346,7 +346,7 @@ void HttpServer::Impl::handle_health(HttpResponse &res) {
     reply_json(res, 200, body);
 }
 
-void HttpServer::Impl::handle_models(HttpResponse &res) {
+json HttpServer::Impl::model_json() {
     ServerBackend be;
     json model = {{"id", params.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "tandem"}};
     if (get_backend(be)) {
@@ -355,7 +355,34 @@ void HttpServer::Impl::handle_models(HttpResponse &res) {
                          {"n_vocab", be.tokenizer->vocab().n_tokens()},
                          {"chat_template", be.chat->name()}};
     }
-    reply_json(res, 200, {{"object", "list"}, {"data", json::array({std::move(model)})}});
+    return model;
+}
+
+void HttpServer::Impl::handle_models(HttpResponse &res) {
+    reply_json(res, 200, {{"object", "list"}, {"data", json::array({model_json()})}});
+}
+
+void HttpServer::Impl::handle_model(const std::string &raw, HttpResponse &res) {
+    const auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        c = static_cast<char>(c | 0x20);
+        return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    };
+    std::string id;  // percent-decoded ("llama3%3A8b" is "llama3:8b"); a malformed escape stays as it is
+    for (size_t i = 0; i < raw.size(); ++i) {
+        const int hi = raw[i] == '%' && i + 2 < raw.size() ? hex(raw[i + 1]) : -1;
+        const int lo = hi >= 0 ? hex(raw[i + 2]) : -1;
+        if (lo >= 0) {
+            id += static_cast<char>(hi * 16 + lo);
+            i += 2;
+        } else {
+            id += raw[i];
+        }
+    }
+    if (id != params.model_id)
+        return reply_error(res, 404,
+                           fmt::format("model '{}' not found; this server serves '{}'", id, params.model_id));
+    reply_json(res, 200, model_json());
 }
 
 void HttpServer::Impl::handle_metrics(HttpResponse &res) {
@@ -533,8 +560,11 @@ void HttpServer::Impl::handle_detokenize(const HttpRequest &req, HttpResponse &r
 
 void HttpServer::Impl::handle(const HttpRequest &req, HttpResponse &res) {
     auto route = routes.find(req.path);
+    const std::string_view models_prefix = "/v1/models/";
+    const bool one_model = route == routes.end() && req.path.size() > models_prefix.size() &&
+                           req.path.compare(0, models_prefix.size(), models_prefix) == 0;
     // Only known paths become metric labels (a client must not grow the label set at will).
-    const std::string label = route == routes.end() ? "other" : req.path;
+    const std::string label = one_model ? "/v1/models/{id}" : route == routes.end() ? "other" : req.path;
     if (!params.api_key.empty() && !public_paths.contains(req.path)) {
         // Compared in constant time, so the response time says nothing about how much of a guess was right.
         const std::string got = req.header("authorization");
@@ -545,7 +575,14 @@ void HttpServer::Impl::handle(const HttpRequest &req, HttpResponse &res) {
             return count(label, 401);
         }
     }
-    if (route == routes.end()) {
+    if (one_model) {
+        if (req.method == "GET") {
+            handle_model(req.path.substr(models_prefix.size()), res);
+        } else {
+            reply_error(res, 405, fmt::format("/v1/models/{{id}} takes GET, not {}", req.method));
+            res.set_header("Allow", "GET");
+        }
+    } else if (route == routes.end()) {
         reply_error(res, 404, fmt::format("no endpoint {} {}", req.method, req.path));
     } else if (route->second.first != req.method) {
         reply_error(res, 405, fmt::format("{} takes {}, not {}", req.path, route->second.first, req.method));

@@ -1,5 +1,6 @@
 // The official `openai` JavaScript SDK (npm) against `tandem serve`: a tool-calling round trip (tools ->
-// tool_calls -> role "tool" -> answer), not streamed and streamed, plus the SDK's own errors. Starts the
+// tool_calls -> role "tool" -> answer), not streamed and streamed, plus the SDK's own errors, models.retrieve,
+// and logit_bias / ignore_eos as the SDK sends them. Starts the
 // server itself:
 //   node tests/node/openai-tools.mjs TANDEM_BINARY MODEL.gguf
 // The test model (stories260K) tells stories, not function calls, so the call is asked for by name
@@ -137,6 +138,29 @@ await check('a tool_choice naming no tool is a 400 the SDK reports', async () =>
       return true
     },
   )
+})
+
+await check('models.list and models.retrieve name the served model; another is a 404', async () => {
+  const list = await client.models.list()
+  assert.deepEqual(list.data.map((m) => m.id), ['stories'])
+  const m = await client.models.retrieve('stories')
+  assert.equal(m.id, 'stories')
+  assert.equal(m.object, 'model')
+  await assert.rejects(client.models.retrieve('gpt-4'), (e) => {
+    assert.equal(e.status, 404)
+    return true
+  })
+})
+
+await check('logit_bias and ignore_eos through the SDK: the end of text pushed up, then banned again', async () => {
+  const base = { model: 'stories', prompt: 'Once upon a time', max_tokens: 12, temperature: 0 }
+  const plain = await client.completions.create(base)
+  const ended = await client.completions.create({ ...base, logit_bias: { 2: 100 } })
+  assert.equal(ended.choices[0].text, '')
+  assert.equal(ended.choices[0].finish_reason, 'stop')
+  const runs = await client.completions.create({ ...base, logit_bias: { 2: 100 }, ignore_eos: true })
+  assert.equal(runs.choices[0].text, plain.choices[0].text)
+  assert.equal(runs.choices[0].finish_reason, 'length')
 })
 
 finish(server)
