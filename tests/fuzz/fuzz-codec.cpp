@@ -93,6 +93,13 @@ TD_FUZZ_INIT(codec) {
     ls.next = {"127.0.0.1:1"};
     add(MsgType::load_stage, ls);
     add(MsgType::seq_clear, SeqClear{3});
+    SeqStart ss;
+    ss.seq = 1;
+    ss.temperature = 0.8f;
+    ss.n_sampled = 2;
+    ss.history = {5, 7};
+    ss.logit_bias = {{2, -1e30f}, {9, 1.5f}};
+    add(MsgType::seq_start, ss);
     add(MsgType::probe_link, ProbeLink{"10.0.0.3:9000", 50, {64, 4096}, {1u << 20}});
     ProbeSync ps;
     ps.rows = 4;

@@ -15,8 +15,10 @@ using namespace td::server;
 TD_FUZZ_INIT(http) {
     std::vector<fuzz::Bytes> seeds;
     const std::string chat = R"({"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_tokens":16,"temperature":0.7,"top_p":0.9,"stream":true,"stream_options":{"include_usage":true},"stop":["\n"],"seed":42})";
-    const std::string completion = R"({"prompt":"Once upon a time","max_tokens":8,"logprobs":2,"n":1,"presence_penalty":0.5,"frequency_penalty":0.1,"stop":"."})";
-    const std::string tokens = R"({"prompt":[1,2,3],"max_tokens":4,"top_k":40,"min_p":0.05,"repeat_penalty":1.1})";
+    const std::string completion =
+        R"({"prompt":"Once upon a time","max_tokens":8,"logprobs":2,"n":1,"presence_penalty":0.5,"frequency_penalty":0.1,"stop":".","logit_bias":{"2":-100,"15":5.5},"ignore_eos":true})";
+    const std::string tokens =
+        R"({"prompt":[1,2,3],"max_tokens":4,"top_k":40,"min_p":0.05,"repeat_penalty":1.1,"logit_bias":[[1,false],[3,-1]]})";
     const std::string ollama_chat =
         R"({"model":"m:latest","messages":[{"role":"user","content":"Hi","images":[]}],"stream":false,"options":{"temperature":0,"num_predict":8,"stop":["\n"],"seed":3,"repeat_last_n":-1,"mirostat":0},"keep_alive":"5m"})";
     const std::string ollama_generate =
@@ -30,6 +32,7 @@ TD_FUZZ_INIT(http) {
                                        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
                                        "\r\n\r\n" + body));
     seeds.push_back(fuzz::bytes_of("GET /v1/models?x=1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+    seeds.push_back(fuzz::bytes_of("GET /v1/models/llama3%3A8b HTTP/1.1\r\nHost: h\r\n\r\n"));
     fuzz::write_seeds_and_exit_if_asked(seeds);
     return 0;
 }
