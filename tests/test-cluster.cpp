@@ -573,6 +573,26 @@ TEST(Cluster, FailureWithQueuedStepsDoesNotPoisonTheNextRequest) {
     ASSERT_TRUE(again.ok()) << again.status().message();
 }
 
+// A request the head can refuse by itself is refused before it touches the workers: a logit bias outside the
+// vocabulary says so even while a worker is down (no reconnect first, no error about the worker).
+TEST(Cluster, ALogitBiasOutsideTheVocabularyIsRefusedBeforeTheWorkers) {
+    auto model = load_model();
+    ASSERT_TRUE(model);
+    test::TempDir cache;
+    WorkerProcess w1(cache.file("w1")), w2(cache.file("w2"));
+    ASSERT_TRUE(w1.running() && w2.running());
+    auto e = ClusterEngine::create(model, options_for({&w1, &w2}, "0-1,2-4"));
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    w2.kill();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the head notices the closed links
+    SamplerParams sp;
+    sp.temperature = 0.0f;
+    sp.logit_bias = {{model->hparams().n_vocab, -1.0f}};
+    const Status s = (*e)->seq_start(0, sp);
+    EXPECT_EQ(s.kind(), ErrorKind::invalid_input) << s.message();
+    EXPECT_NE(s.message().find("outside the vocabulary"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace td::cluster
 

@@ -76,6 +76,7 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
+    TD_TRY(logit_bias_validate(params, n_vocab()));
     if (keep < 0 || keep > seq_cached(seq))
         return invalid_input("sequence {} holds {} positions, cannot keep {}", seq, seq_cached(seq), keep);
     TD_TRY(ensure_connected(/*new_request=*/true));
@@ -93,7 +94,6 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     m.presence_penalty = params.presence_penalty;
     m.frequency_penalty = params.frequency_penalty;
     m.seed = params.seed;
-    TD_TRY(logit_bias_validate(params, n_vocab()));
     static_assert(net::kMaxSeqLogitBias >= kMaxLogitBias);
     for (const LogitBias &b : params.logit_bias) m.logit_bias.push_back({b.id, b.bias});
     for (int32_t t : sampled)
