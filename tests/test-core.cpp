@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/mmap.h"
+#include "core/printable.h"
 #include "core/status.h"
 #include "core/thread-pool.h"
 #include "tensor/dtype.h"
@@ -29,6 +30,17 @@ TEST(Status, ResultCarriesValueOrError) {
     EXPECT_EQ(bad.status().message(), "bad 7");
     EXPECT_EQ(bad.status().kind(), ErrorKind::invalid_input);
     EXPECT_EQ(bad.status().with_context("f.gguf").message(), "f.gguf: bad 7");
+}
+
+TEST(Printable, EscapesControlBytesAndCutsOnACharacterBoundary) {
+    EXPECT_EQ(printable("a\nb\x7f"), "a\\x0ab\\x7f");
+    EXPECT_EQ(printable("short", 5), "short");
+    EXPECT_EQ(printable("longer", 5), "longe...");
+    // "é" is two bytes: a cut that would split it leaves it out whole.
+    EXPECT_EQ(printable("abcé", 4), "abc...");
+    EXPECT_EQ(printable("abcé", 5), "abcé");
+    EXPECT_EQ(printable("\xff\xff", 1), "\xff...");           // not UTF-8: cut where asked
+    EXPECT_EQ(printable(std::string(100, 'x')).size(), 63u);  // 60 by default
 }
 
 TEST(ThreadPool, ParallelForCoversEveryIndexOnce) {

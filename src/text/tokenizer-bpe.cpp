@@ -12,6 +12,7 @@
 #include <queue>
 
 #include "core/check.h"
+#include "core/printable.h"
 #include "text/unicode.h"
 
 namespace td {
@@ -38,17 +39,6 @@ struct BigramLess {
         return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
     }
 };
-
-// Short printable form of a merge for error messages.
-std::string printable(std::string_view s) {
-    std::string out;
-    for (char c : s.substr(0, 60)) {
-        auto u = static_cast<unsigned char>(c);
-        out += u < 0x20 || u == 0x7f ? fmt::format("\\x{:02x}", u) : std::string(1, c);
-    }
-    if (s.size() > 60) out += "...";
-    return out;
-}
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "core/printable.h"
 #include "gguf/gguf.h"
 #include "text/pre-tokenizer.h"
 
@@ -105,21 +106,6 @@ constexpr std::array<std::string_view, 22> kEogTexts = {
     "<｜end▁of▁sentence｜>",
     "[e~[",
 };
-
-// Short printable form of a token text for error messages.
-std::string printable(std::string_view s) {
-    std::string out;
-    for (char c : s.substr(0, 60)) {
-        auto u = static_cast<unsigned char>(c);
-        if (u < 0x20 || u == 0x7f) {
-            out += fmt::format("\\x{:02x}", u);
-        } else {
-            out += c;
-        }
-    }
-    if (s.size() > 60) out += "...";
-    return out;
-}
 
 // --- reading the GGUF keys into a VocabSpec ---
 
