@@ -76,9 +76,11 @@ int run_main(const RunOptions &opt) {
         if (!b.ok()) return fail(b.status());
         sp.logit_bias.push_back(*b);
     }
-    if (opt.ignore_eos)  // llama.cpp's --ignore-eos: every end-of-generation token biased to -inf
+    // llama.cpp's --ignore-eos: every end-of-generation token the model can draw biased to -inf.
+    if (opt.ignore_eos)
         for (int32_t id : vocab->eog_ids())
-            sp.logit_bias.push_back({id, -std::numeric_limits<float>::infinity()});
+            if (id < (*model)->hparams().n_vocab)
+                sp.logit_bias.push_back({id, -std::numeric_limits<float>::infinity()});
     if (Status s = sampler_params_validate(sp); !s.ok()) return fail(s);
     if (Status s = logit_bias_validate(sp, (*model)->hparams().n_vocab); !s.ok()) return fail(s);
 
