@@ -65,15 +65,17 @@ TEST(OllamaParse, GenerateUsesTheTemplateUnlessRawOrThereIsNone) {
     auto plain = parse_ollama_generate(body, /*use_template=*/false);
     ASSERT_TRUE(plain.ok());
     EXPECT_EQ(plain->kind, ApiKind::completion);
-    EXPECT_EQ(plain->prompt, "Be brief.\n\nWhy?");
+    ASSERT_EQ(plain->prompts.size(), 1u);
+    EXPECT_EQ(plain->prompts[0].text, "Be brief.\n\nWhy?");
     auto raw = parse_ollama_generate(R"({"prompt": "Why?", "raw": true})", true);
     ASSERT_TRUE(raw.ok());
     EXPECT_EQ(raw->kind, ApiKind::completion);
-    EXPECT_EQ(raw->prompt, "Why?");
+    ASSERT_EQ(raw->prompts.size(), 1u);
+    EXPECT_EQ(raw->prompts[0].text, "Why?");
     auto load = parse_ollama_generate(R"({"model": "m"})", true);  // Ollama's "load the model"
     ASSERT_TRUE(load.ok());
     EXPECT_EQ(load->kind, ApiKind::completion);
-    EXPECT_TRUE(load->prompt.empty());
+    EXPECT_TRUE(load->prompts.empty());
 }
 
 TEST(OllamaParse, WhatIsNotSupportedIsNamed) {

@@ -236,12 +236,16 @@ inline std::vector<json> parse_sse(const std::string &body, bool *done) {
 }
 
 // Text of a streamed response (chat deltas or completion texts) and its finish_reason.
-inline std::string stream_text(const std::vector<json> &events, std::string *finish = nullptr) {
+// The text (and the finish reason) streamed for choice `index` (OpenAI's n: each chunk names its choice).
+inline std::string stream_text(const std::vector<json> &events, std::string *finish = nullptr,
+                               int index = 0) {
     std::string text;
     for (const json &e : events) {
         if (e.contains("error")) ADD_FAILURE() << e.dump();
         if (!e.contains("choices") || e["choices"].empty()) continue;
+        EXPECT_EQ(e["choices"].size(), 1u) << e.dump();
         const json &ch = e["choices"][0];
+        if (ch["index"] != index) continue;
         if (ch.contains("delta")) {
             if (ch["delta"].contains("content") && ch["delta"]["content"].is_string())
                 text += ch["delta"]["content"].get<std::string>();

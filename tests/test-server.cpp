@@ -425,6 +425,18 @@ TEST_P(ServerTest, QueueOverflowGets503WithRetryAfter) {
                 break;
             std::this_thread::sleep_for(5ms);
         }
+        if (i == 0) {
+            // One slot busy, one queue place free: two choices (n) do not fit together, so neither is queued
+            // and the next single request still gets the place.
+            json two = body;
+            two["n"] = 2;
+            auto r = post(c, "/v1/completions", two);
+            ASSERT_TRUE(r);
+            EXPECT_EQ(r->status, 503) << r->body;
+            auto m = c.Get("/metrics");
+            ASSERT_TRUE(m);
+            EXPECT_EQ(metric(m->body, "tandem_queue_depth"), 0);
+        }
     }
     auto c = s.client();
     auto r = post(c, "/v1/completions", body);
@@ -484,8 +496,14 @@ TEST_P(ServerTest, BadRequestsGetOpenAiErrors) {
     expect_status("/v1/completions", R"({"prompt": "a", "max_tokens": "5"})", 400,
                   "'max_tokens' must be an integer");
     expect_status("/v1/completions", R"({"prompt": "a", "max_tokens": 0})", 400, "max_tokens");
-    expect_status("/v1/completions", R"({"prompt": "a", "n": 2})", 400, "'n' must be 1");
-    expect_status("/v1/completions", R"({"prompt": ["a", "b"]})", 400, "one prompt");
+    expect_status("/v1/completions", R"({"prompt": "a", "n": 0})", 400, "'n' must be 1..128, got 0");
+    expect_status("/v1/completions", R"({"prompt": "a", "n": 129})", 400, "'n' must be 1..128, got 129");
+    expect_status("/v1/completions", R"({"prompt": ["a", 5]})", 400,
+                  "'prompt' must be a string, token ids, or an array of either, got an integer");
+    expect_status("/v1/completions", R"({"prompt": [[1, 2], []]})", 400, "got an empty array");
+    expect_status("/v1/completions", R"({"prompt": [[1, "b"]]})", 400, "token ids must be integers");
+    expect_status("/v1/completions", R"({"prompt": ["a", "b", "c"], "n": 43})", 400,
+                  "'prompt' holds 3 prompts and 'n' is 43: at most 128 choices per request");
     expect_status("/v1/completions", R"({"prompt": "a", "stop": 7})", 400, "'stop'");
     expect_status("/v1/completions", R"({"prompt": "a", "top_p": 1.5})", 400, "top_p");
     expect_status("/v1/completions", R"({"prompt": "a", "stream": "yes"})", 400,
@@ -509,6 +527,161 @@ TEST_P(ServerTest, BadRequestsGetOpenAiErrors) {
     expect_status("/v1/nothing", "{}", 404, "no endpoint");
     // The server still answers afterwards.
     EXPECT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 4}, {"model", "stories"}}).empty());
+}
+
+// `req` (several choices) answered whole and streamed: choice i's text is expected[i], each ends at
+// max_tokens, and usage counts n_prompt and n_generated. Streamed, each chunk names its choice and one usage
+// chunk and one [DONE] close the stream.
+void expect_choices(httplib::Client &c, json req, const std::vector<std::string> &expected, int32_t n_prompt,
+                    int32_t n_generated) {
+    auto r = post(c, "/v1/completions", req);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    ASSERT_EQ(j["choices"].size(), expected.size()) << r->body;
+    for (size_t i = 0; i < expected.size(); ++i) {
+        EXPECT_EQ(j["choices"][i]["index"], i);
+        EXPECT_EQ(j["choices"][i]["text"], expected[i]) << "choice " << i;
+        EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+    }
+    EXPECT_EQ(j["usage"]["prompt_tokens"], n_prompt);
+    EXPECT_EQ(j["usage"]["completion_tokens"], n_generated);
+
+    req["stream"] = true;
+    req["stream_options"] = {{"include_usage", true}};
+    r = post(c, "/v1/completions", req);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    bool done = false;
+    const auto events = parse_sse(r->body, &done);
+    EXPECT_TRUE(done);
+    for (size_t i = 0; i < expected.size(); ++i) {
+        std::string finish;
+        EXPECT_EQ(stream_text(events, &finish, static_cast<int>(i)), expected[i]) << "choice " << i;
+        EXPECT_EQ(finish, "length");
+    }
+    ASSERT_FALSE(events.empty());
+    EXPECT_TRUE(events.back()["choices"].empty());
+    EXPECT_EQ(events.back()["usage"]["prompt_tokens"], n_prompt);
+    EXPECT_EQ(events.back()["usage"]["completion_tokens"], n_generated);
+}
+
+// OpenAI's n: n choices, each its own sequence. With a seed, choice i is what a request seeded seed + i gets
+// alone (vLLM's rule), streamed or not, on every engine; usage counts the prompt once and every choice's
+// tokens.
+TEST_P(ServerTest, NChoicesEachGetTheTextOfTheirOwnSeed) {
+    ServerOptions o = opts();
+    o.n_parallel = 2;  // 3 choices over 2 slots: one waits in the queue
+    TestServer s(o);
+    auto c = s.client();
+    const json one = {{"prompt", "Once upon a time"},
+                      {"max_tokens", 20},
+                      {"temperature", 1.0},
+                      {"top_k", 0},
+                      {"top_p", 1.0},
+                      {"min_p", 0.0}};
+    std::vector<std::string> alone;
+    int32_t n_prompt = 0, n_generated = 0;
+    for (int i = 0; i < 3; ++i) {
+        json req = one;
+        req["seed"] = 70 + i;
+        auto r = post(c, "/v1/completions", req);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json j = json::parse(r->body);
+        alone.push_back(j["choices"][0]["text"]);
+        n_prompt = j["usage"]["prompt_tokens"];
+        n_generated += j["usage"]["completion_tokens"].get<int32_t>();
+    }
+    EXPECT_NE(alone[0], alone[1]);  // the seeds really differ
+    EXPECT_NE(alone[1], alone[2]);
+
+    json req = one;
+    req["seed"] = 70;
+    req["n"] = 3;
+    expect_choices(c, req, alone, n_prompt, n_generated);
+
+    // A chat stream opens every choice with the assistant's role.
+    json chat = {{"messages", {{{"role", "user"}, {"content", "Tell a story"}}}},
+                 {"max_tokens", 8},
+                 {"n", 2},
+                 {"seed", 5},
+                 {"stream", true}};
+    auto r = post(c, "/v1/chat/completions", chat);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    bool done = false;
+    auto events = parse_sse(r->body, &done);
+    EXPECT_TRUE(done);
+    ASSERT_GE(events.size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+        EXPECT_EQ(events[i]["choices"][0]["index"], i);
+        EXPECT_EQ(events[i]["choices"][0]["delta"]["role"], "assistant");
+    }
+    chat["stream"] = false;
+    r = post(c, "/v1/chat/completions", chat);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body);
+    ASSERT_EQ(j["choices"].size(), 2u);
+    for (int i = 0; i < 2; ++i) {
+        std::string finish;
+        EXPECT_EQ(j["choices"][i]["message"]["content"], stream_text(events, &finish, i)) << "choice " << i;
+        EXPECT_EQ(j["choices"][i]["finish_reason"], finish);
+    }
+
+    // More choices than the slots and the queue could ever hold at once is the client's error, not a 503.
+    ServerOptions tight = opts();
+    tight.n_parallel = 2;
+    tight.max_queue = 1;
+    TestServer small(tight);
+    auto sc = small.client();
+    req = one;
+    req["n"] = 4;
+    r = post(sc, "/v1/completions", req);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find("4 choices are more than this server can hold at once: 2 slots (--parallel) and 1 "
+                           "queue places"),
+              std::string::npos)
+        << r->body;
+    req["n"] = 3;
+    EXPECT_EQ(post(sc, "/v1/completions", req)->status, 200);
+}
+
+// OpenAI's batch of prompts (text or token ids) with n choices each: prompt p's choice j is choices[p * n +
+// j] and is what a request for that prompt seeded seed + j gets alone; usage counts each prompt once.
+TEST_P(ServerTest, ABatchOfPromptsGivesEachPromptsChoicesInOrder) {
+    TestServer s(opts());
+    auto c = s.client();
+    auto tok = post(c, "/tokenize", {{"content", "The cat"}, {"add_special", true}});
+    ASSERT_TRUE(tok);
+    ASSERT_EQ(tok->status, 200);
+    const json prompts = json::array({"Once upon a time", json::parse(tok->body)["tokens"], "One day"});
+    const json sampling = {
+        {"max_tokens", 12}, {"temperature", 1.0}, {"top_k", 0}, {"top_p", 1.0}, {"min_p", 0.0}};
+    std::vector<std::string> alone;
+    int32_t n_prompt = 0, n_generated = 0;
+    for (const json &p : prompts)
+        for (int j = 0; j < 2; ++j) {
+            json req = sampling;
+            req["prompt"] = p;
+            req["seed"] = 9 + j;
+            auto r = post(c, "/v1/completions", req);
+            ASSERT_TRUE(r);
+            ASSERT_EQ(r->status, 200) << r->body;
+            const json one = json::parse(r->body);
+            alone.push_back(one["choices"][0]["text"]);
+            if (j == 0) n_prompt += one["usage"]["prompt_tokens"].get<int32_t>();
+            n_generated += one["usage"]["completion_tokens"].get<int32_t>();
+        }
+    EXPECT_NE(alone[0], alone[2]);  // the prompts really differ
+
+    json req = sampling;
+    req["prompt"] = prompts;
+    req["n"] = 2;
+    req["seed"] = 9;
+    expect_choices(c, req, alone, n_prompt, n_generated);
 }
 
 // logit_bias as OpenAI (an object) and llama.cpp (pairs, false bans) write it, and ignore_eos: the text

@@ -23,13 +23,14 @@ namespace td::server {
 using ErrorReply = void (*)(HttpResponse &res, int status, std::string_view message);
 
 // How a stream's events become bytes (OpenAI's SSE, Ollama's NDJSON). Each returns what to write; "" for
-// nothing.
+// nothing. `choice` is the index of the choice (OpenAI's n) the event belongs to.
 class StreamFormat {
 public:
     virtual ~StreamFormat() = default;
     virtual std::string open() { return ""; }
-    virtual std::string delta(const StreamEvent &event) = 0;  // text or logprobs
-    virtual std::string done(const StreamEvent &event) = 0;   // the last event of a finished request
+    virtual std::string delta(size_t choice, const StreamEvent &event) = 0;  // text or logprobs
+    virtual std::string done(size_t choice, const StreamEvent &event) = 0;   // the choice finished
+    virtual std::string finish() { return ""; }                              // after every choice finished
     virtual std::string error(const Status &status) = 0;      // the request failed mid-stream
 };
 
@@ -72,17 +73,18 @@ struct HttpServer::Impl {
     void count(const std::string &path, int status);
 
     // Takes the client's place, builds the job from `r` (a chat through the model's template, or a prompt)
-    // and submits it. On failure answers `res` with `err` and returns null. `slot` keeps the client's place.
-    std::shared_ptr<RequestStream> start_generation(const HttpRequest &req, HttpResponse &res, ApiRequest &r,
-                                                    const ServerBackend &be, ErrorReply err,
-                                                    std::shared_ptr<ClientSlot> &slot);
-    // Waits for the whole answer; a client that goes away or a server shutting down cancels the request.
-    // nullopt with `res` answered (by `err`) when it failed.
-    std::optional<Answer> collect(const HttpRequest &req, HttpResponse &res, RequestStream &stream,
-                                  ErrorReply err);
-    // Answers `res` with a chunked stream of `stream`'s events in `format` (the request is cancelled if the
+    // and submits it, once per choice (r.n_choices; choice i seeded seed + i when the seed is fixed). On
+    // failure answers `res` with `err` and returns null. `slot` keeps the client's place.
+    std::shared_ptr<StreamSet> start_generation(const HttpRequest &req, HttpResponse &res, ApiRequest &r,
+                                                const ServerBackend &be, ErrorReply err,
+                                                std::shared_ptr<ClientSlot> &slot);
+    // Waits for the whole answer of every choice; a client that goes away or a server shutting down cancels
+    // the request. nullopt with `res` answered (by `err`) when it failed.
+    std::optional<std::vector<Answer>> collect(const HttpRequest &req, HttpResponse &res, StreamSet &streams,
+                                               ErrorReply err);
+    // Answers `res` with a chunked stream of the choices' events in `format` (the request is cancelled if the
     // client goes away); `slot` is held until the stream ends.
-    void stream_response(HttpResponse &res, std::shared_ptr<RequestStream> stream,
+    void stream_response(HttpResponse &res, std::shared_ptr<StreamSet> streams,
                          std::unique_ptr<StreamFormat> format, const char *content_type,
                          std::shared_ptr<ClientSlot> slot);
 

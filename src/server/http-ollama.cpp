@@ -50,14 +50,14 @@ public:
         tools_.emplace();
         parallel_ = parallel;
     }
-    std::string delta(const StreamEvent &ev) override {
+    std::string delta(size_t, const StreamEvent &ev) override {
         if (ev.text.empty()) return "";
         if (t_first_ == Clock::time_point{}) t_first_ = Clock::now();
         if (!tools_) return line(ollama_chunk(kind_, model_, ev.text));
         const std::string show = tools_->push(ev.text);
         return show.empty() ? "" : line(ollama_chunk(kind_, model_, show));
     }
-    std::string done(const StreamEvent &ev) override {
+    std::string done(size_t, const StreamEvent &ev) override {
         std::string out;
         if (tools_) {
             ToolCallParse p = tools_->finish();
@@ -101,18 +101,19 @@ void HttpServer::Impl::setup_ollama() {
             return reply_ollama_error(res, 404, fmt::format("model '{}' not found", r.model));
         const std::string model = r.model.empty() ? params.model_id : r.model;
         const ApiKind kind = chat ? ApiKind::chat : ApiKind::completion;   // the shape of the answer
-        if (!chat && r.kind == ApiKind::completion && r.prompt.empty()) {  // "load the model": it is loaded
+        if (!chat && r.kind == ApiKind::completion && r.prompts.empty()) {  // "load the model": it is loaded
             json j = ollama_chunk(kind, model, "");
             j["done"] = true;
             j["done_reason"] = "load";
             return reply_json(res, 200, j);
         }
         std::shared_ptr<ClientSlot> slot;
-        std::shared_ptr<RequestStream> stream = start_generation(req, res, r, be, reply_ollama_error, slot);
+        std::shared_ptr<StreamSet> stream = start_generation(req, res, r, be, reply_ollama_error, slot);
         if (!stream) return;
         if (!r.stream) {
-            std::optional<Answer> a = collect(req, res, *stream, reply_ollama_error);
-            if (!a) return;
+            std::optional<std::vector<Answer>> answers = collect(req, res, *stream, reply_ollama_error);
+            if (!answers) return;
+            Answer *a = &answers->front();  // Ollama's requests have one choice
             std::vector<ToolCall> calls;
             if (r.uses_tools()) {
                 ToolCallParse p = parse_tool_calls(a->text);

@@ -37,62 +37,93 @@ void reply_status(HttpResponse &res, const Status &status) {
     reply_error(res, code, status.message());
 }
 
-// OpenAI's streams: Server-Sent Events, a chat opening with the assistant's role, [DONE] at the end.
+// Usage as OpenAI counts it for a batch of prompts with n choices each: every prompt once (its first
+// choice's count), every choice's tokens.
+void add_usage(Usage &usage, size_t choice, size_t n_per_prompt, const StreamEvent &done) {
+    if (choice % n_per_prompt == 0) {
+        usage.n_prompt += done.n_prompt;
+        usage.n_cached += done.n_cached;
+    }
+    usage.n_generated += done.n_generated;
+}
+
+// OpenAI's streams: Server-Sent Events, each chunk naming its choice, a chat's choices each opening with the
+// assistant's role, [DONE] at the end.
 class SseFormat : public StreamFormat {
 public:
-    SseFormat(ResponseMeta meta, bool include_usage, int32_t n_logprobs)
-        : meta_(std::move(meta)), include_usage_(include_usage), n_logprobs_(n_logprobs) {}
+    // n_choices in all, n_per_prompt of them for each prompt (OpenAI's n).
+    SseFormat(ResponseMeta meta, size_t n_choices, size_t n_per_prompt, bool include_usage,
+              int32_t n_logprobs)
+        : meta_(std::move(meta)),
+          choices_(n_choices),
+          n_per_prompt_(n_per_prompt),
+          include_usage_(include_usage),
+          n_logprobs_(n_logprobs) {}
     std::string open() override {
         if (meta_.kind != ApiKind::chat) return "";
-        return sse_event(chunk_json(meta_, "", /*role_first=*/true, nullptr, -1, {}));
+        std::string out;
+        for (size_t i = 0; i < choices_.size(); ++i)
+            out += sse_event(chunk_json(meta_, index(i), "", /*role_first=*/true, nullptr, -1, {}));
+        return out;
     }
     // Tool calls: text that is or may become a call is held back (ToolCallStream) and, when the reply ends,
     // sent as delta.tool_calls chunks; the rest streams as content.
     void enable_tool_calls(bool parallel, std::function<std::string()> new_id) {
-        tools_.emplace();
+        for (Choice &c : choices_) c.tools.emplace();
         parallel_ = parallel;
         new_id_ = std::move(new_id);
     }
-    std::string delta(const StreamEvent &ev) override {
-        if (!tools_) return sse_event(chunk_json(meta_, ev.text, false, nullptr, n_logprobs_, ev.logprobs));
-        const std::string show = tools_->push(ev.text);
+    std::string delta(size_t choice, const StreamEvent &ev) override {
+        auto &tools = choices_[choice].tools;
+        if (!tools)
+            return sse_event(
+                chunk_json(meta_, index(choice), ev.text, false, nullptr, n_logprobs_, ev.logprobs));
+        const std::string show = tools->push(ev.text);
         if (show.empty() && (n_logprobs_ < 0 || ev.logprobs.empty())) return "";
-        return sse_event(chunk_json(meta_, show, false, nullptr, n_logprobs_, ev.logprobs));
+        return sse_event(chunk_json(meta_, index(choice), show, false, nullptr, n_logprobs_, ev.logprobs));
     }
-    std::string done(const StreamEvent &ev) override {
+    std::string done(size_t choice, const StreamEvent &ev) override {
         const char *finish = ev.finish == FinishReason::length ? "length" : "stop";
         std::string tail;
-        if (tools_) {
-            ToolCallParse p = tools_->finish();
-            if (!p.content.empty()) tail += sse_event(chunk_json(meta_, p.content, false, nullptr, -1, {}));
+        if (auto &tools = choices_[choice].tools) {
+            ToolCallParse p = tools->finish();
+            if (!p.content.empty())
+                tail += sse_event(chunk_json(meta_, index(choice), p.content, false, nullptr, -1, {}));
             if (!p.calls.empty()) {
-                tail += sse_event(
-                    tool_calls_chunk_json(meta_, finish_tool_calls(std::move(p.calls), parallel_, new_id_)));
+                tail += sse_event(tool_calls_chunk_json(
+                    meta_, index(choice), finish_tool_calls(std::move(p.calls), parallel_, new_id_)));
                 finish = "tool_calls";
             }
         }
-        tail += sse_event(chunk_json(meta_, "", false, finish, -1, {}));
-        if (include_usage_)
-            tail += sse_event(usage_chunk_json(meta_, {ev.n_prompt, ev.n_generated, ev.n_cached}));
-        return tail + sse_done();
+        add_usage(usage_, choice, n_per_prompt_, ev);
+        return tail + sse_event(chunk_json(meta_, index(choice), "", false, finish, -1, {}));
+    }
+    std::string finish() override {
+        return (include_usage_ ? sse_event(usage_chunk_json(meta_, usage_)) : std::string()) + sse_done();
     }
     std::string error(const Status &status) override {
         return sse_event(error_json(500, status.message())) + sse_done();
     }
 
 private:
+    struct Choice {
+        std::optional<ToolCallStream> tools;  // set when the request offers tools
+    };
+    static int32_t index(size_t choice) { return static_cast<int32_t>(choice); }
     ResponseMeta meta_;
+    std::vector<Choice> choices_;
+    size_t n_per_prompt_ = 1;
     bool include_usage_ = false;
     int32_t n_logprobs_ = -1;
-    std::optional<ToolCallStream> tools_;  // set when the request offers tools
+    Usage usage_;
     bool parallel_ = true;
     std::function<std::string()> new_id_;
 };
 
-// One streamed response: owns the request's stream and cancels it if the response ends early for any reason
-// (write failure, timeout, shutdown): the destructor runs when the response is dropped.
+// One streamed response: owns the request's streams and cancels them if the response ends early for any
+// reason (write failure, timeout, shutdown): the destructor runs when the response is dropped.
 struct StreamState {
-    std::shared_ptr<RequestStream> stream;
+    std::shared_ptr<StreamSet> streams;
     std::unique_ptr<StreamFormat> format;
     std::shared_ptr<void> slot;  // the client's place (ClientSlot), held until the stream ends
     bool started = false;
@@ -100,7 +131,7 @@ struct StreamState {
     const std::atomic<bool> *stopping = nullptr;
 
     ~StreamState() {
-        if (!finished) stream->cancel();
+        if (!finished) streams->cancel();
     }
 };
 
@@ -111,7 +142,7 @@ bool sink_write(HttpStream &sink, const std::string &s) {
 // Writes the whole stream; returns false (and cancels the request) when the client is gone.
 bool pump_stream(StreamState &st, HttpStream &sink) {
     const auto give_up = [&] {
-        st.stream->cancel();
+        st.streams->cancel();
         return false;
     };
     if (!st.started) {
@@ -119,22 +150,27 @@ bool pump_stream(StreamState &st, HttpStream &sink) {
         if (!sink_write(sink, st.format->open())) return give_up();
     }
     StreamEvent ev;
+    size_t choice = 0;
     for (;;) {
         if (st.stopping->load()) return give_up();
-        if (!st.stream->next(ev, stream_poll)) {
+        if (!st.streams->next(choice, ev, stream_poll)) {
             if (!sink.writable()) return give_up();
             continue;
         }
         if (ev.kind == StreamEvent::Kind::error) {
             st.finished = true;
+            st.streams->cancel();  // the other choices, if any
             sink_write(sink, st.format->error(ev.error));
             return true;
         }
-        if ((!ev.text.empty() || !ev.logprobs.empty()) && !sink_write(sink, st.format->delta(ev)))
+        if ((!ev.text.empty() || !ev.logprobs.empty()) && !sink_write(sink, st.format->delta(choice, ev)))
             return give_up();
         if (ev.kind == StreamEvent::Kind::done) {
-            st.finished = true;
-            return sink_write(sink, st.format->done(ev));
+            if (!sink_write(sink, st.format->done(choice, ev))) return give_up();
+            if (st.streams->ended()) {
+                st.finished = true;
+                return sink_write(sink, st.format->finish());
+            }
         }
     }
 }
@@ -179,10 +215,10 @@ void HttpServer::Impl::count(const std::string &path, int status) {
     request_counts[{path, status}]++;
 }
 
-std::shared_ptr<RequestStream> HttpServer::Impl::start_generation(const HttpRequest &req, HttpResponse &res,
-                                                                  ApiRequest &r, const ServerBackend &be,
-                                                                  ErrorReply err,
-                                                                  std::shared_ptr<ClientSlot> &slot) {
+std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest &req, HttpResponse &res,
+                                                              ApiRequest &r, const ServerBackend &be,
+                                                              ErrorReply err,
+                                                              std::shared_ptr<ClientSlot> &slot) {
     slot = client_slot(req.peer);
     if (!slot) {
         res.set_header("Retry-After", "1");
@@ -195,6 +231,7 @@ std::shared_ptr<RequestStream> HttpServer::Impl::start_generation(const HttpRequ
     }
     const Tokenizer &tok = *be.tokenizer;
     GenerationJob job;
+    std::vector<std::vector<int32_t>> prompts;  // the batch of a completion request; chat: one
     if (r.kind == ApiKind::chat) {
         // BOS once at the start, the template's text with its markers parsed as control tokens
         // (chat-template.h's BOS contract).
@@ -208,71 +245,92 @@ std::shared_ptr<RequestStream> HttpServer::Impl::start_generation(const HttpRequ
         std::vector<int32_t> ids = tok.encode(*text, /*add_special=*/false, /*parse_special=*/true);
         job.prompt.insert(job.prompt.end(), ids.begin(), ids.end());
         job.stop = be.chat->stop_strings();
-    } else if (r.prompt_is_tokens) {
-        job.prompt = std::move(r.prompt_tokens);
+        prompts.push_back(std::move(job.prompt));
     } else {
-        job.prompt = tok.encode(r.prompt, /*add_special=*/true, /*parse_special=*/true);
+        for (ApiRequest::Prompt &p : r.prompts)
+            prompts.push_back(p.is_tokens ? std::move(p.tokens)
+                                          : tok.encode(p.text, /*add_special=*/true, /*parse_special=*/true));
+    }
+    if (prompts.empty()) {
+        err(res, 400, "'prompt' is required");
+        return nullptr;
     }
     job.sampling = r.sampling;
-    if (r.ignore_eos)  // as llama.cpp does it: a bias of -inf on every end-of-generation token
+    // As llama.cpp does it: a bias of -inf on every end-of-generation token (one the model has no output row
+    // for, in a tokenizer longer than the model, can never be drawn anyway).
+    if (r.ignore_eos)
         for (int32_t id : tok.vocab().eog_ids())
-            job.sampling.logit_bias.push_back({id, -std::numeric_limits<float>::infinity()});
+            if (id < be.scheduler->n_vocab())
+                job.sampling.logit_bias.push_back({id, -std::numeric_limits<float>::infinity()});
     job.max_tokens = r.max_tokens;
     job.n_logprobs = r.n_logprobs;
     job.stop.insert(job.stop.end(), r.stop.begin(), r.stop.end());
     job.cache_prompt = r.cache_prompt;
     job.schema = r.schema;
 
-    auto submitted = be.scheduler->submit(std::move(job));
+    // n choices per prompt, each its own sequence: prompt p's choice j is job p * n + j. A fixed seed gives
+    // choice j the seed + j (as vLLM does), so the choices differ and each is what a request for that prompt
+    // with that seed alone would get.
+    const size_t n = static_cast<size_t>(std::max(r.n_choices, 1));
+    std::vector<GenerationJob> jobs;
+    for (std::vector<int32_t> &prompt : prompts) {
+        job.prompt = std::move(prompt);
+        for (size_t j = 0; j < n; ++j) {
+            jobs.push_back(job);
+            if (job.sampling.seed != SamplerParams::seed_random) jobs.back().sampling.seed += j;
+        }
+    }
+    auto submitted = be.scheduler->submit_all(std::move(jobs));
     if (!submitted.ok()) {
         const int code = http_status_for(submitted.status());
         if (code == 503) res.set_header("Retry-After", "1");
         err(res, code, submitted.status().message());
         return nullptr;
     }
-    return std::move(submitted).value();
+    return std::make_shared<StreamSet>(std::move(submitted).value());
 }
 
-std::optional<Answer> HttpServer::Impl::collect(const HttpRequest &req, HttpResponse &res,
-                                                RequestStream &stream, ErrorReply err) {
-    Answer a;
+std::optional<std::vector<Answer>> HttpServer::Impl::collect(const HttpRequest &req, HttpResponse &res,
+                                                             StreamSet &streams, ErrorReply err) {
+    std::vector<Answer> answers(streams.size());
     StreamEvent ev;
+    size_t i = 0;
     auto next_check = std::chrono::steady_clock::now();
-    for (;;) {
+    while (!streams.ended()) {
         if (stopping.load()) {
-            stream.cancel();
+            streams.cancel();
             err(res, 503, "the server is shutting down");
             return std::nullopt;
         }
-        const bool got = stream.next(ev, stream_poll);
+        const bool got = streams.next(i, ev, stream_poll);
         if (const auto now = std::chrono::steady_clock::now(); now >= next_check) {
             next_check = now + stream_poll / 4;
             if (req.client_gone && req.client_gone()) {
-                stream.cancel();
+                streams.cancel();
                 err(res, 499, "the client closed the connection");
                 return std::nullopt;
             }
         }
         if (!got) continue;
+        Answer &a = answers[i];
         if (!ev.text.empty() && a.text.empty()) a.t_first = std::chrono::steady_clock::now();
         a.text += ev.text;
         for (TokenLogprob &lp : ev.logprobs) a.logprobs.push_back(std::move(lp));
         if (ev.kind == StreamEvent::Kind::error) {
+            streams.cancel();  // the other choices, if any
             err(res, 500, ev.error.message());
             return std::nullopt;
         }
-        if (ev.kind == StreamEvent::Kind::done) {
-            a.done = std::move(ev);
-            return a;
-        }
+        if (ev.kind == StreamEvent::Kind::done) a.done = std::move(ev);
     }
+    return answers;
 }
 
-void HttpServer::Impl::stream_response(HttpResponse &res, std::shared_ptr<RequestStream> stream,
+void HttpServer::Impl::stream_response(HttpResponse &res, std::shared_ptr<StreamSet> streams,
                                        std::unique_ptr<StreamFormat> format, const char *content_type,
                                        std::shared_ptr<ClientSlot> slot) {
     auto st = std::make_shared<StreamState>();
-    st->stream = std::move(stream);
+    st->streams = std::move(streams);
     st->format = std::move(format);
     st->slot = std::move(slot);
     st->stopping = &stopping;
@@ -298,33 +356,40 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
             res, 404, fmt::format("model '{}' not found; this server serves '{}'", r.model, params.model_id));
 
     std::shared_ptr<ClientSlot> slot;
-    std::shared_ptr<RequestStream> stream = start_generation(req, res, r, be, reply_error, slot);
-    if (!stream) return;
+    std::shared_ptr<StreamSet> streams = start_generation(req, res, r, be, reply_error, slot);
+    if (!streams) return;
     ResponseMeta meta = make_response_meta(kind, params.model_id);
     if (!r.stream) {
         // A client that goes away before the answer is ready cancels its request, which frees its slot.
-        std::optional<Answer> a = collect(req, res, *stream, reply_error);
-        if (!a) return;
-        std::vector<ToolCall> calls;
-        if (r.uses_tools()) {
-            ToolCallParse p = parse_tool_calls(a->text);
-            if (!p.calls.empty()) {
-                calls = finish_tool_calls(std::move(p.calls), r.parallel_tool_calls,
-                                          [&] { return be.chat->new_tool_call_id(); });
-                a->text = std::move(p.content);
+        std::optional<std::vector<Answer>> answers = collect(req, res, *streams, reply_error);
+        if (!answers) return;
+        std::vector<ChoiceResult> choices;
+        Usage usage;
+        for (size_t i = 0; i < answers->size(); ++i) {
+            Answer &a = (*answers)[i];
+            add_usage(usage, i, static_cast<size_t>(r.n_choices), a.done);
+            ChoiceResult &c = choices.emplace_back();
+            c.finish = a.done.finish;
+            c.logprobs = std::move(a.logprobs);
+            if (r.uses_tools()) {
+                ToolCallParse p = parse_tool_calls(a.text);
+                if (!p.calls.empty()) {
+                    c.tool_calls = finish_tool_calls(std::move(p.calls), r.parallel_tool_calls,
+                                                     [&] { return be.chat->new_tool_call_id(); });
+                    a.text = std::move(p.content);
+                }
             }
+            c.text = std::move(a.text);
         }
-        return reply_json(res, 200,
-                          completion_json(meta, a->text, a->done.finish,
-                                          {a->done.n_prompt, a->done.n_generated, a->done.n_cached},
-                                          r.n_logprobs, a->logprobs, calls));
+        return reply_json(res, 200, completion_json(meta, choices, usage, r.n_logprobs));
     }
-    auto format = std::make_unique<SseFormat>(std::move(meta), r.include_usage, r.n_logprobs);
+    auto format = std::make_unique<SseFormat>(
+        std::move(meta), streams->size(), static_cast<size_t>(r.n_choices), r.include_usage, r.n_logprobs);
     if (r.uses_tools()) {
         const ChatFormatter *chat = be.chat;
         format->enable_tool_calls(r.parallel_tool_calls, [chat] { return chat->new_tool_call_id(); });
     }
-    stream_response(res, std::move(stream), std::move(format), "text/event-stream", std::move(slot));
+    stream_response(res, std::move(streams), std::move(format), "text/event-stream", std::move(slot));
 }
 
 // ---- the other endpoints ----------------------------------------------------------------------------

@@ -171,7 +171,7 @@ Result<ApiRequest> parse_ollama_generate(std::string_view body, bool use_templat
         r.messages.push_back({"user", prompt});
     } else {
         r.kind = ApiKind::completion;
-        r.prompt = system.empty() ? prompt : system + "\n\n" + prompt;
+        r.prompts.emplace_back().text = system.empty() ? prompt : system + "\n\n" + prompt;
     }
     return r;
 }

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "core/printable.h"
 #include "server/json-fields.h"
 
 namespace td::server {
@@ -20,15 +21,9 @@ constexpr int32_t max_stop_strings = 16;
 constexpr int32_t max_top_logprobs = 20;
 constexpr size_t kMaxRequestLogitBias = kMaxLogitBias / 2;  // the rest is room for ignore_eos's bans
 
-// A request's JSON for an error message, cut to 40 characters (a body may hold megabytes).
+// A request's JSON for an error message, cut short (a body may hold megabytes).
 std::string quoted(const json &v) {
-    std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-    if (s.size() > 40) {
-        size_t n = 37;
-        while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // not inside a UTF-8 character
-        s = s.substr(0, n) + "...";
-    }
-    return s;
+    return printable(v.is_string() ? v.get<std::string>() : v.dump(), 37);
 }
 
 // One logit_bias value: a number in [-100, 100] (OpenAI's range), or false to ban the token (llama.cpp).
@@ -96,8 +91,8 @@ Status parse_common(const json &j, ApiRequest &r) {
     int64_t n = 1;
     bool has = false;
     TD_TRY(get_int(j, "n", n, has));
-    if (has && n != 1)
-        return invalid_input("'n' must be 1 (got {}): this server returns one choice per request", n);
+    if (has && (n < 1 || n > kMaxChoices)) return invalid_input("'n' must be 1..{}, got {}", kMaxChoices, n);
+    if (has) r.n_choices = static_cast<int32_t>(n);
 
     TD_TRY(get_int(j, "max_tokens", n, has));
     if (has) {
@@ -301,8 +296,8 @@ std::vector<ToolCall> finish_tool_calls(std::vector<ToolCall> calls, bool parall
     return calls;
 }
 
-json tool_calls_chunk_json(const ResponseMeta &meta, const std::vector<ToolCall> &calls) {
-    json choice = {{"index", 0},
+json tool_calls_chunk_json(const ResponseMeta &meta, int32_t index, const std::vector<ToolCall> &calls) {
+    json choice = {{"index", index},
                    {"delta", {{"tool_calls", tool_calls_json(calls, true)}}},
                    {"logprobs", nullptr},
                    {"finish_reason", nullptr}};
@@ -385,30 +380,33 @@ Result<ApiRequest> parse_completion_request(std::string_view body) {
     TD_TRY(parse_common(j, r));
     const json *p = field(j, "prompt");
     if (p == nullptr) return invalid_input("'prompt' is required");
-    if (p->is_string()) {
-        r.prompt = p->get<std::string>();
-    } else if (p->is_array()) {
-        if (p->empty()) return invalid_input("'prompt' must not be an empty array");
-        if ((*p)[0].is_string()) {
-            if (p->size() != 1)
-                return invalid_input("'prompt' holds {} prompts; this server takes one prompt per request",
-                                     p->size());
-            r.prompt = (*p)[0].get<std::string>();
-        } else {
-            for (const json &t : *p) {
-                if (!t.is_number_integer() && !t.is_number_unsigned())
-                    return invalid_input(
-                        "'prompt' must be a string, [string] or [token ids], got an array of {}",
-                        type_name(t));
-                const int64_t id = t.get<int64_t>();
-                if (id < 0 || id > std::numeric_limits<int32_t>::max())
-                    return invalid_input("'prompt' token id {} is out of range", id);
-                r.prompt_tokens.push_back(static_cast<int32_t>(id));
-            }
-            r.prompt_is_tokens = true;
+    // One prompt: a string or token ids.
+    const auto one = [](const json &v, ApiRequest::Prompt &out) -> Status {
+        if (v.is_string()) {
+            out.text = v.get<std::string>();
+            return {};
         }
+        if (!v.is_array() || v.empty())
+            return invalid_input("'prompt' must be a string, token ids, or an array of either, got {}",
+                                 v.is_array() ? "an empty array" : type_name(v));
+        for (const json &t : v) {
+            if (!t.is_number_integer() && !t.is_number_unsigned())
+                return invalid_input("'prompt' token ids must be integers, got {}", type_name(t));
+            const int64_t id = t.get<int64_t>();
+            if (id < 0 || id > std::numeric_limits<int32_t>::max())
+                return invalid_input("'prompt' token id {} is out of range", id);
+            out.tokens.push_back(static_cast<int32_t>(id));
+        }
+        out.is_tokens = true;
+        return {};
+    };
+    if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+        if (p->size() * static_cast<size_t>(r.n_choices) > static_cast<size_t>(kMaxChoices))
+            return invalid_input("'prompt' holds {} prompts and 'n' is {}: at most {} choices per request",
+                                 p->size(), r.n_choices, kMaxChoices);
+        for (const json &v : *p) TD_TRY(one(v, r.prompts.emplace_back()));
     } else {
-        return invalid_input("'prompt' must be a string, [string] or [token ids], got {}", type_name(*p));
+        TD_TRY(one(*p, r.prompts.emplace_back()));
     }
     if (const json *lp = field(j, "logprobs")) {
         // Legacy completions: logprobs is the number of top tokens (0..20); a boolean true means 0.
@@ -437,32 +435,37 @@ ResponseMeta make_response_meta(ApiKind kind, std::string model) {
     return m;
 }
 
-json completion_json(const ResponseMeta &meta, const std::string &text, FinishReason finish,
-                     const Usage &usage, int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs,
-                     const std::vector<ToolCall> &tool_calls) {
-    json choice = {{"index", 0}, {"finish_reason", tool_calls.empty() ? finish_name(finish) : "tool_calls"}};
-    if (meta.kind == ApiKind::chat) {
-        choice["message"] = {{"role", "assistant"}, {"content", text}};
-        if (!tool_calls.empty()) {
-            if (text.empty()) choice["message"]["content"] = nullptr;
-            choice["message"]["tool_calls"] = tool_calls_json(tool_calls, false);
+json completion_json(const ResponseMeta &meta, const std::vector<ChoiceResult> &choices, const Usage &usage,
+                     int32_t n_logprobs) {
+    json out = json::array();
+    for (size_t i = 0; i < choices.size(); ++i) {
+        const ChoiceResult &c = choices[i];
+        json choice = {{"index", i},
+                       {"finish_reason", c.tool_calls.empty() ? finish_name(c.finish) : "tool_calls"}};
+        if (meta.kind == ApiKind::chat) {
+            choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+            if (!c.tool_calls.empty()) {
+                if (c.text.empty()) choice["message"]["content"] = nullptr;
+                choice["message"]["tool_calls"] = tool_calls_json(c.tool_calls, false);
+            }
+            choice["logprobs"] = n_logprobs >= 0 ? chat_logprobs_json(c.logprobs) : json(nullptr);
+        } else {
+            choice["text"] = c.text;
+            choice["logprobs"] = n_logprobs >= 0 ? completion_logprobs_json(c.logprobs, 0) : json(nullptr);
         }
-        choice["logprobs"] = n_logprobs >= 0 ? chat_logprobs_json(logprobs) : json(nullptr);
-    } else {
-        choice["text"] = text;
-        choice["logprobs"] = n_logprobs >= 0 ? completion_logprobs_json(logprobs, 0) : json(nullptr);
+        out.push_back(std::move(choice));
     }
     return {{"id", meta.id},
             {"object", meta.kind == ApiKind::chat ? "chat.completion" : "text_completion"},
             {"created", meta.created},
             {"model", meta.model},
-            {"choices", json::array({std::move(choice)})},
+            {"choices", std::move(out)},
             {"usage", usage_json(usage)}};
 }
 
-json chunk_json(const ResponseMeta &meta, const std::string &text, bool role_first, const char *finish,
-                int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs) {
-    json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+json chunk_json(const ResponseMeta &meta, int32_t index, const std::string &text, bool role_first,
+                const char *finish, int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs) {
+    json choice = {{"index", index}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
     const bool with_lp = n_logprobs >= 0 && !logprobs.empty();
     if (meta.kind == ApiKind::chat) {
         json delta = json::object();

@@ -4,13 +4,16 @@
 // Requests (POST /v1/chat/completions, POST /v1/completions). Honoured fields:
 //   model                    string; checked by the caller against the served model id
 //   messages                 chat: [{role, content}], content a string, null, or [{type:"text", text}]
-//   prompt                   completions: a string, [string] (exactly one), or [token ids]
+//   prompt                   completions: a string, [token ids], or a batch of either ([string], [[token
+//   ids]]);
+//                            prompts x n is at most 128 choices
 //   max_tokens, max_completion_tokens   integer >= 1 (the latter wins when both are given)
 //   temperature top_p top_k min_p presence_penalty frequency_penalty repeat_penalty seed
 //   stop                     string or [string] (at most 16)
 //   logprobs, top_logprobs   chat: logprobs bool + top_logprobs 0..20; completions: logprobs integer 0..20
 //   stream, stream_options.include_usage
-//   n                        only 1
+//   n                        1..128 choices: one sequence each (seeds seed, seed+1, ... when seed is given),
+//                            usage counts the prompt once and every choice's tokens
 //   cache_prompt             bool (llama-server's): false computes the whole prompt, not reusing a cached
 //   prefix
 //   response_format          {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema"}}
@@ -44,18 +47,25 @@ namespace td::server {
 
 enum class ApiKind { chat, completion };
 
+constexpr int32_t kMaxChoices = 128;  // n, as OpenAI bounds it
+
 enum class ToolChoice { auto_, none, required, named };
 
 struct ApiRequest {
     ApiKind kind = ApiKind::chat;
     std::string model;                   // "" when absent
     std::vector<ChatMessage> messages;   // chat
-    std::string prompt;                  // completion text (when !prompt_is_tokens)
-    std::vector<int32_t> prompt_tokens;  // completion given as token ids
-    bool prompt_is_tokens = false;
+    // Completions: the prompt, or several (OpenAI's batch: prompt p's choice j is choices[p * n + j]).
+    struct Prompt {
+        std::string text;             // when !is_tokens
+        std::vector<int32_t> tokens;  // given as token ids
+        bool is_tokens = false;
+    };
+    std::vector<Prompt> prompts;
     SamplerParams sampling;
     int32_t max_tokens = -1;  // -1: not given
     std::vector<std::string> stop;
+    int32_t n_choices = 1;  // n
     bool stream = false;
     bool include_usage = false;
     int32_t n_logprobs = -1;  // -1: no logprobs
@@ -76,7 +86,7 @@ struct ApiRequest {
 Status apply_tool_choice(ApiRequest &r);
 
 // Parses and validates a request body. Errors are invalid_input with a message for the client:
-// "the request body is not valid JSON: ...", "'messages' is required", "'n' must be 1 (got 3) ...".
+// "the request body is not valid JSON: ...", "'messages' is required", "'n' must be 1..128, got 0".
 Result<ApiRequest> parse_chat_request(std::string_view body);
 Result<ApiRequest> parse_completion_request(std::string_view body);
 
@@ -96,24 +106,31 @@ struct Usage {
         0;  // prompt tokens found in the prefix cache (usage.prompt_tokens_details.cached_tokens)
 };
 
-// Non-streaming response: chat.completion or text_completion. logprobs (when n_logprobs >= 0) for every
-// generated token.
+// One choice of a finished reply.
+struct ChoiceResult {
+    std::string text;
+    FinishReason finish = FinishReason::stop;
+    std::vector<TokenLogprob> logprobs;
+    std::vector<ToolCall> tool_calls;
+};
+
+// Non-streaming response: chat.completion or text_completion, choices[i] with index i. logprobs (when
+// n_logprobs >= 0) for every generated token.
 // With tool calls (chat), message.tool_calls holds them, content is null when empty, and finish_reason is
 // "tool_calls".
-nlohmann::json completion_json(const ResponseMeta &meta, const std::string &text, FinishReason finish,
-                               const Usage &usage, int32_t n_logprobs,
-                               const std::vector<TokenLogprob> &logprobs,
-                               const std::vector<ToolCall> &tool_calls = {});
-// The streamed form of tool calls: one chunk with delta.tool_calls [{index, id, type, function: {name,
-// arguments}}] per call.
-nlohmann::json tool_calls_chunk_json(const ResponseMeta &meta, const std::vector<ToolCall> &calls);
+nlohmann::json completion_json(const ResponseMeta &meta, const std::vector<ChoiceResult> &choices,
+                               const Usage &usage, int32_t n_logprobs);
+// The streamed form of tool calls: one chunk for choice `index` with delta.tool_calls [{index, id, type,
+// function: {name, arguments}}] per call.
+nlohmann::json tool_calls_chunk_json(const ResponseMeta &meta, int32_t index,
+                                     const std::vector<ToolCall> &calls);
 // The calls of a finished reply with ids from new_id; without parallel_tool_calls only the first.
 std::vector<ToolCall> finish_tool_calls(std::vector<ToolCall> calls, bool parallel,
                                         const std::function<std::string()> &new_id);
 
-// Streaming chunk (chat.completion.chunk / text_completion). `role_first`: the chat chunk that opens the
-// reply ({"role":"assistant","content":""}). finish: nullptr for none.
-nlohmann::json chunk_json(const ResponseMeta &meta, const std::string &text, bool role_first,
+// Streaming chunk (chat.completion.chunk / text_completion) of choice `index`. `role_first`: the chat chunk
+// that opens the reply ({"role":"assistant","content":""}). finish: nullptr for none.
+nlohmann::json chunk_json(const ResponseMeta &meta, int32_t index, const std::string &text, bool role_first,
                           const char *finish, int32_t n_logprobs, const std::vector<TokenLogprob> &logprobs);
 // The extra chunk of stream_options.include_usage: choices [] and usage.
 nlohmann::json usage_chunk_json(const ResponseMeta &meta, const Usage &usage);

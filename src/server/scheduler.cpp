@@ -45,12 +45,64 @@ void RequestStream::cancel() {
     if (on_cancel_) on_cancel_();
 }
 
+void RequestStream::watch(std::shared_ptr<StreamSignal> signal) {
+    std::lock_guard lock(mu_);
+    signal_ = std::move(signal);
+}
+
 void RequestStream::push(StreamEvent event) {
+    std::shared_ptr<StreamSignal> signal;
     {
         std::lock_guard lock(mu_);
         events_.push_back(std::move(event));
+        signal = signal_;
     }
     cv_.notify_all();
+    if (signal) {
+        {
+            std::lock_guard lock(signal->mu);
+            ++signal->count;
+        }
+        signal->cv.notify_all();
+    }
+}
+
+// ---- StreamSet --------------------------------------------------------------------------------------
+
+StreamSet::StreamSet(std::vector<std::shared_ptr<RequestStream>> streams)
+    : streams_(std::move(streams)), ended_(streams_.size(), false) {
+    for (const auto &s : streams_) s->watch(signal_);
+}
+
+bool StreamSet::next(size_t &which, StreamEvent &event, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+        if (ended()) return false;
+        // The count before looking: an event pushed after the look changes it, so the wait below cannot miss
+        // it.
+        uint64_t seen = 0;
+        {
+            std::lock_guard lock(signal_->mu);
+            seen = signal_->count;
+        }
+        for (size_t k = 0; k < streams_.size(); ++k) {
+            const size_t i = (turn_ + k) % streams_.size();
+            if (ended_[i] || !streams_[i]->next(event, std::chrono::milliseconds(0))) continue;
+            turn_ = i + 1;
+            if (event.kind != StreamEvent::Kind::delta) {
+                ended_[i] = true;
+                ++n_ended_;
+            }
+            which = i;
+            return true;
+        }
+        std::unique_lock lock(signal_->mu);
+        if (!signal_->cv.wait_until(lock, deadline, [&] { return signal_->count != seen; })) return false;
+    }
+}
+
+void StreamSet::cancel() {
+    for (const auto &s : streams_) s->cancel();
 }
 
 // ---- Scheduler --------------------------------------------------------------------------------------
@@ -97,6 +149,7 @@ Scheduler::Scheduler(Engine &engine, const Tokenizer &tokenizer, const Scheduler
       tokenizer_(tokenizer),
       params_(params),
       n_ctx_(engine.n_ctx()),
+      n_vocab_(engine.n_vocab()),
       n_slots_(engine.n_seq()),
       depth_(std::clamp(params.n_micro_batches, 1, std::max(engine.max_in_flight(), 1))),
       lp_sampler_(SamplerParams{}, engine.n_vocab()) {
@@ -115,6 +168,13 @@ Scheduler::~Scheduler() {
 }
 
 Result<std::shared_ptr<RequestStream>> Scheduler::submit(GenerationJob job) {
+    std::vector<GenerationJob> jobs;
+    jobs.push_back(std::move(job));
+    TD_ASSIGN_OR_RETURN(auto streams, submit_all(std::move(jobs)));
+    return std::move(streams.front());
+}
+
+Status Scheduler::check_job(const GenerationJob &job) const {
     const int32_t n_prompt = static_cast<int32_t>(job.prompt.size());
     if (n_prompt == 0) return invalid_input("the prompt is empty");
     TD_TRY(sampler_params_validate(job.sampling));
@@ -135,25 +195,42 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(GenerationJob job) {
         return invalid_input("prompt ({} tokens) leaves no room to generate in the KV pool of {} positions "
                              "(--ctx-size)",
                              n_prompt, params_.kv_pool);
+    return {};
+}
 
-    auto stream = std::make_shared<RequestStream>();
-    stream->on_cancel_ = [this] {
-        std::lock_guard lock(mu_);
-        cv_.notify_all();
-    };
+Result<std::vector<std::shared_ptr<RequestStream>>> Scheduler::submit_all(std::vector<GenerationJob> jobs) {
+    if (jobs.empty()) return invalid_input("no job to submit");
+    for (const GenerationJob &job : jobs) TD_TRY(check_job(job));
+    const int64_t n_jobs = static_cast<int64_t>(jobs.size());
+    if (n_jobs > n_slots_ + params_.max_queue)
+        return invalid_input(
+            "{} choices are more than this server can hold at once: {} slots (--parallel) "
+            "and {} queue places",
+            n_jobs, n_slots_, params_.max_queue);
+
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        auto stream = std::make_shared<RequestStream>();
+        stream->on_cancel_ = [this] {
+            std::lock_guard lock(mu_);
+            cv_.notify_all();
+        };
+        streams.push_back(std::move(stream));
+    }
     {
         std::lock_guard lock(mu_);
         if (stopping_) return make_error(ErrorKind::failed, "the server is shutting down");
-        const int32_t n_free = n_slots_ - stats_.n_active;
-        if (static_cast<int32_t>(queue_.size()) >= n_free + params_.max_queue)
+        const int64_t n_free = n_slots_ - stats_.n_active;
+        if (static_cast<int64_t>(queue_.size()) + n_jobs > n_free + params_.max_queue)
             return make_error(ErrorKind::overloaded,
                               "the server is busy: {} requests are waiting for {} slots", queue_.size(),
                               n_slots_);
-        queue_.push_back({std::move(job), stream, Clock::now()});
+        const auto now = Clock::now();
+        for (size_t i = 0; i < jobs.size(); ++i) queue_.push_back({std::move(jobs[i]), streams[i], now});
         stats_.n_queued = static_cast<int32_t>(queue_.size());
     }
     cv_.notify_all();
-    return stream;
+    return streams;
 }
 
 void Scheduler::stop() {

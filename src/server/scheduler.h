@@ -108,12 +108,22 @@ struct StreamEvent {
     Status error;  // error: what failed
 };
 
+// Wakes whoever waits on several streams at once (StreamSet): every event pushed to a stream watched by it
+// bumps `count`.
+struct StreamSignal {
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t count = 0;
+};
+
 // The channel between the engine thread (producer) and one HTTP handler (consumer). Thread-safe.
 class RequestStream {
 public:
     // Waits up to `timeout` for the next event; false on timeout. After a done or error event nothing
     // else arrives.
     bool next(StreamEvent &event, std::chrono::milliseconds timeout);
+    // Every later event also bumps `signal` (one signal may watch many streams).
+    void watch(std::shared_ptr<StreamSignal> signal);
     // The client went away: the engine thread frees the request's slot (or drops it from the queue) before
     // it builds the next step. Idempotent.
     void cancel();
@@ -126,8 +136,29 @@ private:
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<StreamEvent> events_;
+    std::shared_ptr<StreamSignal> signal_;  // guarded by mu_; null: none
     std::atomic<bool> cancelled_{false};
     std::function<void()> on_cancel_;  // wakes the engine thread; set before the stream is shared
+};
+
+// The streams of one request's choices (OpenAI's n > 1), read as one: next() hands out the next event of
+// any of them, taking the streams in turn so that none waits behind another. Used by one thread.
+class StreamSet {
+public:
+    explicit StreamSet(std::vector<std::shared_ptr<RequestStream>> streams);
+    // Waits up to `timeout` for an event of a stream that has not ended; false on timeout or when every
+    // stream has ended. `which` is the stream's index.
+    bool next(size_t &which, StreamEvent &event, std::chrono::milliseconds timeout);
+    void cancel();  // every stream
+    size_t size() const { return streams_.size(); }
+    bool ended() const { return n_ended_ == streams_.size(); }  // each stream gave its done or error event
+
+private:
+    std::vector<std::shared_ptr<RequestStream>> streams_;
+    std::vector<bool> ended_;
+    size_t n_ended_ = 0;
+    size_t turn_ = 0;  // the stream looked at first next time
+    std::shared_ptr<StreamSignal> signal_ = std::make_shared<StreamSignal>();
 };
 
 // What the engine runs on, for /health (a ClusterEngine's layout and the lost nodes it recovered from).
@@ -199,12 +230,16 @@ public:
     //   overloaded     the queue is full ("the server is busy: 4 requests are waiting for 1 slots")
     //   failed         the scheduler is stopped
     Result<std::shared_ptr<RequestStream>> submit(GenerationJob job);
+    // Queues several jobs (the choices of one request) together: all of them or, with the same errors as
+    // submit, none. More jobs than the slots plus the queue could ever hold is invalid_input.
+    Result<std::vector<std::shared_ptr<RequestStream>>> submit_all(std::vector<GenerationJob> jobs);
 
     // Ends every request (error event "the server is shutting down") and joins the engine thread.
     void stop();
 
     SchedulerStats stats() const;
     int32_t n_ctx() const { return n_ctx_; }  // positions per slot
+    int32_t n_vocab() const { return n_vocab_; }  // the model's output rows (ids a logit bias may name)
     int32_t n_micro_batches() const { return depth_; }
     // OK, or the last engine failure (naming the node) until a step or a reconnect attempt succeeds.
     Status health() const;
@@ -213,6 +248,8 @@ public:
     EngineInfo engine_info() const;  // the last describe() (empty without one)
 
 private:
+    // submit's checks of one job (invalid_input naming what is wrong).
+    Status check_job(const GenerationJob &job) const;
     struct Pending {
         GenerationJob job;
         std::shared_ptr<RequestStream> stream;
@@ -268,6 +305,7 @@ private:
     const Tokenizer &tokenizer_;
     SchedulerParams params_;
     int32_t n_ctx_ = 0;
+    int32_t n_vocab_ = 0;
     int32_t n_slots_ = 0;
     int32_t depth_ = 1;   // steps kept in flight
     Sampler lp_sampler_;  // only for its const logprob helpers

@@ -14,9 +14,10 @@ using namespace td::server;
 
 TD_FUZZ_INIT(http) {
     std::vector<fuzz::Bytes> seeds;
-    const std::string chat = R"({"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_tokens":16,"temperature":0.7,"top_p":0.9,"stream":true,"stream_options":{"include_usage":true},"stop":["\n"],"seed":42})";
+    const std::string chat =
+        R"({"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_tokens":16,"temperature":0.7,"top_p":0.9,"stream":true,"stream_options":{"include_usage":true},"stop":["\n"],"seed":42,"n":3})";
     const std::string completion =
-        R"({"prompt":"Once upon a time","max_tokens":8,"logprobs":2,"n":1,"presence_penalty":0.5,"frequency_penalty":0.1,"stop":".","logit_bias":{"2":-100,"15":5.5},"ignore_eos":true})";
+        R"({"prompt":["Once upon a time",[1,2,3]],"max_tokens":8,"logprobs":2,"n":2,"presence_penalty":0.5,"frequency_penalty":0.1,"stop":".","logit_bias":{"2":-100,"15":5.5},"ignore_eos":true})";
     const std::string tokens =
         R"({"prompt":[1,2,3],"max_tokens":4,"top_k":40,"min_p":0.05,"repeat_penalty":1.1,"logit_bias":[[1,false],[3,-1]]})";
     const std::string ollama_chat =

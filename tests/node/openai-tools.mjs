@@ -1,7 +1,7 @@
 // The official `openai` JavaScript SDK (npm) against `tandem serve`: a tool-calling round trip (tools ->
 // tool_calls -> role "tool" -> answer), not streamed and streamed, plus the SDK's own errors, models.retrieve,
-// and logit_bias / ignore_eos as the SDK sends them. Starts the
-// server itself:
+// logit_bias / ignore_eos as the SDK sends them, and n choices gathered by the SDK's stream helper. Starts
+// the server itself:
 //   node tests/node/openai-tools.mjs TANDEM_BINARY MODEL.gguf
 // The test model (stories260K) tells stories, not function calls, so the call is asked for by name
 // (tool_choice): the reply is then constrained to a call with the tool's parameters, which is the path a
@@ -161,6 +161,20 @@ await check('logit_bias and ignore_eos through the SDK: the end of text pushed u
   const runs = await client.completions.create({ ...base, logit_bias: { 2: 100 }, ignore_eos: true })
   assert.equal(runs.choices[0].text, plain.choices[0].text)
   assert.equal(runs.choices[0].finish_reason, 'length')
+})
+
+await check('n choices: the SDK gathers a streamed reply per choice, equal to the reply not streamed', async () => {
+  const req = { model: 'stories', messages: ask, max_tokens: 10, temperature: 1.5, top_p: 1, seed: 11, n: 2 }
+  const whole = await client.chat.completions.create(req)
+  assert.deepEqual(whole.choices.map((c) => c.index), [0, 1])
+  assert.notEqual(whole.choices[0].message.content, whole.choices[1].message.content)
+  // The SDK's stream helper builds each choice from the chunks that name its index.
+  const gathered = await client.chat.completions.stream(req).finalChatCompletion()
+  assert.deepEqual(
+    gathered.choices.map((c) => [c.index, c.message.content, c.finish_reason]),
+    whole.choices.map((c) => [c.index, c.message.content, c.finish_reason]),
+  )
+  assert.equal(whole.usage.completion_tokens, 20)
 })
 
 finish(server)
