@@ -972,7 +972,9 @@ TEST(ServerLimits, RequestsPerClientAtTheLimitAndOnePast) {
     EXPECT_EQ(r->get_header_value("Retry-After"), "1");
     const json j = json::parse(r->body);
     EXPECT_EQ(j["error"]["type"], "rate_limit_error");
-    EXPECT_NE(j["error"]["message"].get<std::string>().find("127.0.0.1 already has 2 requests"),
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(
+                  "client 127.0.0.1 already has 2 of its 2 sequences open (the limit per client, "
+                  "--max-per-client) and this request needs 1"),
               std::string::npos)
         << r->body;
     // Another client address is not counted with it.
@@ -980,6 +982,15 @@ TEST(ServerLimits, RequestsPerClientAtTheLimitAndOnePast) {
     for (auto &t : held) t.join();
     EXPECT_EQ(held_ok.load(), 2);
     EXPECT_FALSE(completion_text(c, {{"prompt", "Once"}, {"max_tokens", 2}}).empty());
+    // Each choice takes a place: two choices fit the limit, three never can.
+    EXPECT_EQ(post(c, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}, {"n", 2}})->status, 200);
+    r = post(c, "/v1/completions", {{"prompt", {"Once", "Twice"}}, {"max_tokens", 2}, {"n", 2}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(
+        r->body.find("this request needs 4 sequences (one per choice) and a client may have 2 open at once"),
+        std::string::npos)
+        << r->body;
 }
 
 // A non-streaming request whose client hangs up is cancelled: its slot is free for the next request at once.

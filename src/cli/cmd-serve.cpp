@@ -199,8 +199,10 @@ void register_serve(CLI::App &app, Runners &runners) {
                     "to) instead of ending with the error (0: never)")
         ->default_val(0)
         ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--max-per-client", opt->max_per_client,
-                    "Generation requests one client address may have open at once; more get 429 (0: no limit)")
+    cmd->add_option(
+           "--max-per-client", opt->max_per_client,
+           "Sequences (one per choice of a request) one client address may have open at once; more get "
+           "429 (0: no limit)")
         ->default_val(0)
         ->check(CLI::NonNegativeNumber);
     cmd->add_flag("--no-webui", opt->no_webui,

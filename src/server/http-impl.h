@@ -51,7 +51,7 @@ struct HttpServer::Impl {
     ServerBackend backend;
     bool has_backend = false;
     std::map<std::pair<std::string, int>, int64_t> request_counts;  // (path, status) -> count
-    std::map<std::string, int> per_client;  // client address -> generation requests open (max_per_client)
+    std::map<std::string, int> per_client;  // client address -> sequences open (max_per_client)
 
     using Handler = std::function<void(const HttpRequest &, HttpResponse &)>;
     std::map<std::string, std::pair<std::string, Handler>> routes;  // path -> (method, handler)
@@ -60,14 +60,16 @@ struct HttpServer::Impl {
 
     explicit Impl(HttpParams p) : params(std::move(p)) {}
 
-    // A generation request's place in its client's count, given back when the last copy goes (the answer
-    // sent or the stream ended).
+    // A generation request's places in its client's count (one per choice), given back when the last copy
+    // goes (the answer sent or the stream ended).
     struct ClientSlot {
         Impl *impl = nullptr;  // null: no limit
         std::string peer;
+        int n = 0;
         ~ClientSlot();
     };
-    std::shared_ptr<ClientSlot> client_slot(const std::string &peer);  // null: the client has max_per_client
+    // `n` places for `peer`; null when they would take it past max_per_client (`open` is then what it holds).
+    std::shared_ptr<ClientSlot> client_slot(const std::string &peer, int n, int &open);
 
     bool get_backend(ServerBackend &out);
     void count(const std::string &path, int status);

@@ -188,18 +188,20 @@ void reply_json(HttpResponse &res, int status, const json &body) {
 HttpServer::Impl::ClientSlot::~ClientSlot() {
     if (impl == nullptr) return;
     std::lock_guard lock(impl->mu);
-    if (--impl->per_client[peer] <= 0) impl->per_client.erase(peer);
+    if ((impl->per_client[peer] -= n) <= 0) impl->per_client.erase(peer);
 }
 
-std::shared_ptr<HttpServer::Impl::ClientSlot> HttpServer::Impl::client_slot(const std::string &peer) {
+std::shared_ptr<HttpServer::Impl::ClientSlot> HttpServer::Impl::client_slot(const std::string &peer, int n,
+                                                                            int &open) {
     if (params.max_per_client <= 0) return std::make_shared<ClientSlot>();
     std::lock_guard lock(mu);
-    int &n = per_client[peer];
-    if (n >= params.max_per_client) return nullptr;
-    ++n;
+    open = per_client.contains(peer) ? per_client[peer] : 0;
+    if (open + n > params.max_per_client) return nullptr;
+    per_client[peer] = open + n;
     auto slot = std::make_shared<ClientSlot>();
     slot->impl = this;
     slot->peer = peer;
+    slot->n = n;
     return slot;
 }
 
@@ -219,14 +221,25 @@ std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest 
                                                               ApiRequest &r, const ServerBackend &be,
                                                               ErrorReply err,
                                                               std::shared_ptr<ClientSlot> &slot) {
-    slot = client_slot(req.peer);
+    // Every choice is a sequence: with --max-per-client it takes one of the client's places.
+    const int n_seqs = std::max(r.n_choices, 1) *
+                       (r.kind == ApiKind::chat ? 1 : std::max(static_cast<int>(r.prompts.size()), 1));
+    if (params.max_per_client > 0 && n_seqs > params.max_per_client) {
+        err(res, 400,
+            fmt::format(
+                "this request needs {} sequences (one per choice) and a client may have {} open at once "
+                "(--max-per-client)",
+                n_seqs, params.max_per_client));
+        return nullptr;
+    }
+    int open = 0;
+    slot = client_slot(req.peer, n_seqs, open);
     if (!slot) {
         res.set_header("Retry-After", "1");
         err(res, 429,
-            fmt::format(
-                "client {} already has {} requests open (the limit per client, --max-per-client); retry "
-                "when one has finished",
-                req.peer, params.max_per_client));
+            fmt::format("client {} already has {} of its {} sequences open (the limit per client, "
+                        "--max-per-client) and this request needs {}; retry when one has finished",
+                        req.peer, open, params.max_per_client, n_seqs));
         return nullptr;
     }
     const Tokenizer &tok = *be.tokenizer;
