@@ -175,6 +175,18 @@ await check('n choices: the SDK gathers a streamed reply per choice, equal to th
     whole.choices.map((c) => [c.index, c.message.content, c.finish_reason]),
   )
   assert.equal(whole.usage.completion_tokens, 20)
+  // With a tool asked for, every choice is a call of its own; streamed, each choice's call comes whole.
+  const calls = { ...req, tools, tool_choice: callWeather, max_tokens: 80 }
+  const called = await client.chat.completions.create(calls)
+  const streamed = await client.chat.completions.stream(calls).finalChatCompletion()
+  for (const reply of [called, streamed]) {
+    assert.deepEqual(reply.choices.map((c) => [c.index, c.finish_reason]), [[0, 'tool_calls'], [1, 'tool_calls']])
+    for (const c of reply.choices) checkWeatherCall(c.message.tool_calls[0])
+  }
+  assert.deepEqual(
+    streamed.choices.map((c) => c.message.tool_calls[0].function.arguments),
+    called.choices.map((c) => c.message.tool_calls[0].function.arguments),
+  )
 })
 
 finish(server)
