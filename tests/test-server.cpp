@@ -88,6 +88,26 @@ TEST_P(ServerTest, ModelsListsTheAlias) {
     r = c.Delete("/v1/models/stories");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 405);
+
+    // llama-server's /props: the model, the slots, the template, the special tokens and the defaults a
+    // request that sets nothing samples with.
+    r = c.Get("/props");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    j = json::parse(r->body);
+    EXPECT_EQ(j["model_alias"], "stories");
+    EXPECT_EQ(j["model_path"], test::shared_path(k_model));
+    EXPECT_EQ(j["total_slots"], 4);
+    EXPECT_EQ(j["bos_token"], "<s>");
+    EXPECT_EQ(j["eos_token"], "</s>");
+    EXPECT_EQ(j["build_info"].get<std::string>().rfind("tandem ", 0), 0u) << r->body;
+    const json models = json::parse(c.Get("/v1/models")->body);
+    EXPECT_EQ(j["default_generation_settings"]["n_ctx"], models["data"][0]["meta"]["n_ctx_slot"]);
+    const json &defaults = j["default_generation_settings"]["params"];
+    EXPECT_FLOAT_EQ(defaults["temperature"].get<float>(), 0.8f);
+    EXPECT_EQ(defaults["top_k"], 40);
+    EXPECT_FLOAT_EQ(defaults["min_p"].get<float>(), 0.05f);
+    EXPECT_EQ(c.Post("/props", "{}", "application/json")->status, 405);
 }
 
 TEST_P(ServerTest, GreedyCompletionEqualsTandemRun) {

@@ -95,6 +95,7 @@ struct HttpServer::Impl {
     void handle(const HttpRequest &req, HttpResponse &res);
     void handle_health(HttpResponse &res);
     void handle_models(HttpResponse &res);
+    void handle_props(HttpResponse &res);  // llama-server's GET /props
     // GET /v1/models/{id} (OpenAI's retrieve): the model when id (percent-decoded) is the one served, else
     // 404.
     void handle_model(const std::string &id, HttpResponse &res);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/build-id.h"
 #include "core/log.h"
 #include "net/auth.h"
 #include "server/http-impl.h"
@@ -436,6 +437,40 @@ json HttpServer::Impl::model_json() {
     return model;
 }
 
+// llama-server's /props: what a client reads to learn the server's model, slots, template and defaults.
+void HttpServer::Impl::handle_props(HttpResponse &res) {
+    ServerBackend be;
+    if (!get_backend(be)) {
+        res.set_header("Retry-After", "5");
+        return reply_error(res, 503, "the model is still loading");
+    }
+    const Vocab &vocab = be.tokenizer->vocab();
+    const auto token = [&](int32_t id) { return id >= 0 && vocab.is_valid(id) ? vocab.token_text(id) : ""; };
+    const SamplerParams sp;  // what a request that sets nothing samples with
+    json props = {{"model_alias", params.model_id},
+                  {"model_path", be.card != nullptr ? be.card->path : ""},
+                  {"total_slots", be.scheduler->stats().n_slots},
+                  {"chat_template", be.card != nullptr ? be.card->chat_template : ""},
+                  {"bos_token", token(vocab.bos())},
+                  {"eos_token", token(vocab.eos())},
+                  {"build_info", fmt::format("tandem {} ({})", TD_VERSION, build_git_id())},
+                  {"modalities", {{"vision", false}, {"audio", false}}},
+                  {"default_generation_settings",
+                   {{"n_ctx", be.scheduler->n_ctx()},
+                    {"params",
+                     {{"n_predict", -1},
+                      {"temperature", sp.temperature},
+                      {"top_k", sp.top_k},
+                      {"top_p", sp.top_p},
+                      {"min_p", sp.min_p},
+                      {"repeat_penalty", sp.repeat_penalty},
+                      {"repeat_last_n", sp.repeat_last_n},
+                      {"presence_penalty", sp.presence_penalty},
+                      {"frequency_penalty", sp.frequency_penalty},
+                      {"seed", -1}}}}}};
+    reply_json(res, 200, props);
+}
+
 void HttpServer::Impl::handle_models(HttpResponse &res) {
     reply_json(res, 200, {{"object", "list"}, {"data", json::array({model_json()})}});
 }
@@ -675,6 +710,7 @@ void HttpServer::Impl::setup() {
     routes["/health"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_health(res); }};
     routes["/v1/models"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_models(res); }};
     routes["/metrics"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_metrics(res); }};
+    routes["/props"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_props(res); }};
     routes["/tokenize"] = {"POST", [this](const HttpRequest &req, HttpResponse &res) { handle_tokenize(req, res); }};
     routes["/apply-template"] = {
         "POST", [this](const HttpRequest &req, HttpResponse &res) { handle_apply_template(req, res); }};

@@ -52,7 +52,8 @@ struct HttpParams {
     HttpLimits limits;                // sizes, counts, timeouts, handler threads
     // Both set: HTTPS with this PEM certificate chain and private key (bind() loads and checks them).
     std::string ssl_cert, ssl_key;
-    // Generation requests (running or waiting) one client address may have open at once; more get 429.
+    // Sequences (running or waiting; a request takes one per choice) one client address may have open at
+    // once; more get 429.
     // 0: no limit.
     int max_per_client = 0;
     bool web_ui = true;  // serve the dashboard at / (server/web-assets.h); false: --no-webui
