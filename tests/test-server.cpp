@@ -704,6 +704,94 @@ TEST_P(ServerTest, ABatchOfPromptsGivesEachPromptsChoicesInOrder) {
     expect_choices(c, req, alone, n_prompt, n_generated);
 }
 
+// llama-server's own /completion, as scripts written against llama.cpp call it: the text `tandem run` gives,
+// llama.cpp's field names, its stop_type for each way a reply ends, n_probs, and its stream (no [DONE]).
+TEST_P(ServerTest, LlamaServersCompletionEndpointAnswersAsItDoes) {
+    const std::string prompt = "Once upon a time";
+    auto run = test::run_tandem(
+        {"run", "-m", test::shared_path(k_model), "-p", prompt, "-n", "40", "--temp", "0", "-t", "1"});
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const std::string expected = run.out.substr(0, run.out.size() - 1);
+
+    TestServer s(opts());
+    auto c = s.client();
+    const json base = {{"prompt", prompt}, {"n_predict", 40}, {"temperature", 0}};
+    auto r = post(c, "/completion", base);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    json j = json::parse(r->body);
+    EXPECT_EQ(j["content"], expected);
+    EXPECT_EQ(j["stop"], true);
+    EXPECT_EQ(j["stop_type"], "limit");
+    EXPECT_EQ(j["tokens_predicted"], 40);
+    EXPECT_GT(j["tokens_evaluated"].get<int>(), 1);
+    EXPECT_EQ(j["timings"]["predicted_n"], 40);
+    EXPECT_GT(j["timings"]["predicted_per_second"].get<double>(), 0.0);
+    EXPECT_EQ(j["generation_settings"]["n_predict"], 40);
+    EXPECT_EQ(j["model"], "stories");
+    EXPECT_FALSE(j.contains("completion_probabilities"));
+
+    // Streamed: pieces with stop: false, then the whole reply's object with stop: true, and no [DONE].
+    json req = base;
+    req["stream"] = true;
+    r = post(c, "/completions", req);  // llama-server's other name for it
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    bool done = false;
+    const auto events = parse_sse(r->body, &done);
+    EXPECT_FALSE(done);
+    ASSERT_GE(events.size(), 2u);
+    std::string streamed;
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+        EXPECT_EQ(events[i]["stop"], false);
+        streamed += events[i]["content"].get<std::string>();
+    }
+    EXPECT_EQ(streamed, expected);
+    EXPECT_EQ(events.back()["stop"], true);
+    EXPECT_EQ(events.back()["stop_type"], "limit");
+    EXPECT_EQ(events.back()["tokens_predicted"], 40);
+
+    // A stop word ends it with stop_type "word" and names the word; the end of text pushed up, with "eos".
+    req = base;
+    const std::string stop = expected.substr(25, 6);
+    req["stop"] = {stop};
+    j = json::parse(post(c, "/completion", req)->body);
+    EXPECT_EQ(j["content"], expected.substr(0, expected.find(stop)));
+    EXPECT_EQ(j["stop_type"], "word");
+    EXPECT_EQ(j["stopping_word"], stop);
+    req = base;
+    req["logit_bias"] = json::array({json::array({2, 100})});
+    j = json::parse(post(c, "/completion", req)->body);
+    EXPECT_EQ(j["content"], "");
+    EXPECT_EQ(j["stop_type"], "eos");
+    EXPECT_EQ(j["stopping_word"], "");
+
+    // n_probs: each token with its logprob and the top ones, ids included; greedy draws the first of them.
+    req = base;
+    req["n_predict"] = 4;
+    req["n_probs"] = 3;
+    j = json::parse(post(c, "/completion", req)->body);
+    ASSERT_EQ(j["completion_probabilities"].size(), 4u) << j.dump();
+    std::string pieces;
+    for (const json &p : j["completion_probabilities"]) {
+        pieces += p["token"].get<std::string>();
+        ASSERT_EQ(p["top_logprobs"].size(), 3u);
+        EXPECT_EQ(p["top_logprobs"][0]["id"], p["id"]);
+        EXPECT_LE(p["logprob"].get<double>(), 0.0);
+    }
+    EXPECT_EQ(pieces, j["content"]);
+
+    for (const auto &[body, needle] :
+         {std::pair{R"({"prompt": "a", "n_predict": 0})", "'n_predict' must be -1"},
+          std::pair{R"({"prompt": "a", "n_probs": 21})", "'n_probs' must be in [0, 20]"},
+          std::pair{R"({"prompt": ["a", "b"]})", "/completion takes one"}}) {
+        r = c.Post("/completion", body, "application/json");
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << body;
+        EXPECT_NE(r->body.find(needle), std::string::npos) << r->body;
+    }
+}
+
 // logit_bias as OpenAI (an object) and llama.cpp (pairs, false bans) write it, and ignore_eos: the text
 // `tandem run --logit-bias` gives on one machine, on every engine; seeded draws equal one machine's too (a
 // tensor-parallel group then sends rank 0 every logit, since a bias reorders them).

@@ -91,7 +91,8 @@ struct HttpServer::Impl {
                          std::shared_ptr<ClientSlot> slot);
 
     void setup();
-    void setup_ollama();  // http-ollama.cpp
+    void setup_ollama();    // http-ollama.cpp
+    void setup_llamacpp();  // http-llamacpp.cpp: llama-server's /completion
     void handle(const HttpRequest &req, HttpResponse &res);
     void handle_health(HttpResponse &res);
     void handle_models(HttpResponse &res);

@@ -831,7 +831,7 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
         lp.piece = tokenizer_.token_to_piece(token);
         lp.logprob = lp_sampler_.token_logprob(out.logits.data(), token);
         for (const TokenProb &tp : lp_sampler_.top_logprobs(out.logits.data(), slot.job.n_logprobs))
-            lp.top.push_back({tokenizer_.token_to_piece(tp.id), tp.logprob});
+            lp.top.push_back({tokenizer_.token_to_piece(tp.id), tp.logprob, tp.id});
         slot.pending_lp.push_back(std::move(lp));
     }
     std::string text = slot.stop->push(slot.detok->push(token));
@@ -862,6 +862,7 @@ void Scheduler::finish(Slot &slot, FinishReason reason) {
     ev.n_prompt = slot.n_prompt;
     ev.n_generated = slot.n_generated;
     ev.n_cached = slot.n_cached;
+    ev.stop_word = slot.stop->matched();
     if (reason == FinishReason::stop && !slot.stop->stopped()) {
         // An end-of-generation token: release what the detokenizer held back (an unfinished character).
         ev.text = slot.stop->push(slot.detok->flush());

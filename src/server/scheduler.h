@@ -86,6 +86,7 @@ const char *finish_reason_name(FinishReason reason);  // "stop", "length", "canc
 struct TokenAlternative {
     std::string piece;  // raw bytes of the token (may be part of a UTF-8 character)
     float logprob = 0.0f;
+    int32_t id = -1;
 };
 
 // OpenAI logprobs of one generated token: log-softmax of the raw logits (no sampling filters).
@@ -104,7 +105,8 @@ struct StreamEvent {
     FinishReason finish = FinishReason::stop;  // done
     int32_t n_prompt = 0;                      // done: usage
     int32_t n_generated = 0;
-    int32_t n_cached = 0;  // done: prompt tokens taken from the prefix cache (not computed)
+    int32_t n_cached = 0;   // done: prompt tokens taken from the prefix cache (not computed)
+    std::string stop_word;  // done: the stop string that ended the reply ("" when none did)
     Status error;  // error: what failed
 };
 

@@ -6,6 +6,7 @@
 
 #include "fuzz-util.h"
 #include "server/http-core.h"
+#include "server/llamacpp.h"
 #include "server/ollama.h"
 #include "server/openai.h"
 
@@ -20,6 +21,8 @@ TD_FUZZ_INIT(http) {
         R"({"prompt":["Once upon a time",[1,2,3]],"max_tokens":8,"logprobs":2,"n":2,"presence_penalty":0.5,"frequency_penalty":0.1,"stop":".","logit_bias":{"2":-100,"15":5.5},"ignore_eos":true})";
     const std::string tokens =
         R"({"prompt":[1,2,3],"max_tokens":4,"top_k":40,"min_p":0.05,"repeat_penalty":1.1,"logit_bias":[[1,false],[3,-1]]})";
+    const std::string llama =
+        R"({"prompt":"Once","n_predict":8,"n_probs":2,"repeat_last_n":-1,"json_schema":{"type":"object"},"stop":["\n"]})";
     const std::string ollama_chat =
         R"({"model":"m:latest","messages":[{"role":"user","content":"Hi","images":[]}],"stream":false,"options":{"temperature":0,"num_predict":8,"stop":["\n"],"seed":3,"repeat_last_n":-1,"mirostat":0},"keep_alive":"5m"})";
     const std::string ollama_generate =
@@ -27,7 +30,8 @@ TD_FUZZ_INIT(http) {
     for (const auto &[path, body] :
          {std::pair{std::string("/v1/chat/completions"), chat},
           std::pair{std::string("/v1/completions"), completion},
-          std::pair{std::string("/v1/completions"), tokens}, std::pair{std::string("/api/chat"), ollama_chat},
+          std::pair{std::string("/v1/completions"), tokens}, std::pair{std::string("/completion"), llama},
+          std::pair{std::string("/api/chat"), ollama_chat},
           std::pair{std::string("/api/generate"), ollama_generate}})
         seeds.push_back(fuzz::bytes_of("POST " + path + " HTTP/1.1\r\nHost: localhost:8080\r\nAuthorization: Bearer k\r\n"
                                        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
@@ -41,6 +45,7 @@ TD_FUZZ_INIT(http) {
 static void parse_all(std::string_view body) {
     (void)parse_chat_request(body);
     (void)parse_completion_request(body);
+    (void)parse_llama_completion(body);
     (void)parse_ollama_chat(body);
     (void)parse_ollama_generate(body, true);
     (void)parse_ollama_generate(body, false);

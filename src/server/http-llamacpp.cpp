@@ -1,0 +1,91 @@
+// llama-server's own completion endpoint (server/llamacpp.h) over the same scheduler, limits and API key as
+// OpenAI's. Errors are OpenAI's {"error": {...}} objects, as llama-server answers them.
+#include "server/http-impl.h"
+#include "server/llamacpp.h"
+
+namespace td::server {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void reply_llama_error(HttpResponse &res, int status, std::string_view message) {
+    reply_json(res, status, error_json(status, message));
+}
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+LlamaFinal final_of(const std::string &model, const StreamEvent &done, Clock::time_point t0,
+                    Clock::time_point t_first) {
+    const auto t_end = Clock::now();
+    if (t_first == Clock::time_point{}) t_first = t_end;
+    LlamaFinal f;
+    f.model = model;
+    f.finish = done.finish;
+    f.stop_word = done.stop_word;
+    f.n_prompt = done.n_prompt;
+    f.n_generated = done.n_generated;
+    f.n_cached = done.n_cached;
+    f.prompt_ms = ms_between(t0, t_first);
+    f.predicted_ms = ms_between(t_first, t_end);
+    return f;
+}
+
+// Server-Sent Events of {content, stop: false}; the last one the whole reply with stop: true.
+class LlamaSseFormat : public StreamFormat {
+public:
+    LlamaSseFormat(ApiRequest r, std::string model, Clock::time_point t0)
+        : r_(std::move(r)), model_(std::move(model)), t0_(t0) {}
+    std::string delta(size_t, const StreamEvent &ev) override {
+        if (t_first_ == Clock::time_point{} && !ev.text.empty()) t_first_ = Clock::now();
+        return sse_event(llama_chunk_json(ev.text, r_.n_logprobs, ev.logprobs));
+    }
+    std::string done(size_t, const StreamEvent &ev) override {
+        return sse_event(llama_final_json(r_, final_of(model_, ev, t0_, t_first_), "", {}));
+    }
+    std::string error(const Status &status) override { return sse_event(error_json(500, status.message())); }
+
+private:
+    ApiRequest r_;
+    std::string model_;
+    Clock::time_point t0_, t_first_{};
+};
+
+}  // namespace
+
+void HttpServer::Impl::setup_llamacpp() {
+    const auto complete = [this](const HttpRequest &req, HttpResponse &res) {
+        const auto t0 = Clock::now();
+        ServerBackend be;
+        if (!get_backend(be)) {
+            res.set_header("Retry-After", "5");
+            return reply_llama_error(res, 503, "the model is still loading");
+        }
+        auto parsed = parse_llama_completion(req.body);
+        if (!parsed.ok())
+            return reply_llama_error(res, http_status_for(parsed.status()), parsed.status().message());
+        ApiRequest &r = *parsed;
+        const ApiRequest settings = r;  // what the reply reports (start_generation takes the prompt)
+        std::shared_ptr<ClientSlot> slot;
+        std::shared_ptr<StreamSet> streams = start_generation(req, res, r, be, reply_llama_error, slot);
+        if (!streams) return;
+        if (!r.stream) {
+            std::optional<std::vector<Answer>> answers = collect(req, res, *streams, reply_llama_error);
+            if (!answers) return;
+            const Answer &a = answers->front();
+            return reply_json(res, 200,
+                              llama_final_json(settings, final_of(params.model_id, a.done, t0, a.t_first),
+                                               a.text, a.logprobs));
+        }
+        stream_response(res, std::move(streams),
+                        std::make_unique<LlamaSseFormat>(settings, params.model_id, t0), "text/event-stream",
+                        std::move(slot));
+    };
+    routes["/completion"] = {"POST", complete};
+    routes["/completions"] = {"POST", complete};
+}
+
+}  // namespace td::server

@@ -1,0 +1,134 @@
+#include "server/llamacpp.h"
+
+#include <limits>
+
+#include "server/json-fields.h"
+
+namespace td::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t max_probs = 20;
+
+json bytes_of(const std::string &piece) {
+    json b = json::array();
+    for (char c : piece) b.push_back(static_cast<int>(static_cast<unsigned char>(c)));
+    return b;
+}
+
+json probabilities_json(const std::vector<TokenLogprob> &lps) {
+    json out = json::array();
+    for (const TokenLogprob &lp : lps) {
+        json top = json::array();
+        for (const TokenAlternative &t : lp.top)
+            top.push_back(
+                {{"id", t.id}, {"token", t.piece}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}});
+        out.push_back({{"id", lp.id},
+                       {"token", lp.piece},
+                       {"logprob", lp.logprob},
+                       {"bytes", bytes_of(lp.piece)},
+                       {"top_logprobs", std::move(top)}});
+    }
+    return out;
+}
+
+double per_second(int32_t n, double ms) {
+    return ms > 0.0 ? 1e3 * n / ms : 0.0;
+}
+
+}  // namespace
+
+Result<ApiRequest> parse_llama_completion(std::string_view body) {
+    TD_ASSIGN_OR_RETURN(ApiRequest r, parse_completion_request(body));
+    if (r.prompts.size() != 1)
+        return invalid_input(
+            "'prompt' holds {} prompts; /completion takes one (/v1/completions takes a batch)",
+            r.prompts.size());
+    if (r.n_choices != 1) return invalid_input("/completion returns one reply; 'n' is for /v1/completions");
+    TD_ASSIGN_OR_RETURN(json j, parse_object(body));
+    int64_t n = 0;
+    bool has = false;
+    TD_TRY(get_int(j, "n_predict", n, has));
+    if (has) {
+        if (n == 0 || n < -1 || n > std::numeric_limits<int32_t>::max())
+            return invalid_input("'n_predict' must be -1 (until the context is full) or at least 1, got {}",
+                                 n);
+        r.max_tokens = static_cast<int32_t>(n);
+    }
+    TD_TRY(get_int(j, "repeat_last_n", n, has));
+    if (has) {
+        if (n < -1 || n > std::numeric_limits<int32_t>::max())
+            return invalid_input("'repeat_last_n' must be -1 (all) or >= 0, got {}", n);
+        r.sampling.repeat_last_n = static_cast<int32_t>(n);
+    }
+    r.n_logprobs = -1;  // /v1/completions' "logprobs" means nothing here; n_probs does
+    TD_TRY(get_int(j, "n_probs", n, has));
+    if (has) {
+        if (n < 0 || n > max_probs)
+            return invalid_input("'n_probs' must be in [0, {}], got {}", max_probs, n);
+        if (n > 0) r.n_logprobs = static_cast<int32_t>(n);
+    }
+    if (const json *schema = field(j, "json_schema")) {
+        if (!schema->is_object())
+            return invalid_input("'json_schema' must be an object, got {}", type_name(*schema));
+        if (r.schema) return invalid_input("give 'json_schema' or 'response_format', not both");
+        TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(schema->dump()));
+    }
+    return r;
+}
+
+json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::string &content,
+                      const std::vector<TokenLogprob> &logprobs) {
+    const char *stop_type = f.finish == FinishReason::length ? "limit" : f.stop_word.empty() ? "eos" : "word";
+    const SamplerParams &sp = r.sampling;
+    const int32_t prompt_n = f.n_prompt - f.n_cached;  // what was computed
+    json j = {{"index", 0},
+              {"content", content},
+              {"tokens", json::array()},
+              {"id_slot", -1},
+              {"stop", true},
+              {"model", f.model},
+              {"tokens_predicted", f.n_generated},
+              {"tokens_evaluated", f.n_prompt},
+              {"tokens_cached", f.n_cached},
+              {"truncated", false},
+              {"stop_type", stop_type},
+              {"stopping_word", f.stop_word},
+              {"generation_settings",
+               {{"n_predict", r.max_tokens},
+                {"seed", sp.seed == SamplerParams::seed_random ? json(-1) : json(sp.seed)},
+                {"temperature", sp.temperature},
+                {"top_k", sp.top_k},
+                {"top_p", sp.top_p},
+                {"min_p", sp.min_p},
+                {"repeat_penalty", sp.repeat_penalty},
+                {"repeat_last_n", sp.repeat_last_n},
+                {"presence_penalty", sp.presence_penalty},
+                {"frequency_penalty", sp.frequency_penalty},
+                {"ignore_eos", r.ignore_eos},
+                {"n_probs", std::max(r.n_logprobs, 0)},
+                {"stop", r.stop}}},
+              {"timings",
+               {{"prompt_n", prompt_n},
+                {"prompt_ms", f.prompt_ms},
+                {"prompt_per_token_ms", prompt_n > 0 ? f.prompt_ms / prompt_n : 0.0},
+                {"prompt_per_second", per_second(prompt_n, f.prompt_ms)},
+                {"predicted_n", f.n_generated},
+                {"predicted_ms", f.predicted_ms},
+                {"predicted_per_token_ms", f.n_generated > 0 ? f.predicted_ms / f.n_generated : 0.0},
+                {"predicted_per_second", per_second(f.n_generated, f.predicted_ms)}}}};
+    if (r.n_logprobs >= 0) j["completion_probabilities"] = probabilities_json(logprobs);
+    return j;
+}
+
+json llama_chunk_json(const std::string &content, int32_t n_logprobs,
+                      const std::vector<TokenLogprob> &logprobs) {
+    json j = {
+        {"index", 0}, {"content", content}, {"tokens", json::array()}, {"stop", false}, {"id_slot", -1}};
+    if (n_logprobs >= 0 && !logprobs.empty()) j["completion_probabilities"] = probabilities_json(logprobs);
+    return j;
+}
+
+}  // namespace td::server

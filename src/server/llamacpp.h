@@ -1,0 +1,49 @@
+// llama-server's own completion API (POST /completion, also /completions): the request body -> ApiRequest,
+// results -> its response objects, as scripts written against llama.cpp send and read them. Knows nothing
+// about HTTP sockets or the scheduler's threads.
+//
+// Request: what /v1/completions takes (openai.h: one prompt, a string or token ids; sampling, stop,
+// logit_bias as pairs or an object, ignore_eos, cache_prompt, stream), plus llama.cpp's names:
+//   n_predict        tokens to generate; -1 (the default): until the context is full
+//   repeat_last_n    the penalties' window (-1: the whole history)
+//   n_probs          0..20: each generated token's logprob and that many top alternatives
+//   json_schema      the reply is a JSON document this schema accepts
+// Response: {content, stop: true, stop_type: "eos" | "word" | "limit", stopping_word, tokens_predicted,
+// tokens_evaluated, tokens_cached, timings {prompt_n, prompt_ms, ..., predicted_per_second},
+// generation_settings, completion_probabilities (with n_probs)}. Streamed: Server-Sent Events of
+// {content, stop: false}, the last one the whole object with stop: true (no [DONE], as llama-server does).
+#pragma once
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+#include "server/openai.h"
+
+namespace td::server {
+
+// Errors are invalid_input naming the field ("'n_predict' must be -1 or at least 1, got 0").
+Result<ApiRequest> parse_llama_completion(std::string_view body);
+
+// How the reply went, for the last object.
+struct LlamaFinal {
+    std::string model;
+    FinishReason finish = FinishReason::stop;
+    std::string stop_word;  // the stop string that ended it ("" for an end-of-generation token or the limit)
+    int32_t n_prompt = 0, n_generated = 0, n_cached = 0;
+    double prompt_ms = 0.0;     // from the request to the first token
+    double predicted_ms = 0.0;  // from the first token to the last
+};
+
+// The whole reply (`content` the generated text; empty in the last streamed object) with stop: true.
+// probabilities: with n_logprobs >= 0, one entry per token.
+nlohmann::json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::string &content,
+                                const std::vector<TokenLogprob> &logprobs);
+// A streamed piece: {index, content, stop: false} (+ completion_probabilities).
+nlohmann::json llama_chunk_json(const std::string &content, int32_t n_logprobs,
+                                const std::vector<TokenLogprob> &logprobs);
+
+}  // namespace td::server
