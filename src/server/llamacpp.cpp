@@ -12,23 +12,17 @@ namespace {
 
 constexpr int64_t max_probs = 20;
 
-json bytes_of(const std::string &piece) {
-    json b = json::array();
-    for (char c : piece) b.push_back(static_cast<int>(static_cast<unsigned char>(c)));
-    return b;
-}
-
 json probabilities_json(const std::vector<TokenLogprob> &lps) {
     json out = json::array();
     for (const TokenLogprob &lp : lps) {
         json top = json::array();
         for (const TokenAlternative &t : lp.top)
             top.push_back(
-                {{"id", t.id}, {"token", t.piece}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}});
+                {{"id", t.id}, {"token", t.piece}, {"logprob", t.logprob}, {"bytes", bytes_json(t.piece)}});
         out.push_back({{"id", lp.id},
                        {"token", lp.piece},
                        {"logprob", lp.logprob},
-                       {"bytes", bytes_of(lp.piece)},
+                       {"bytes", bytes_json(lp.piece)},
                        {"top_logprobs", std::move(top)}});
     }
     return out;

@@ -195,12 +195,6 @@ std::string random_hex(size_t n) {
     return s;
 }
 
-json bytes_json(const std::string &piece) {
-    json b = json::array();
-    for (unsigned char c : piece) b.push_back(static_cast<int>(c));
-    return b;
-}
-
 // Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
 json chat_logprobs_json(const std::vector<TokenLogprob> &lps) {
     json content = json::array();
@@ -259,6 +253,12 @@ json tool_calls_json(const std::vector<ToolCall> &calls, bool with_index) {
 }
 
 }  // namespace
+
+json bytes_json(const std::string &piece) {
+    json b = json::array();
+    for (unsigned char c : piece) b.push_back(static_cast<int>(c));
+    return b;
+}
 
 Status apply_tool_choice(ApiRequest &r) {
     if (r.tool_choice != ToolChoice::required && r.tool_choice != ToolChoice::named) return {};

@@ -147,6 +147,9 @@ nlohmann::json error_json(int http_status, std::string_view message);
 // overloaded 503, unimplemented 501, others 500.
 int http_status_for(const Status &status);
 
+// A token's raw bytes as OpenAI's logprobs give them ("bytes": [72, 105]).
+nlohmann::json bytes_json(const std::string &piece);
+
 // Serialises with invalid UTF-8 replaced by U+FFFD (token pieces may be partial characters).
 std::string json_dump(const nlohmann::json &j);
 
