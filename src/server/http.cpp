@@ -16,6 +16,7 @@
 #include "net/auth.h"
 #include "server/http-impl.h"
 #include "server/http-tls.h"
+#include "server/llamacpp.h"
 #include "server/openai.h"
 #include "server/web-assets.h"
 #include "text/detokenizer.h"
@@ -456,18 +457,7 @@ void HttpServer::Impl::handle_props(HttpResponse &res) {
                   {"build_info", fmt::format("tandem {} ({})", TD_VERSION, build_git_id())},
                   {"modalities", {{"vision", false}, {"audio", false}}},
                   {"default_generation_settings",
-                   {{"n_ctx", be.scheduler->n_ctx()},
-                    {"params",
-                     {{"n_predict", -1},
-                      {"temperature", sp.temperature},
-                      {"top_k", sp.top_k},
-                      {"top_p", sp.top_p},
-                      {"min_p", sp.min_p},
-                      {"repeat_penalty", sp.repeat_penalty},
-                      {"repeat_last_n", sp.repeat_last_n},
-                      {"presence_penalty", sp.presence_penalty},
-                      {"frequency_penalty", sp.frequency_penalty},
-                      {"seed", -1}}}}}};
+                   {{"n_ctx", be.scheduler->n_ctx()}, {"params", llama_sampling_json(sp, -1)}}}};
     reply_json(res, 200, props);
 }
 

@@ -73,6 +73,19 @@ Result<ApiRequest> parse_llama_completion(std::string_view body) {
     return r;
 }
 
+json llama_sampling_json(const SamplerParams &sp, int32_t n_predict) {
+    return {{"n_predict", n_predict},
+            {"seed", sp.seed == SamplerParams::seed_random ? json(-1) : json(sp.seed)},
+            {"temperature", sp.temperature},
+            {"top_k", sp.top_k},
+            {"top_p", sp.top_p},
+            {"min_p", sp.min_p},
+            {"repeat_penalty", sp.repeat_penalty},
+            {"repeat_last_n", sp.repeat_last_n},
+            {"presence_penalty", sp.presence_penalty},
+            {"frequency_penalty", sp.frequency_penalty}};
+}
+
 json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::string &content,
                       const std::vector<TokenLogprob> &logprobs) {
     const char *stop_type = f.finish == FinishReason::length ? "limit" : f.stop_word.empty() ? "eos" : "word";
@@ -90,20 +103,7 @@ json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::strin
               {"truncated", false},
               {"stop_type", stop_type},
               {"stopping_word", f.stop_word},
-              {"generation_settings",
-               {{"n_predict", r.max_tokens},
-                {"seed", sp.seed == SamplerParams::seed_random ? json(-1) : json(sp.seed)},
-                {"temperature", sp.temperature},
-                {"top_k", sp.top_k},
-                {"top_p", sp.top_p},
-                {"min_p", sp.min_p},
-                {"repeat_penalty", sp.repeat_penalty},
-                {"repeat_last_n", sp.repeat_last_n},
-                {"presence_penalty", sp.presence_penalty},
-                {"frequency_penalty", sp.frequency_penalty},
-                {"ignore_eos", r.ignore_eos},
-                {"n_probs", std::max(r.n_logprobs, 0)},
-                {"stop", r.stop}}},
+              {"generation_settings", llama_sampling_json(sp, r.max_tokens)},
               {"timings",
                {{"prompt_n", prompt_n},
                 {"prompt_ms", f.prompt_ms},
@@ -113,6 +113,9 @@ json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::strin
                 {"predicted_ms", f.predicted_ms},
                 {"predicted_per_token_ms", f.n_generated > 0 ? f.predicted_ms / f.n_generated : 0.0},
                 {"predicted_per_second", per_second(f.n_generated, f.predicted_ms)}}}};
+    j["generation_settings"]["ignore_eos"] = r.ignore_eos;
+    j["generation_settings"]["n_probs"] = std::max(r.n_logprobs, 0);
+    j["generation_settings"]["stop"] = r.stop;
     if (r.n_logprobs >= 0) j["completion_probabilities"] = probabilities_json(logprobs);
     return j;
 }

@@ -38,6 +38,10 @@ struct LlamaFinal {
     double predicted_ms = 0.0;  // from the first token to the last
 };
 
+// llama-server's sampling settings object (generation_settings, /props' default_generation_settings.params):
+// n_predict, seed (-1: random), temperature, top_k, top_p, min_p and the penalties.
+nlohmann::json llama_sampling_json(const SamplerParams &sp, int32_t n_predict);
+
 // The whole reply (`content` the generated text; empty in the last streamed object) with stop: true.
 // probabilities: with n_logprobs >= 0, one entry per token.
 nlohmann::json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::string &content,
