@@ -9,7 +9,10 @@ and 16 tokens, request 2 the same prefix and 16 other tokens, request 3 request 
 "cache_prompt": false (the same work without the cache). Time to first token is measured on the client, from
 sending the request to the first streamed text. The table gives medians over the rounds and the ratios. The
 chat part sends 10 turns of a growing conversation and reports, per turn, the prompt tokens, the ones found
-in the cache and the ones computed (from /metrics). Python 3 standard library only.
+in the cache and the ones computed (from /metrics). The choices part sends, per round, a fresh prompt with
+n = 4 choices twice, in turn first: shared (the choices compute the prompt once) and with "cache_prompt": false
+(each choice computes it), and reports the request's time and the prompt tokens computed (/metrics).
+Python 3 standard library only.
 """
 import argparse
 import http.client
@@ -86,7 +89,7 @@ def main():
     a = p.parse_args()
 
     ctx = max(4096, 2 * (a.prefix + 64))
-    server = subprocess.Popen([a.tandem, "serve", "-m", a.model, "--port", "0", "--parallel", "2", "-c", str(2 * ctx),
+    server = subprocess.Popen([a.tandem, "serve", "-m", a.model, "--port", "0", "--parallel", "4", "-c", str(4 * ctx),
                                "--ctx-per-seq", str(ctx), "-t", str(a.threads)],
                               stderr=subprocess.PIPE, text=True)
     port = None
@@ -129,6 +132,24 @@ def main():
         turns.append({"turn": t + 1, "prompt": u["prompt_tokens"],
                       "cached": u["prompt_tokens_details"]["cached_tokens"], "computed": int(after - before)})
         messages.append({"role": "assistant", "content": j["choices"][0]["message"]["content"]})
+    choices = []
+    for r in range(a.rounds):
+        prompt = [rng.randrange(100, n_vocab) for _ in range(a.prefix + 16)]
+        got = {}
+        for shared in ([True, False] if r % 2 == 0 else [False, True]):
+            before = metric(get(port, "/metrics")[1], "tandem_prompt_tokens_total")
+            t0 = time.perf_counter()
+            j = post(port, "/v1/completions", {"prompt": prompt, "n": 4, "max_tokens": 4, "temperature": 0.8,
+                                               "seed": r, "cache_prompt": shared})
+            got[shared] = (time.perf_counter() - t0,
+                           int(metric(get(port, "/metrics")[1], "tandem_prompt_tokens_total") - before),
+                           [c["text"] for c in j["choices"]])
+        if got[True][2] != got[False][2]:
+            sys.exit(f"round {r + 1}: the choices' texts differ with and without sharing")
+        choices.append({"shared_s": got[True][0], "shared_computed": got[True][1],
+                        "alone_s": got[False][0], "alone_computed": got[False][1]})
+        print(f"round {r + 1}: n=4 shared {got[True][0] * 1000:.1f} ms ({got[True][1]} prompt tokens computed), "
+              f"each alone {got[False][0] * 1000:.1f} ms ({got[False][1]})", file=sys.stderr)
     server.terminate()
     server.wait()
 
@@ -147,6 +168,15 @@ def main():
     print("|---|---|---|---|")
     for t in turns:
         print(f"| {t['turn']} | {t['prompt']} | {t['cached']} | {t['computed']} |")
+    print()
+    med_c = lambda k: statistics.median(x[k] for x in choices)
+    report["choices"] = choices
+    report["choices_ratio"] = statistics.median(x["shared_s"] / x["alone_s"] for x in choices)
+    print("| request | prompt | time, shared | prompt tokens computed | time, each choice alone | computed | ratio |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| n = 4, 4 tokens each | {a.prefix + 16} tokens | {med_c('shared_s') * 1000:.1f} ms | "
+          f"{int(med_c('shared_computed'))} | {med_c('alone_s') * 1000:.1f} ms | {int(med_c('alone_computed'))} | "
+          f"**{report['choices_ratio']:.3f}x** |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -80,6 +80,59 @@ TEST_F(EngineTest, BatchedSequencesSampleAsIfAlone) {
     for (int32_t s = 0; s < 3; ++s) EXPECT_EQ(got[s], alone(prompts[s], params[s], n)) << "sequence " << s;
 }
 
+// seq_start with keep_from: a slot starts from another slot's first positions, copied, and samples exactly
+// what it samples after computing them itself; the source slot goes on unchanged.
+TEST_F(EngineTest, ASlotStartedFromAnotherSlotsPositionsSamplesAsIfItComputedThem) {
+    const std::vector<int32_t> prompt = {1, 403, 407, 338, 401, 396, 385, 403};
+    const int n = 10;
+    ThreadPool pool(1);
+    ContextParams cp;
+    cp.n_ctx = 128;
+    cp.n_seq = 3;
+    auto e = LocalEngine::create(model, cp, pool);
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE((*e)->seq_start(0, sampling(0.0f, 1)).ok());
+    Batch b;
+    for (size_t i = 0; i < prompt.size(); ++i)
+        b.add(prompt[i], static_cast<int32_t>(i), 0, i + 1 == prompt.size());
+    ASSERT_TRUE((*e)->submit(b).ok());
+    auto first = (*e)->wait();
+    ASSERT_TRUE(first.ok());
+    const int32_t keep = static_cast<int32_t>(prompt.size()) - 1;
+    // Slot 2 held something else before: the copy replaces it.
+    ASSERT_TRUE((*e)->seq_start(2, sampling(0.9f, 5)).ok());
+    b.clear();
+    for (int32_t i = 0; i < 20; ++i) b.add(338, i, 2, false);
+    ASSERT_TRUE((*e)->submit(b).ok() && (*e)->wait().ok());
+    ASSERT_TRUE((*e)->seq_start(2, sampling(0.9f, 5), false, {}, keep, 0).ok());
+    EXPECT_EQ((*e)->seq_cached(2), keep);
+    EXPECT_EQ((*e)->seq_cached(0), static_cast<int32_t>(prompt.size()));
+    std::vector<int32_t> got0 = {first->at(0).token}, got2;
+    b.clear();
+    b.add(prompt.back(), keep, 2, true);
+    b.add(got0.back(), static_cast<int32_t>(prompt.size()), 0, true);
+    for (int k = 0; k < n; ++k) {
+        ASSERT_TRUE((*e)->submit(b).ok());
+        auto r = (*e)->wait();
+        ASSERT_TRUE(r.ok());
+        b.clear();
+        for (const StepOutput &o : *r) {
+            auto &got = o.seq == 0 ? got0 : got2;
+            got.push_back(o.token);
+            b.add(o.token, static_cast<int32_t>(prompt.size() + got.size() - 1), o.seq, true);
+        }
+    }
+    got0.resize(n);
+    EXPECT_EQ(got0, alone(prompt, sampling(0.0f, 1), n));
+    EXPECT_EQ(got2, alone(prompt, sampling(0.9f, 5), n));
+    // Out of range, or more than the source holds: errors, and the slot is unchanged.
+    EXPECT_FALSE((*e)->seq_start(1, sampling(0, 1), false, {}, 1, 3).ok());
+    EXPECT_FALSE((*e)->seq_start(1, sampling(0, 1), false, {}, 1, -2).ok());
+    const Status more = (*e)->seq_start(1, sampling(0, 1), false, {}, (*e)->seq_cached(0) + 1, 0);
+    EXPECT_NE(more.message().find("sequence 0 holds"), std::string::npos) << more.message();
+    EXPECT_EQ((*e)->seq_cached(1), 0);
+}
+
 TEST_F(EngineTest, ContractViolationsAreErrors) {
     ThreadPool pool(1);
     ContextParams cp;

@@ -169,6 +169,8 @@ SeqStart sample_seq_start() {
     m.n_sampled = 300;
     m.history = {5, 0, 511, 7};
     m.logit_bias = {{2, -std::numeric_limits<float>::infinity()}, {15043, 1.5f}};
+    m.keep = 17;
+    m.keep_from = 5;
     return m;
 }
 ProbeCompute sample_probe_compute() {
@@ -488,6 +490,8 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(s->presence_penalty, 0.25f);
     EXPECT_EQ(s->frequency_penalty, 0.5f);
     EXPECT_EQ(s->seed, ss.seed);
+    EXPECT_EQ(s->keep, 17u);
+    EXPECT_EQ(s->keep_from, 5);
 
     b.clear();
     encode(SeqClear{7}, b);
@@ -775,6 +779,9 @@ TEST(NetCodec, SemanticChecks) {
     EXPECT_EQ(seq_start_error(s), "");
     s.logit_bias.push_back({1, 1.0f});
     EXPECT_NE(seq_start_error(s).find("limit 2048"), std::string::npos) << seq_start_error(s);
+    s = sample_seq_start();
+    s.keep_from = -1;
+    EXPECT_NE(seq_start_error(s).find("keep_from -1 is negative"), std::string::npos) << seq_start_error(s);
     b.clear();
     encode(ErrorMsg{0, "ok is not an error"}, b);
     EXPECT_FALSE(decode_error(b).ok());

@@ -34,8 +34,8 @@ public:
     int32_t n_vocab() const override { return inner_->n_vocab(); }
     int max_in_flight() const override { return inner_->max_in_flight(); }
     Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits, std::span<const int32_t> sampled,
-                     int32_t keep) override {
-        return inner_->seq_start(seq, p, want_logits, sampled, keep);
+                     int32_t keep, int32_t keep_from) override {
+        return inner_->seq_start(seq, p, want_logits, sampled, keep, keep_from);
     }
     int32_t seq_cached(int32_t seq) const override { return inner_->seq_cached(seq); }
     Status seq_clear(int32_t seq) override { return inner_->seq_clear(seq); }

@@ -1251,6 +1251,20 @@ TEST_P(ServerTest, AFullKvPoolPreemptsTheNewestAndNoTextChanges) {
         << m->body;  // the slots' prompt caches, within the pool
 }
 
+// The server's tokens for `text` (empty when /tokenize fails).
+std::vector<int32_t> tokens_of(httplib::Client &c, const std::string &text) {
+    auto t = post(c, "/tokenize", {{"content", text}});
+    if (!t || t->status != 200) return {};
+    return json::parse(t->body)["tokens"].get<std::vector<int32_t>>();
+}
+
+// `tokens` over and over, n in all (empty when tokens is).
+std::vector<int32_t> repeated(const std::vector<int32_t> &tokens, size_t n) {
+    std::vector<int32_t> out;
+    while (!tokens.empty() && out.size() < n) out.push_back(tokens[out.size() % tokens.size()]);
+    return out;
+}
+
 // The prefix cache: a request whose prompt starts with what a free slot computed last reuses it, computes
 // only the rest (usage.prompt_tokens_details.cached_tokens, /metrics), and gets exactly the text it gets
 // without.
@@ -1259,12 +1273,10 @@ TEST_P(ServerTest, APrefixCacheHitComputesOnlyTheNewTokensAndChangesNothing) {
     o.n_ctx_slot = 2048;
     TestServer s(o);
     auto c = s.client();
-    auto t = post(c, "/tokenize",
-                  {{"content", "Once upon a time there was a little girl named Lily. She liked to play. "}});
-    ASSERT_TRUE(t);
-    const std::vector<int32_t> sentence = json::parse(t->body)["tokens"];
-    std::vector<int32_t> prefix;
-    while (prefix.size() < 1000) prefix.push_back(sentence[prefix.size() % sentence.size()]);
+    const std::vector<int32_t> sentence =
+        tokens_of(c, "Once upon a time there was a little girl named Lily. She liked to play. ");
+    ASSERT_FALSE(sentence.empty());
+    const std::vector<int32_t> prefix = repeated(sentence, 1000);
     std::vector<int32_t> longer = prefix;
     for (int i = 0; i < 40; ++i) longer.push_back(sentence[(i * 7) % sentence.size()]);
     const auto complete = [&](const std::vector<int32_t> &prompt, bool cache, int *cached) {
@@ -1292,6 +1304,56 @@ TEST_P(ServerTest, APrefixCacheHitComputesOnlyTheNewTokensAndChangesNothing) {
     EXPECT_EQ(metric(m1->body, "tandem_prompt_tokens_total") - metric(m0->body, "tandem_prompt_tokens_total"),
               static_cast<int64_t>(longer.size()) - cached);
     EXPECT_GE(metric(m1->body, "tandem_prompt_tokens_cached_total"), cached);
+}
+
+// The choices of one request share its prompt: the first computes it, the others wait for it, copy its
+// positions into their own slots and compute only the last prompt token (whose row gives their first token).
+// Each choice still gets exactly the text its seed gets alone, on every engine.
+TEST_P(ServerTest, NChoicesComputeTheirSharedPromptOnce) {
+    ServerOptions o = opts();
+    o.n_ctx_slot = 1024;
+    TestServer s(o);
+    auto c = s.client();
+    const std::vector<int32_t> prompt =
+        repeated(tokens_of(c, "Once upon a time there was a little dog named Max. He liked to run. "), 700);
+    ASSERT_EQ(prompt.size(), 700u);
+    const json one = {{"prompt", prompt}, {"max_tokens", 10}, {"temperature", 1.0},   {"top_k", 0},
+                      {"top_p", 1.0},     {"min_p", 0.0},     {"cache_prompt", false}};
+    std::vector<std::string> alone;
+    int32_t n_generated = 0;
+    for (int i = 0; i < 4; ++i) {  // computed from scratch, and cached nowhere
+        json req = one;
+        req["seed"] = 30 + i;
+        auto r = post(c, "/v1/completions", req);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json j = json::parse(r->body);
+        alone.push_back(j["choices"][0]["text"]);
+        n_generated += j["usage"]["completion_tokens"].get<int32_t>();
+    }
+    EXPECT_NE(alone[0], alone[1]);
+    auto m0 = c.Get("/metrics");
+    ASSERT_TRUE(m0);
+    json req = one;
+    req["seed"] = 30;
+    req["n"] = 4;
+    req["cache_prompt"] = true;
+    auto r = post(c, "/v1/completions", req);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    ASSERT_EQ(j["choices"].size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(j["choices"][i]["text"], alone[i]) << "choice " << i;
+    EXPECT_EQ(j["usage"]["completion_tokens"], n_generated);
+    auto m1 = c.Get("/metrics");
+    ASSERT_TRUE(m1);
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    EXPECT_EQ(metric(m1->body, "tandem_prompt_tokens_total") - metric(m0->body, "tandem_prompt_tokens_total"),
+              n + 3)
+        << m1->body;
+    EXPECT_EQ(metric(m1->body, "tandem_prompt_tokens_copied_total") -
+                  metric(m0->body, "tandem_prompt_tokens_copied_total"),
+              3 * (n - 1));
 }
 
 // A 10-turn chat computes each turn's new tokens only: every turn finds the conversation so far in the cache.

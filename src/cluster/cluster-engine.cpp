@@ -72,17 +72,18 @@ int32_t ClusterEngine::seq_cached(int32_t seq) const {
 }
 
 Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits,
-                                std::span<const int32_t> sampled, int32_t keep) {
+                                std::span<const int32_t> sampled, int32_t keep, int32_t keep_from) {
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
     TD_TRY(logit_bias_validate(params, n_vocab()));
-    if (keep < 0 || keep > seq_cached(seq))
-        return invalid_input("sequence {} holds {} positions, cannot keep {}", seq, seq_cached(seq), keep);
+    TD_TRY(seq_keep_validate(seq, keep, keep_from, n_seq(), [&](int32_t s) { return seq_cached(s); }));
+    const int32_t from = keep_from < 0 ? seq : keep_from;
     TD_TRY(ensure_connected(/*new_request=*/true));
-    if (keep > cached_[seq]) keep = 0;  // the reconnect cleared it
+    if (keep > cached_[from]) keep = 0;  // the reconnect cleared it
     net::SeqStart m;
     m.keep = static_cast<uint32_t>(keep);
+    m.keep_from = from;
     m.seq = seq;
     m.want_logits = want_logits ? 1 : 0;
     m.temperature = params.temperature;
@@ -107,7 +108,7 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     TD_TRY(enqueue_data(net::MsgType::seq_start, 0, buf_));
     if (head_ctx_) {
         if (keep > 0)
-            head_ctx_->seq_keep(seq, keep);
+            head_ctx_->seq_copy(from, seq, keep);
         else
             head_ctx_->seq_clear(seq);
     }

@@ -225,10 +225,13 @@ Status Stage::handle_seq_start(Frame &f) {
     TD_ASSIGN_OR_RETURN(net::SeqStart m, net::decode_seq_start(f.payload));
     if (m.seq < 0 || m.seq >= ctx_->n_seq())
         return invalid_input("seq_start: sequence {} is out of range (0..{})", m.seq, ctx_->n_seq() - 1);
+    if (m.keep_from >= ctx_->n_seq())
+        return invalid_input("seq_start: keep_from {} is out of range (0..{})", m.keep_from,
+                             ctx_->n_seq() - 1);
     // A keep beyond what this stage holds keeps what it holds: the step after it then fails the position
     // check, naming both, rather than computing on missing rows.
     if (m.keep > 0)
-        ctx_->seq_keep(m.seq, static_cast<int32_t>(std::min<uint32_t>(m.keep, INT32_MAX)));
+        ctx_->seq_copy(m.keep_from, m.seq, static_cast<int32_t>(std::min<uint32_t>(m.keep, INT32_MAX)));
     else
         ctx_->seq_clear(m.seq);
     if (!is_last_) return send_down(net::MsgType::seq_start, f.header.request_id, f.payload);

@@ -41,8 +41,9 @@ int32_t LocalEngine::seq_cached(int32_t seq) const {
 }
 
 Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits,
-                              std::span<const int32_t> sampled, int32_t keep) {
+                              std::span<const int32_t> sampled, int32_t keep, int32_t keep_from) {
     if (seq < 0 || seq >= n_seq()) return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
+    TD_TRY(seq_keep_validate(seq, keep, keep_from, n_seq(), [&](int32_t s) { return seq_cached(s); }));
     TD_TRY(sampler_params_validate(params));
     TD_TRY(logit_bias_validate(params, n_vocab()));
     for (int32_t t : sampled)
@@ -52,9 +53,19 @@ Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool wan
     if (!sampled.empty()) slots_[seq].sampler->restore(sampled.size(), sampler_history_tail(params, sampled));
     slots_[seq].want_logits = want_logits;
     if (keep > 0)
-        ctx_->seq_keep(seq, keep);
+        ctx_->seq_copy(keep_from < 0 ? seq : keep_from, seq, keep);
     else
         ctx_->seq_clear(seq);
+    return {};
+}
+
+Status seq_keep_validate(int32_t seq, int32_t keep, int32_t keep_from, int32_t n_seq,
+                         const std::function<int32_t(int32_t)> &cached) {
+    if (keep_from < -1 || keep_from >= n_seq)
+        return invalid_input("keep_from: sequence {} is out of range (0..{})", keep_from, n_seq - 1);
+    const int32_t from = keep_from < 0 ? seq : keep_from;
+    if (keep < 0 || keep > cached(from))
+        return invalid_input("sequence {} holds {} positions, cannot keep {}", from, cached(from), keep);
     return {};
 }
 

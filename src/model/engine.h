@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -42,8 +43,12 @@ public:
     // it would have made. Empty: a new stream.
     // keep: the first `keep` positions the slot holds stay (its new prompt starts with the tokens they were
     // computed from: a prefix-cache hit), at most seq_cached(seq); 0 clears the slot.
+    // keep_from: the slot those positions come from; another slot's first `keep` (at most its seq_cached) are
+    // copied into this one (its prompt starts with the tokens that slot was fed, e.g. the other choices of
+    // one request). -1: this slot's own. Steps already submitted for keep_from are ordered before the copy.
     virtual Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
-                             std::span<const int32_t> sampled = {}, int32_t keep = 0) = 0;
+                             std::span<const int32_t> sampled = {}, int32_t keep = 0,
+                             int32_t keep_from = -1) = 0;
     // Positions the slot holds now (what seq_start may keep): 0 after seq_clear, or when the engine lost its
     // state (a cluster that reconnected).
     virtual int32_t seq_cached(int32_t seq) const = 0;
@@ -66,7 +71,8 @@ public:
     int32_t n_vocab() const override { return ctx_->model().hparams().n_vocab; }
     int max_in_flight() const override { return 1; }
     Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
-                     std::span<const int32_t> sampled = {}, int32_t keep = 0) override;
+                     std::span<const int32_t> sampled = {}, int32_t keep = 0,
+                     int32_t keep_from = -1) override;
     int32_t seq_cached(int32_t seq) const override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;
@@ -84,6 +90,10 @@ private:
     bool has_pending_ = false;
     std::vector<StepOutput> pending_;
 };
+
+// seq_start's checks of keep and keep_from against the positions the slots hold (`cached`: seq_cached).
+Status seq_keep_validate(int32_t seq, int32_t keep, int32_t keep_from, int32_t n_seq,
+                         const std::function<int32_t(int32_t)> &cached);
 
 // Samples the rows of `logits` ([n_outputs, n_vocab], in batch row order) for the batch rows that want
 // logits, with each row's sequence sampler; used by LocalEngine and by a cluster's last stage.

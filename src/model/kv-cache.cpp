@@ -74,6 +74,19 @@ void KvCache::seq_clear(int32_t seq) {
     high_[seq] = 0;
 }
 
+void KvCache::seq_copy(int32_t src, int32_t dst, int32_t n) {
+    if (src == dst) return seq_keep(dst, n);
+    n = std::clamp(n, 0, len_[src]);
+    seq_clear(dst);
+    if (n == 0) return;
+    // Positions of one sequence in one layer are contiguous: one copy per layer, in K and in V.
+    const size_t bytes = static_cast<size_t>(n) * row_bytes_;
+    for (uint8_t *base : {k_, v_})
+        for (int32_t il = 0; il < n_layer_; ++il)
+            std::memcpy(base + offset(il, dst, 0), base + offset(il, src, 0), bytes);
+    seq_set_len(dst, n);
+}
+
 void KvCache::clear() {
     for (int32_t s = 0; s < n_seq_; ++s) seq_clear(s);
 }

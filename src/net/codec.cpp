@@ -612,10 +612,11 @@ Status seq_start_fields(Io &io, M &m) {
     TD_TRY(io.field(m.n_sampled, "n_sampled"));
     TD_TRY(io.list(m.history, kMaxSeqHistory, "history", [&](auto &t) { return io.field(t, "history"); }));
     TD_TRY(io.field(m.keep, "keep"));
-    return io.list(m.logit_bias, kMaxSeqLogitBias, "logit_bias", [&](auto &b) -> Status {
+    TD_TRY(io.list(m.logit_bias, kMaxSeqLogitBias, "logit_bias", [&](auto &b) -> Status {
         TD_TRY(io.field(b.id, "logit_bias id"));
         return io.field(b.bias, "logit_bias bias");
-    });
+    }));
+    return io.field(m.keep_from, "keep_from");
 }
 
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {
@@ -629,6 +630,7 @@ Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
     TD_TRY(seq_start_fields(r, m));
     TD_TRY(r.finish());
     if (m.seq < 0) return invalid_input("seq_start: seq {} is negative", m.seq);
+    if (m.keep_from < 0) return invalid_input("seq_start: keep_from {} is negative", m.keep_from);
     if (m.want_logits > 1)
         return invalid_input("seq_start: want_logits must be 0 or 1, got {}", m.want_logits);
     if (m.history.size() > m.n_sampled)

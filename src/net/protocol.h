@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 9;
+inline constexpr uint16_t kProtocolVersion = 10;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -325,6 +325,9 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     uint32_t keep = 0;
     // v9: added to the listed tokens' logits before sampling (OpenAI logit_bias); -inf bans a token.
     std::vector<SeqLogitBias> logit_bias;  // [<= kMaxSeqLogitBias], ids >= 0, biases finite or -inf
+    // v10: the sequence whose first `keep` positions are kept (>= 0): seq itself, or another one whose are
+    // copied (a prompt that starts with the tokens it was fed).
+    int32_t keep_from = 0;
 };
 
 struct SeqClear {

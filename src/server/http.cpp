@@ -511,6 +511,8 @@ void HttpServer::Impl::handle_metrics(HttpResponse &res) {
         metric("tandem_queue_depth", "gauge", "Requests waiting for a slot.", s.n_queued);
         metric("tandem_prompt_tokens_cached_total", "counter",
                "Prompt tokens found in the prefix cache (not computed).", s.n_prompt_cached);
+        metric("tandem_prompt_tokens_copied_total", "counter",
+               "Of the cached prompt tokens, those copied from a running request's slot.", s.n_prompt_copied);
         metric("tandem_prefix_cache_hit_ratio", "gauge",
                "Share of all prompt tokens found in the prefix cache.",
                s.n_prompt_cached + s.n_prompt_tokens > 0
@@ -588,6 +590,7 @@ void HttpServer::Impl::handle_status(HttpResponse &res) {
                       {"kv_used", s.kv_used},
                       {"prompt_tokens", s.n_prompt_tokens},
                       {"prompt_tokens_cached", s.n_prompt_cached},
+                      {"prompt_tokens_copied", s.n_prompt_copied},
                       {"generated_tokens", s.n_generated_tokens},
                       {"steps", s.n_steps},
                       {"requests_finished", finished},

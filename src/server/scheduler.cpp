@@ -14,6 +14,14 @@ namespace td::server {
 namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto rate_window = std::chrono::seconds(5);  // tokens_per_second looks back this far
+
+// How many leading tokens a and b share, at most `cap`.
+size_t common_prefix(const std::vector<int32_t> &a, const std::vector<int32_t> &b, size_t cap) {
+    const size_t n = std::min({a.size(), b.size(), cap});
+    size_t k = 0;
+    while (k < n && a[k] == b[k]) ++k;
+    return k;
+}
 }  // namespace
 
 const char *finish_reason_name(FinishReason reason) {
@@ -116,6 +124,7 @@ struct Scheduler::Slot {
     uint64_t order = 0;       // admission order: prompts are prefilled first come, first served
     int32_t n_prefilled = 0;  // prompt tokens submitted
     int32_t n_past = 0;       // positions in the cache (after the steps in flight)
+    int32_t n_done = 0;       // positions whose steps came back (<= n_past)
     int32_t limit = 0;        // tokens to generate at most
     int32_t n_generated = 0;
     int32_t last_token = -1;  // sampled, not yet decoded
@@ -293,22 +302,48 @@ void Scheduler::admit() {
             queue_.pop_front();
             continue;
         }
+        // At least the last prompt token is computed: its row gives the first token.
+        const size_t cap = p.job.cache_prompt ? p.job.prompt.size() - 1 : 0;
         Slot *best = nullptr;
         size_t best_k = 0;
         for (Slot &slot : slots_) {
             if (slot.active()) continue;
-            size_t k = 0;
-            if (p.job.cache_prompt) {
-                const size_t n = std::min({slot.fed.size(), p.job.prompt.size() - 1,
-                                           static_cast<size_t>(std::max(engine_.seq_cached(slot.seq), 0))});
-                while (k < n && slot.fed[k] == p.job.prompt[k]) ++k;
-            }
+            const size_t k = common_prefix(slot.fed, p.job.prompt,
+                                           std::min<size_t>(cap, std::max(engine_.seq_cached(slot.seq), 0)));
             if (best == nullptr || k > best_k || (k == best_k && slot.t_idle < best->t_idle)) {
                 best = &slot;
                 best_k = k;
             }
         }
         if (best == nullptr) break;  // every slot is busy
+        // The running requests' positions: what they hold now (copied), and what they will hold once the
+        // prompt they are computing is in.
+        Slot *from = nullptr;
+        size_t from_k = best_k, later_k = 0;
+        for (Slot &other : slots_) {
+            if (!other.live() || other.stream->cancelled()) continue;
+            const size_t k =
+                common_prefix(other.fed, p.job.prompt, std::min<size_t>(cap, std::max(shareable(other), 0)));
+            if (k > from_k) {
+                from = &other;
+                from_k = k;
+            }
+            if (!other.generating && !other.failed && !other.resuming && !other.preempted)
+                later_k = std::max(later_k, common_prefix(other.job.prompt, p.job.prompt, cap));
+        }
+        if (later_k >= from_k + kShareWait)
+            break;  // the queue waits for that prompt instead of computing it too
+        if (from != nullptr) {
+            // Copied into the free slot whose cache is worth least: an empty one, else the least recently
+            // used.
+            const auto worth_less = [](const Slot &a, const Slot &b) {
+                return a.fed.empty() != b.fed.empty() ? a.fed.empty() : a.t_idle < b.t_idle;
+            };
+            best = nullptr;
+            for (Slot &slot : slots_)
+                if (!slot.active() && (best == nullptr || worth_less(slot, *best))) best = &slot;
+            best_k = from_k;
+        }
         // Room for the prompt and one more token; idle caches give theirs back first (least recent first).
         const int64_t need =
             static_cast<int64_t>(p.job.prompt.size()) + 1 - static_cast<int64_t>(best->fed.size());
@@ -327,7 +362,8 @@ void Scheduler::admit() {
             job.job.sampling.seed = Sampler(job.job.sampling, 1).seed();
         // A ClusterEngine that failed reconnects here (seq_start), so the first request after a worker came
         // back pays for the reconnect.
-        if (Status s = engine_.seq_start(slot.seq, engine_sampling(job.job), want_logits, {}, keep);
+        if (Status s = engine_.seq_start(slot.seq, engine_sampling(job.job), want_logits, {}, keep,
+                                         from != nullptr ? from->seq : -1);
             !s.ok()) {
             StreamEvent ev;
             ev.kind = StreamEvent::Kind::error;
@@ -343,10 +379,16 @@ void Scheduler::admit() {
         slot.job = std::move(job.job);
         slot.t_submit = job.t_submit;
         slot.order = admit_counter_++;
-        slot.fed.resize(static_cast<size_t>(keep));
+        if (from != nullptr) {
+            slot.fed.assign(from->fed.begin(), from->fed.begin() + keep);
+            stats_.n_prompt_copied += keep;
+        } else {
+            slot.fed.resize(static_cast<size_t>(keep));
+        }
         slot.n_cached = keep;
         slot.n_prefilled = keep;
         slot.n_past = keep;
+        slot.n_done = keep;
         slot.n_generated = 0;
         slot.limit = slot.job.max_tokens > 0 ? slot.job.max_tokens : n_ctx_ - n_prompt;
         slot.last_token = -1;
@@ -452,6 +494,7 @@ void Scheduler::engine_main() {
 bool Scheduler::build_step(InFlight &step) {
     batch_.clear();
     step.seqs.clear();
+    step.past.clear();
     step.prompt_done.clear();
     step.n_prompt_rows = 0;
     // Decode rows: the generating slots are dealt into depth_ micro-batches of about equal size.
@@ -471,6 +514,7 @@ bool Scheduler::build_step(InFlight &step) {
         slot.n_past++;
         slot.n_in_flight++;
         step.seqs.push_back(slot.seq);
+        step.past.push_back(slot.n_past);
         n_decode++;
     }
     // Prompt chunks fill the rest of the step, oldest request first.
@@ -495,6 +539,7 @@ bool Scheduler::build_step(InFlight &step) {
         slot->n_past += n;
         slot->n_in_flight++;
         step.seqs.push_back(slot->seq);
+        step.past.push_back(slot->n_past);
         if (slot->n_prefilled == n_prompt) step.prompt_done.push_back(slot->seq);
         step.n_prompt_rows += n;
     }
@@ -632,9 +677,15 @@ Status Scheduler::restart(Slot &slot) {
     slot.job.prompt.insert(slot.job.prompt.end(), slot.tokens.begin(), slot.tokens.end());
     slot.n_prefilled = 0;
     slot.n_past = 0;
+    slot.n_done = 0;
     slot.fed.clear();
     slot.generating = false;
     return {};
+}
+
+int32_t Scheduler::shareable(const Slot &slot) const {
+    if (slot.failed || slot.resuming || slot.preempted) return 0;
+    return std::min({slot.n_done, static_cast<int32_t>(slot.fed.size()), engine_.seq_cached(slot.seq)});
 }
 
 int64_t Scheduler::pool_held(const Slot &slot) const {
@@ -764,7 +815,11 @@ void Scheduler::complete_step(double &engine_seconds) {
         stats_.n_prompt_tokens += step.n_prompt_rows;
         for (int32_t seq : step.prompt_done)
             if (slots_[seq].live()) slots_[seq].generating = true;
-        for (int32_t seq : step.seqs) slots_[seq].n_in_flight--;
+        for (size_t i = 0; i < step.seqs.size(); ++i) {
+            Slot &slot = slots_[step.seqs[i]];
+            slot.n_in_flight--;
+            slot.n_done = std::max(slot.n_done, step.past[i]);
+        }
         int32_t n_sampled = 0;
         for (const StepOutput &out : *outputs) {
             if (out.seq < 0 || out.seq >= n_slots_ || !slots_[out.seq].live()) continue;

@@ -34,7 +34,12 @@
 // request goes to the free slot whose cached tokens share the longest prefix with its prompt and computes
 // only the rest (engine seq_start with keep); the least recently freed slot otherwise. Idle caches count in
 // the KV pool and are the first thing given back when it runs out. Batch-invariant kernels make a hit change
-// nothing in the output.
+// nothing in the output. A running request's positions are shared too (as vLLM's prefix caching shares
+// blocks): a new request whose prompt starts with what a running one was fed gets those positions copied
+// into its own slot (engine seq_start with keep_from; only positions whose steps came back). When a running
+// request is still computing a prompt the new one shares at least kShareWait more tokens of (the other
+// choices of an n > 1 request, a long common system prompt), the queue waits for that prompt rather than
+// computing it twice.
 //
 // Health: after a failure health() returns it until a step succeeds again; while idle and unhealthy the
 // engine thread tries seq_start/seq_clear on a free slot every probe_interval, which is how a ClusterEngine
@@ -202,6 +207,7 @@ struct SchedulerStats {
     int32_t n_queued = 0;
     int64_t n_prompt_tokens = 0;     // prompt tokens computed
     int64_t n_prompt_cached = 0;     // prompt tokens a request found in the prefix cache (not computed)
+    int64_t n_prompt_copied = 0;     // of them, copied from another request's slot
     int64_t n_generated_tokens = 0;  // tokens sampled
     int64_t n_steps = 0;
     double step_seconds = 0.0;      // total time from each step's submit to its outputs (overlaps when D > 1)
@@ -221,6 +227,9 @@ class Scheduler {
 public:
     // `engine` and `tokenizer` must outlive the scheduler; the engine is used only by the engine thread,
     // which starts here. Generation ends at the vocabulary's end-of-generation tokens (Vocab::is_eog).
+    // The queue waits for a running prompt that would spare its head this many more tokens.
+    static constexpr int32_t kShareWait = 32;
+
     Scheduler(Engine &engine, const Tokenizer &tokenizer, const SchedulerParams &params);
     ~Scheduler();  // stop()
     Scheduler(const Scheduler &) = delete;
@@ -261,6 +270,7 @@ private:
     // A step submitted to the engine whose outputs have not been collected yet.
     struct InFlight {
         std::vector<int32_t> seqs;         // slots with rows in the step
+        std::vector<int32_t> past;         // [seqs.size()] each slot's positions once the step is done
         std::vector<int32_t> prompt_done;  // slots whose last prompt chunk is in the step
         int64_t n_prompt_rows = 0;
         int32_t n_rows = 0;
@@ -277,6 +287,8 @@ private:
     // Starts a slot's sequence again with its prompt and tokens so far as the new prompt (engine thread,
     // without mu_: the engine may reconnect).
     Status restart(Slot &slot);
+    // Positions of a slot that another request may copy: fed by steps that came back, still held.
+    int32_t shareable(const Slot &slot) const;
     int64_t pool_held(const Slot &slot) const;  // positions a slot holds in the KV pool
     int64_t pool_used() const;                  // positions all slots hold
     int64_t pool_free() const;                  // room left in the pool (INT64_MAX without one)
