@@ -784,12 +784,57 @@ TEST_P(ServerTest, LlamaServersCompletionEndpointAnswersAsItDoes) {
     for (const auto &[body, needle] :
          {std::pair{R"({"prompt": "a", "n_predict": 0})", "'n_predict' must be -1"},
           std::pair{R"({"prompt": "a", "n_probs": 21})", "'n_probs' must be in [0, 20]"},
-          std::pair{R"({"prompt": ["a", "b"]})", "/completion takes one"}}) {
+          std::pair{R"({"prompt": "a", "n": 2})", "'n' is for /v1/completions"}}) {
         r = c.Post("/completion", body, "application/json");
         ASSERT_TRUE(r);
         EXPECT_EQ(r->status, 400) << body;
         EXPECT_NE(r->body.find(needle), std::string::npos) << r->body;
     }
+
+    // A list of prompts: a list of replies, in order, each naming its prompt's index; streamed, each event
+    // names it, and each prompt ends with its own whole object.
+    const std::string other = "The little dog";
+    req = base;
+    req["prompt"] = other;
+    const std::string expected_other = json::parse(post(c, "/completion", req)->body)["content"];
+    EXPECT_NE(expected_other, expected);
+    req["prompt"] = {prompt, other};
+    r = post(c, "/completion", req);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    j = json::parse(r->body);
+    ASSERT_TRUE(j.is_array()) << r->body;
+    ASSERT_EQ(j.size(), 2u);
+    EXPECT_EQ(j[0]["index"], 0);
+    EXPECT_EQ(j[0]["content"], expected);
+    EXPECT_EQ(j[1]["index"], 1);
+    EXPECT_EQ(j[1]["content"], expected_other);
+    EXPECT_EQ(j[1]["stop_type"], "limit");
+    req["stream"] = true;
+    r = post(c, "/completion", req);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    std::string texts[2];
+    int n_final[2] = {0, 0};
+    for (const json &ev : parse_sse(r->body, &done)) {
+        const int i = ev["index"];
+        ASSERT_TRUE(i == 0 || i == 1) << ev.dump();
+        if (ev["stop"] == true) {
+            n_final[i]++;
+            EXPECT_EQ(ev["tokens_predicted"], 40);
+        } else {
+            texts[i] += ev["content"].get<std::string>();
+        }
+    }
+    EXPECT_EQ(texts[0], expected);
+    EXPECT_EQ(texts[1], expected_other);
+    EXPECT_EQ(n_final[0], 1);
+    EXPECT_EQ(n_final[1], 1);
+    req["prompt"] = json::array({prompt});  // a list of one: its object, as llama-server answers
+    req["stream"] = false;
+    j = json::parse(post(c, "/completion", req)->body);
+    ASSERT_TRUE(j.is_object()) << j.dump();
+    EXPECT_EQ(j["content"], expected);
 }
 
 // logit_bias as OpenAI (an object) and llama.cpp (pairs, false bans) write it, and ignore_eos: the text

@@ -34,24 +34,26 @@ LlamaFinal final_of(const std::string &model, const StreamEvent &done, Clock::ti
     return f;
 }
 
-// Server-Sent Events of {content, stop: false}; the last one the whole reply with stop: true.
+// Server-Sent Events of {index, content, stop: false}; each prompt's last one its whole reply with stop:
+// true.
 class LlamaSseFormat : public StreamFormat {
 public:
-    LlamaSseFormat(ApiRequest r, std::string model, Clock::time_point t0)
-        : r_(std::move(r)), model_(std::move(model)), t0_(t0) {}
-    std::string delta(size_t, const StreamEvent &ev) override {
-        if (t_first_ == Clock::time_point{} && !ev.text.empty()) t_first_ = Clock::now();
-        return sse_event(llama_chunk_json(ev.text, r_.n_logprobs, ev.logprobs));
+    LlamaSseFormat(ApiRequest r, std::string model, Clock::time_point t0, size_t n_prompts)
+        : r_(std::move(r)), model_(std::move(model)), t0_(t0), t_first_(n_prompts) {}
+    std::string delta(size_t choice, const StreamEvent &ev) override {
+        if (t_first_[choice] == Clock::time_point{} && !ev.text.empty()) t_first_[choice] = Clock::now();
+        return sse_event(llama_chunk_json(choice, ev.text, r_.n_logprobs, ev.logprobs));
     }
-    std::string done(size_t, const StreamEvent &ev) override {
-        return sse_event(llama_final_json(r_, final_of(model_, ev, t0_, t_first_), "", {}));
+    std::string done(size_t choice, const StreamEvent &ev) override {
+        return sse_event(llama_final_json(r_, choice, final_of(model_, ev, t0_, t_first_[choice]), "", {}));
     }
     std::string error(const Status &status) override { return sse_event(error_json(500, status.message())); }
 
 private:
     ApiRequest r_;
     std::string model_;
-    Clock::time_point t0_, t_first_{};
+    Clock::time_point t0_;
+    std::vector<Clock::time_point> t_first_;  // per prompt
 };
 
 }  // namespace
@@ -69,20 +71,25 @@ void HttpServer::Impl::setup_llamacpp() {
             return reply_llama_error(res, http_status_for(parsed.status()), parsed.status().message());
         ApiRequest &r = *parsed;
         const ApiRequest settings = r;  // what the reply reports (start_generation takes the prompt)
+        const size_t n_prompts = r.prompts.size();
         std::shared_ptr<ClientSlot> slot;
         std::shared_ptr<StreamSet> streams = start_generation(req, res, r, be, reply_llama_error, slot);
         if (!streams) return;
         if (!r.stream) {
             std::optional<std::vector<Answer>> answers = collect(req, res, *streams, reply_llama_error);
             if (!answers) return;
-            const Answer &a = answers->front();
-            return reply_json(res, 200,
-                              llama_final_json(settings, final_of(params.model_id, a.done, t0, a.t_first),
-                                               a.text, a.logprobs));
+            json replies = json::array();
+            for (size_t i = 0; i < answers->size(); ++i) {
+                const Answer &a = (*answers)[i];
+                replies.push_back(llama_final_json(
+                    settings, i, final_of(params.model_id, a.done, t0, a.t_first), a.text, a.logprobs));
+            }
+            // One prompt: its object; a list of prompts: the list of their objects (llama-server's shapes).
+            return reply_json(res, 200, n_prompts == 1 ? std::move(replies[0]) : std::move(replies));
         }
         stream_response(res, std::move(streams),
-                        std::make_unique<LlamaSseFormat>(settings, params.model_id, t0), "text/event-stream",
-                        std::move(slot));
+                        std::make_unique<LlamaSseFormat>(settings, params.model_id, t0, n_prompts),
+                        "text/event-stream", std::move(slot));
     };
     routes["/completion"] = {"POST", complete};
     routes["/completions"] = {"POST", complete};

@@ -36,11 +36,8 @@ double per_second(int32_t n, double ms) {
 
 Result<ApiRequest> parse_llama_completion(std::string_view body) {
     TD_ASSIGN_OR_RETURN(ApiRequest r, parse_completion_request(body));
-    if (r.prompts.size() != 1)
-        return invalid_input(
-            "'prompt' holds {} prompts; /completion takes one (/v1/completions takes a batch)",
-            r.prompts.size());
-    if (r.n_choices != 1) return invalid_input("/completion returns one reply; 'n' is for /v1/completions");
+    if (r.n_choices != 1)
+        return invalid_input("/completion returns one reply per prompt; 'n' is for /v1/completions");
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
     int64_t n = 0;
     bool has = false;
@@ -86,12 +83,12 @@ json llama_sampling_json(const SamplerParams &sp, int32_t n_predict) {
             {"frequency_penalty", sp.frequency_penalty}};
 }
 
-json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::string &content,
+json llama_final_json(const ApiRequest &r, size_t index, const LlamaFinal &f, const std::string &content,
                       const std::vector<TokenLogprob> &logprobs) {
     const char *stop_type = f.finish == FinishReason::length ? "limit" : f.stop_word.empty() ? "eos" : "word";
     const SamplerParams &sp = r.sampling;
     const int32_t prompt_n = f.n_prompt - f.n_cached;  // what was computed
-    json j = {{"index", 0},
+    json j = {{"index", index},
               {"content", content},
               {"tokens", json::array()},
               {"id_slot", -1},
@@ -120,10 +117,10 @@ json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::strin
     return j;
 }
 
-json llama_chunk_json(const std::string &content, int32_t n_logprobs,
+json llama_chunk_json(size_t index, const std::string &content, int32_t n_logprobs,
                       const std::vector<TokenLogprob> &logprobs) {
     json j = {
-        {"index", 0}, {"content", content}, {"tokens", json::array()}, {"stop", false}, {"id_slot", -1}};
+        {"index", index}, {"content", content}, {"tokens", json::array()}, {"stop", false}, {"id_slot", -1}};
     if (n_logprobs >= 0 && !logprobs.empty()) j["completion_probabilities"] = probabilities_json(logprobs);
     return j;
 }

@@ -2,8 +2,9 @@
 // results -> its response objects, as scripts written against llama.cpp send and read them. Knows nothing
 // about HTTP sockets or the scheduler's threads.
 //
-// Request: what /v1/completions takes (openai.h: one prompt, a string or token ids; sampling, stop,
-// logit_bias as pairs or an object, ignore_eos, cache_prompt, stream), plus llama.cpp's names:
+// Request: what /v1/completions takes (openai.h: a prompt, a string or token ids, or a list of them;
+// sampling, stop, logit_bias as pairs or an object, ignore_eos, cache_prompt, stream), plus llama.cpp's
+// names:
 //   n_predict        tokens to generate; -1 (the default): until the context is full
 //   repeat_last_n    the penalties' window (-1: the whole history)
 //   n_probs          0..20: each generated token's logprob and that many top alternatives
@@ -12,6 +13,8 @@
 // tokens_evaluated, tokens_cached, timings {prompt_n, prompt_ms, ..., predicted_per_second},
 // generation_settings, completion_probabilities (with n_probs)}. Streamed: Server-Sent Events of
 // {content, stop: false}, the last one the whole object with stop: true (no [DONE], as llama-server does).
+// A list of prompts gets a list of those objects, in order, each with its prompt's `index`; streamed, every
+// event names its prompt's `index`.
 #pragma once
 
 #include <chrono>
@@ -42,12 +45,12 @@ struct LlamaFinal {
 // n_predict, seed (-1: random), temperature, top_k, top_p, min_p and the penalties.
 nlohmann::json llama_sampling_json(const SamplerParams &sp, int32_t n_predict);
 
-// The whole reply (`content` the generated text; empty in the last streamed object) with stop: true.
-// probabilities: with n_logprobs >= 0, one entry per token.
-nlohmann::json llama_final_json(const ApiRequest &r, const LlamaFinal &f, const std::string &content,
-                                const std::vector<TokenLogprob> &logprobs);
-// A streamed piece: {index, content, stop: false} (+ completion_probabilities).
-nlohmann::json llama_chunk_json(const std::string &content, int32_t n_logprobs,
+// The whole reply to prompt `index` (`content` the generated text; empty in the last streamed object) with
+// stop: true. probabilities: with n_logprobs >= 0, one entry per token.
+nlohmann::json llama_final_json(const ApiRequest &r, size_t index, const LlamaFinal &f,
+                                const std::string &content, const std::vector<TokenLogprob> &logprobs);
+// A streamed piece of prompt `index`'s reply: {index, content, stop: false} (+ completion_probabilities).
+nlohmann::json llama_chunk_json(size_t index, const std::string &content, int32_t n_logprobs,
                                 const std::vector<TokenLogprob> &logprobs);
 
 }  // namespace td::server
