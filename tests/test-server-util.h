@@ -77,6 +77,7 @@ struct ServerOptions {
     int dead_after_ms = 2000;   // cluster backends: ClusterOptions::dead_after_ms (missed heartbeats)
     std::string model_path;     // "" = stories260K from ../shared
     std::string chat_template;  // ServeParams::chat_template
+    bool slots = true;          // HttpParams::slots (GET /slots)
 };
 
 // Two `tandem worker`s with their own weight caches; stories260K's 5 layers split 0-1 | 2-4. With
@@ -169,6 +170,7 @@ public:
         hp.model_id = "stories";
         hp.api_key = o.api_key;
         hp.max_per_client = o.max_per_client;
+        hp.slots = o.slots;
         hp.limits.n_threads = 24;
         http_ = std::make_unique<HttpServer>(hp);
         auto port = http_->bind();

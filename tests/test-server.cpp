@@ -1146,6 +1146,85 @@ TEST(ServerLimits, RequestsPerClientAtTheLimitAndOnePast) {
         << r->body;
 }
 
+// GET /slots, as llama-server answers it: each slot's request (sampling parameters, prompt tokens, tokens
+// decoded and remaining) while it runs, idle slots as idle, ?fail_on_no_slot=1 a 503 once every slot is
+// busy; --no-slots turns it off.
+TEST(ServerSlots, SlotsShowEachRunningRequestAndItsProgress) {
+    ServerOptions o;
+    o.n_parallel = 2;
+    o.step_delay = std::chrono::milliseconds(20);
+    TestServer s(o);
+    auto c = s.client();
+    const auto slots = [&] {
+        auto r = c.Get("/slots");
+        EXPECT_TRUE(r && r->status == 200);
+        return r ? json::parse(r->body) : json();
+    };
+    json j = slots();
+    ASSERT_EQ(j.size(), 2u) << j.dump();
+    for (int i = 0; i < 2; ++i) {
+        EXPECT_EQ(j[i]["id"], i);
+        EXPECT_EQ(j[i]["is_processing"], false);
+        EXPECT_EQ(j[i]["n_ctx"], 256);
+    }
+    const auto run = [&](int n_tokens) {
+        return std::thread([&, n_tokens] {
+            auto c2 = s.client();
+            post(c2, "/v1/completions",
+                 {{"prompt", "Once upon a time"},
+                  {"max_tokens", n_tokens},
+                  {"temperature", 0.5},
+                  {"seed", 3},
+                  {"stop", "never"}});
+        });
+    };
+    std::thread first = run(60);
+    json busy;
+    for (int i = 0; i < 200 && busy.is_null(); ++i) {
+        for (const json &slot : slots())
+            if (slot["is_processing"] == true && slot["next_token"]["n_decoded"].get<int>() >= 3) busy = slot;
+        if (busy.is_null()) std::this_thread::sleep_for(10ms);
+    }
+    ASSERT_FALSE(busy.is_null());
+    EXPECT_EQ(busy["params"]["temperature"], 0.5);
+    EXPECT_EQ(busy["params"]["seed"], 3);
+    EXPECT_EQ(busy["params"]["n_predict"], 60);
+    EXPECT_EQ(busy["next_token"]["has_next_token"], true);
+    EXPECT_EQ(busy["next_token"]["n_remain"].get<int>() + busy["next_token"]["n_decoded"].get<int>(), 60);
+    EXPECT_GT(busy["n_prompt_tokens"].get<int>(), 1);
+    EXPECT_EQ(busy["n_prompt_tokens_processed"], busy["n_prompt_tokens"]);  // nothing was cached
+    EXPECT_EQ(c.Get("/slots?fail_on_no_slot=1")->status, 200);              // one slot is free
+    std::thread second = run(60);
+    bool full = false;
+    for (int i = 0; i < 200 && !full; ++i) {
+        auto r = c.Get("/slots?fail_on_no_slot=1");
+        ASSERT_TRUE(r);
+        full = r->status == 503;
+        if (full) {
+            EXPECT_NE(r->body.find("no slot available"), std::string::npos) << r->body;
+        } else {
+            std::this_thread::sleep_for(10ms);
+        }
+    }
+    EXPECT_TRUE(full);
+    first.join();
+    second.join();
+    bool idle = false;
+    for (int i = 0; i < 300 && !idle; ++i) {
+        j = slots();
+        idle = j.size() == 2 && j[0]["is_processing"] == false && j[1]["is_processing"] == false;
+        if (!idle) std::this_thread::sleep_for(10ms);
+    }
+    EXPECT_TRUE(idle) << j.dump();
+    EXPECT_EQ(j[0]["params"]["n_predict"], 60);  // the last request's, as llama-server keeps them
+
+    ServerOptions off;
+    off.slots = false;
+    TestServer without(off);
+    auto c3 = without.client();
+    EXPECT_EQ(c3.Get("/slots")->status, 404);
+}
+
 // A non-streaming request whose client hangs up is cancelled: its slot is free for the next request at once.
 TEST(ServerLimits, AClientThatHangsUpOnAPlainRequestFreesItsSlot) {
     ServerOptions o;

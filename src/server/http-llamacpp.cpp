@@ -93,6 +93,22 @@ void HttpServer::Impl::setup_llamacpp() {
     };
     routes["/completion"] = {"POST", complete};
     routes["/completions"] = {"POST", complete};
+    if (params.slots) {
+        routes["/slots"] = {"GET", [this](const HttpRequest &req, HttpResponse &res) {
+                                ServerBackend be;
+                                if (!get_backend(be)) {
+                                    res.set_header("Retry-After", "5");
+                                    return reply_llama_error(res, 503, "the model is still loading");
+                                }
+                                const std::vector<SlotInfo> slots = be.scheduler->slots();
+                                const bool any_free =
+                                    std::any_of(slots.begin(), slots.end(),
+                                                [](const SlotInfo &s) { return !s.processing; });
+                                if (query_flag(req.query, "fail_on_no_slot") && !any_free)
+                                    return reply_llama_error(res, 503, "no slot available");
+                                reply_json(res, 200, llama_slots_json(slots, be.scheduler->n_ctx()));
+                            }};
+    }
 }
 
 }  // namespace td::server

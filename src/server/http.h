@@ -57,6 +57,7 @@ struct HttpParams {
     // 0: no limit.
     int max_per_client = 0;
     bool web_ui = true;  // serve the dashboard at / (server/web-assets.h); false: --no-webui
+    bool slots = true;   // GET /slots (llama-server's per-slot state); false: --no-slots
 };
 
 // What requests are served with, once the model is loaded. Everything must outlive the HttpServer (or

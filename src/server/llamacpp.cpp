@@ -1,5 +1,6 @@
 #include "server/llamacpp.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "server/json-fields.h"
@@ -123,6 +124,45 @@ json llama_chunk_json(size_t index, const std::string &content, int32_t n_logpro
         {"index", index}, {"content", content}, {"tokens", json::array()}, {"stop", false}, {"id_slot", -1}};
     if (n_logprobs >= 0 && !logprobs.empty()) j["completion_probabilities"] = probabilities_json(logprobs);
     return j;
+}
+
+json llama_slots_json(const std::vector<SlotInfo> &slots, int32_t n_ctx) {
+    json out = json::array();
+    for (const SlotInfo &s : slots) {
+        const int32_t remain = s.max_tokens > 0 ? std::max(s.max_tokens - s.n_decoded, 0) : -1;
+        json params = llama_sampling_json(s.sampling, s.max_tokens);
+        params["max_tokens"] = s.max_tokens;
+        out.push_back({{"id", s.id},
+                       {"id_task", s.task},
+                       {"n_ctx", n_ctx},
+                       {"speculative", false},
+                       {"is_processing", s.processing},
+                       {"n_prompt_tokens", s.n_prompt},
+                       {"n_prompt_tokens_processed", s.n_processed},
+                       {"n_prompt_tokens_cache", s.n_cached},
+                       {"n_cached_positions", s.n_held},
+                       {"params", std::move(params)},
+                       {"next_token",
+                        {{"has_next_token", s.processing && s.n_remain > 0},
+                         {"has_new_line", false},
+                         {"n_remain", remain},
+                         {"n_decoded", s.n_decoded}}}});
+    }
+    return out;
+}
+
+bool query_flag(std::string_view query, std::string_view name) {
+    while (!query.empty()) {
+        const size_t amp = query.find('&');
+        const std::string_view part = query.substr(0, amp);
+        query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+        const size_t eq = part.find('=');
+        if (part.substr(0, eq) != name) continue;
+        const std::string_view value =
+            eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
+        return !value.empty() && value != "0" && value != "false";
+    }
+    return false;
 }
 
 }  // namespace td::server

@@ -25,6 +25,7 @@
 
 #include "core/status.h"
 #include "server/openai.h"
+#include "server/scheduler.h"
 
 namespace td::server {
 
@@ -52,5 +53,15 @@ nlohmann::json llama_final_json(const ApiRequest &r, size_t index, const LlamaFi
 // A streamed piece of prompt `index`'s reply: {index, content, stop: false} (+ completion_probabilities).
 nlohmann::json llama_chunk_json(size_t index, const std::string &content, int32_t n_logprobs,
                                 const std::vector<TokenLogprob> &logprobs);
+
+// GET /slots: per slot {id, id_task, n_ctx, speculative, is_processing, n_prompt_tokens,
+// n_prompt_tokens_processed, n_prompt_tokens_cache, params, next_token {has_next_token, has_new_line,
+// n_remain
+// (-1: no limit), n_decoded}}, as llama-server answers it (without the prompt and generated texts).
+nlohmann::json llama_slots_json(const std::vector<SlotInfo> &slots, int32_t n_ctx);
+
+// Whether `name` is set in an undecoded query string ("a=1&fail_on_no_slot=1"): present with a value other
+// than 0, false or empty.
+bool query_flag(std::string_view query, std::string_view name);
 
 }  // namespace td::server

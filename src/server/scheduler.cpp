@@ -456,6 +456,7 @@ void Scheduler::engine_main() {
             const bool any_live =
                 std::any_of(slots_.begin(), slots_.end(), [](const Slot &s) { return s.live(); });
             if (!any_live && in_flight_.empty()) {
+                publish_slots();  // the slots freed since the last step
                 // Idle: wake for a request, or every probe_interval to probe (and retry a failed engine).
                 const bool woken =
                     cv_.wait_for(lock, params_.probe_interval, [&] { return stopping_ || !queue_.empty(); });
@@ -485,6 +486,7 @@ void Scheduler::engine_main() {
             stats_.busy_seconds += iter;
             stats_.kv_used = pool_used();
             stats_.overhead_seconds += std::max(0.0, iter - engine_seconds);
+            publish_slots();
         }
         run_probe(/*idle=*/false);
     }
@@ -681,6 +683,39 @@ Status Scheduler::restart(Slot &slot) {
     slot.fed.clear();
     slot.generating = false;
     return {};
+}
+
+void Scheduler::publish_slots() {
+    slot_info_.resize(slots_.size());
+    for (size_t i = 0; i < slots_.size(); ++i) {
+        const Slot &slot = slots_[i];
+        SlotInfo &info = slot_info_[i];
+        info.id = slot.seq;
+        const bool was = info.processing;
+        info.processing = slot.active();
+        info.n_held = static_cast<int32_t>(slot.fed.size());
+        if (!slot.active()) continue;           // the last request's figures stay
+        if (!was || info.task != slot.order) {  // a new request: its parameters (copied once, not per step)
+            info.sampling = slot.job.sampling;
+            info.max_tokens = slot.job.max_tokens;
+        }
+        info.task = slot.order;
+        info.n_prompt = slot.n_prompt;
+        info.n_cached = slot.n_cached;
+        info.n_processed = std::max(std::min(slot.n_prefilled, slot.n_prompt) - slot.n_cached, 0);
+        info.n_decoded = slot.n_generated;
+        info.n_remain = std::max(slot.limit - slot.n_generated, 0);
+    }
+}
+
+std::vector<SlotInfo> Scheduler::slots() const {
+    std::lock_guard lock(mu_);
+    if (slot_info_.empty()) {  // before the first step
+        std::vector<SlotInfo> idle(static_cast<size_t>(n_slots_));
+        for (int32_t i = 0; i < n_slots_; ++i) idle[static_cast<size_t>(i)].id = i;
+        return idle;
+    }
+    return slot_info_;
 }
 
 int32_t Scheduler::shareable(const Slot &slot) const {

@@ -223,6 +223,21 @@ struct SchedulerStats {
     int64_t n_preempted = 0;   // requests preempted because the pool ran out
 };
 
+// One slot as /slots shows it (llama-server's fields), taken after each step.
+struct SlotInfo {
+    int32_t id = 0;
+    bool processing = false;  // holds a request
+    uint64_t task = 0;        // the request's admission number (the last one's while idle)
+    int32_t n_prompt = 0;     // the request's prompt tokens
+    int32_t n_cached = 0;     // of them, taken from a cache (not computed)
+    int32_t n_processed = 0;  // of them, computed so far
+    int32_t n_decoded = 0;    // tokens generated so far
+    int32_t n_remain = 0;     // tokens it may still generate
+    int32_t n_held = 0;       // positions the slot holds (its prompt cache while idle)
+    SamplerParams sampling;   // the request's (the last one's while idle)
+    int32_t max_tokens = -1;
+};
+
 class Scheduler {
 public:
     // `engine` and `tokenizer` must outlive the scheduler; the engine is used only by the engine thread,
@@ -249,6 +264,7 @@ public:
     void stop();
 
     SchedulerStats stats() const;
+    std::vector<SlotInfo> slots() const;      // every slot, by id, as of the last step
     int32_t n_ctx() const { return n_ctx_; }  // positions per slot
     int32_t n_vocab() const { return n_vocab_; }  // the model's output rows (ids a logit bias may name)
     int32_t n_micro_batches() const { return depth_; }
@@ -309,6 +325,7 @@ private:
     int32_t sample_constrained(Slot &slot, const StepOutput &out);
     void run_probe(bool idle);
     void refresh_info();  // engine thread, without mu_
+    void publish_slots();  // engine thread, under mu_: slot_info_ from slots_
     void on_token(Slot &slot, const StepOutput &out);
     void finish(Slot &slot, FinishReason reason);
     void fail(Slot &slot, const Status &status);
@@ -346,6 +363,7 @@ private:
     Status health_;
     std::string engine_metrics_;
     EngineInfo engine_info_;
+    std::vector<SlotInfo> slot_info_;  // [n_slots], published by the engine thread
 
     std::thread thread_;
 };
