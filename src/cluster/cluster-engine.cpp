@@ -106,12 +106,7 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     buf_.clear();
     net::encode(m, buf_);
     TD_TRY(enqueue_data(net::MsgType::seq_start, 0, buf_));
-    if (head_ctx_) {
-        if (keep > 0)
-            head_ctx_->seq_copy(from, seq, keep);
-        else
-            head_ctx_->seq_clear(seq);
-    }
+    if (head_ctx_) head_ctx_->seq_copy(from, seq, keep);
     cached_[seq] = keep;
     started_[seq] = true;
     lost_[seq] = false;

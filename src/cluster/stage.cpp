@@ -230,10 +230,7 @@ Status Stage::handle_seq_start(Frame &f) {
                              ctx_->n_seq() - 1);
     // A keep beyond what this stage holds keeps what it holds: the step after it then fails the position
     // check, naming both, rather than computing on missing rows.
-    if (m.keep > 0)
-        ctx_->seq_copy(m.keep_from, m.seq, static_cast<int32_t>(std::min<uint32_t>(m.keep, INT32_MAX)));
-    else
-        ctx_->seq_clear(m.seq);
+    ctx_->seq_copy(m.keep_from, m.seq, static_cast<int32_t>(std::min<uint32_t>(m.keep, INT32_MAX)));
     if (!is_last_) return send_down(net::MsgType::seq_start, f.header.request_id, f.payload);
     SamplerParams sp;
     sp.temperature = m.temperature;

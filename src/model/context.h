@@ -59,7 +59,6 @@ public:
     KvCache &kv() { return kv_; }
     const KvCache &kv() const { return kv_; }
     void seq_clear(int32_t seq) { kv_.seq_clear(seq); }
-    void seq_keep(int32_t seq, int32_t n) { kv_.seq_keep(seq, n); }  // the first n positions stay
     void seq_copy(int32_t src, int32_t dst, int32_t n) { kv_.seq_copy(src, dst, n); }  // KvCache::seq_copy
     int32_t seq_len(int32_t seq) const { return kv_.seq_len(seq); }
 

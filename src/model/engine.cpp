@@ -52,10 +52,7 @@ Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool wan
     slots_[seq].sampler = std::make_unique<Sampler>(params, n_vocab());
     if (!sampled.empty()) slots_[seq].sampler->restore(sampled.size(), sampler_history_tail(params, sampled));
     slots_[seq].want_logits = want_logits;
-    if (keep > 0)
-        ctx_->seq_copy(keep_from < 0 ? seq : keep_from, seq, keep);
-    else
-        ctx_->seq_clear(seq);
+    ctx_->seq_copy(keep_from < 0 ? seq : keep_from, seq, keep);
     return {};
 }
 

@@ -75,8 +75,9 @@ void KvCache::seq_clear(int32_t seq) {
 }
 
 void KvCache::seq_copy(int32_t src, int32_t dst, int32_t n) {
+    if (n <= 0) return seq_clear(dst);  // gives its pages back
     if (src == dst) return seq_keep(dst, n);
-    n = std::clamp(n, 0, len_[src]);
+    n = std::min(n, len_[src]);
     seq_clear(dst);
     if (n == 0) return;
     // Positions of one sequence in one layer are contiguous: one copy per layer, in K and in V.

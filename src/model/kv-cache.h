@@ -49,7 +49,7 @@ public:
     // Keeps the first n positions of a sequence (a new prompt that starts with the tokens they hold).
     void seq_keep(int32_t seq, int32_t n) { len_[seq] = std::min(len_[seq], std::max(n, 0)); }
     // Replaces `dst` with the first n positions of `src` (at most what src holds), copied: a prompt that
-    // starts with the tokens another sequence was fed. dst == src keeps them (seq_keep).
+    // starts with the tokens another sequence was fed. dst == src keeps them (seq_keep); n <= 0 clears dst.
     void seq_copy(int32_t src, int32_t dst, int32_t n);
     // Forgets a sequence (its slot can be reused at once) and gives its pages back.
     void seq_clear(int32_t seq);
