@@ -1,6 +1,7 @@
 // LocalEngine: the Engine contract that generation, the benchmark and the server rely on.
 #include <gtest/gtest.h>
 
+#include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/model.h"
 #include "test-util.h"
@@ -82,6 +83,66 @@ TEST_F(EngineTest, BatchedSequencesSampleAsIfAlone) {
 
 // seq_start with keep_from: a slot starts from another slot's first positions, copied, and samples exactly
 // what it samples after computing them itself; the source slot goes on unchanged.
+// A row that wants an embedding gets the final-normed hidden state: the very vector the output head turns
+// into that position's logits. Each row's embedding is what a prompt ending there gives alone, a sequence
+// that was never started (no sampler) may ask for them, and rows of both kinds share a step.
+TEST_F(EngineTest, AnEmbeddingRowIsTheNormedHiddenStateTheLogitsComeFrom) {
+    const std::vector<int32_t> prompt = {1, 403, 407, 338, 401, 396, 385, 403};
+    const int32_t n = static_cast<int32_t>(prompt.size());
+    const int32_t n_embd = model->hparams().n_embd;
+    ThreadPool pool(1);
+    ContextParams cp;
+    cp.n_ctx = 64;
+    cp.n_seq = 2;
+    auto e = LocalEngine::create(model, cp, pool);
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE((*e)->seq_start(0, sampling(0.0f, 1), /*want_logits=*/true).ok());
+    Batch b;
+    for (int32_t i = 0; i < n; ++i) b.add(prompt[i], i, 0, i == n - 1);
+    for (int32_t i = 0; i < n; ++i) b.add_out(prompt[i], i, 1, kOutEmbedding);  // slot 1: never started
+    ASSERT_TRUE((*e)->submit(b).ok());
+    auto r = (*e)->wait();
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(r->size(), static_cast<size_t>(n + 1));
+    const StepOutput &sampled = r->at(0);
+    EXPECT_EQ(sampled.seq, 0);
+    EXPECT_GE(sampled.token, 0);
+    EXPECT_TRUE(sampled.embedding.empty());
+    ASSERT_EQ(sampled.logits.size(), static_cast<size_t>(model->hparams().n_vocab));
+    for (int32_t i = 0; i < n; ++i) {
+        const StepOutput &o = r->at(1 + i);
+        EXPECT_EQ(o.seq, 1);
+        EXPECT_EQ(o.token, StepOutput::kEmbeddingToken);
+        ASSERT_EQ(o.embedding.size(), static_cast<size_t>(n_embd));
+    }
+    // The output head over the last row's embedding gives that position's logits, bit for bit.
+    std::vector<float> logits(static_cast<size_t>(model->hparams().n_vocab));
+    std::vector<uint8_t> scratch;
+    kernels::matmul(model->output(), r->at(n).embedding.data(), logits.data(), 1, pool, scratch);
+    EXPECT_EQ(logits, sampled.logits);
+    // Not the raw residual stream: the final norm makes its mean square 1 before the norm's weights, so the
+    // vectors differ from row to row but none is zero.
+    EXPECT_NE(r->at(1).embedding, r->at(2).embedding);
+    // Row k's embedding is what a prompt of k + 1 tokens gives alone.
+    for (int32_t k : {0, 3, n - 1}) {
+        ASSERT_TRUE((*e)->seq_clear(1).ok());
+        b.clear();
+        for (int32_t i = 0; i <= k; ++i) b.add_out(prompt[i], i, 1, i == k ? kOutEmbedding : kOutNone);
+        ASSERT_TRUE((*e)->submit(b).ok());
+        auto alone = (*e)->wait();
+        ASSERT_TRUE(alone.ok());
+        ASSERT_EQ(alone->size(), 1u);
+        EXPECT_EQ(alone->at(0).embedding, r->at(1 + k).embedding) << "row " << k;
+    }
+    // An output kind the engine does not know is refused.
+    b.clear();
+    b.add_out(prompt[0], 0, 1, 3);
+    ASSERT_TRUE((*e)->seq_clear(1).ok());
+    auto bad = (*e)->submit(b);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.kind(), ErrorKind::invalid_input);
+}
+
 TEST_F(EngineTest, ASlotStartedFromAnotherSlotsPositionsSamplesAsIfItComputedThem) {
     const std::vector<int32_t> prompt = {1, 403, 407, 338, 401, 396, 385, 403};
     const int n = 10;

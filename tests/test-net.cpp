@@ -61,7 +61,7 @@ Status decode_any(MsgType type, std::span<const uint8_t> p) {
             return v.status();
         }
         case MsgType::result: {
-            auto v = decode_result(p, 16);
+            auto v = decode_result(p, 16, 8);
             if (v.ok())
                 for (uint32_t i = 0; i < v->n_outputs; ++i) (void)v->row(i);
             return v.status();
@@ -271,11 +271,17 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
     const std::vector<float> logits = random_rows(2 * 16, 2);
     {
         Bytes b;
-        encode_result(rows, nullptr, 16, b);
+        encode_result(rows, nullptr, 16, nullptr, 0, b);
         v.emplace_back(MsgType::result, std::move(b));
         Bytes c;
-        encode_result(rows, logits.data(), 16, c);
+        encode_result(rows, logits.data(), 16, nullptr, 0, c);
         v.emplace_back(MsgType::result, std::move(c));
+        // A sampled row with its logits and an embedding row (n_embd 8).
+        const ResultRow mixed[2] = {{0, 42, -0.5f}, {1, kEmbeddingRowToken, 0.0f}};
+        const std::vector<float> embd = random_rows(8, 3);
+        Bytes d;
+        encode_result(mixed, logits.data(), 16, embd.data(), 8, d);
+        v.emplace_back(MsgType::result, std::move(d));
     }
     v.emplace_back(MsgType::stats_request, Bytes{});
     v.emplace_back(MsgType::shutdown, Bytes{});
@@ -890,8 +896,8 @@ TEST(NetCodec, ForwardRejectsMalformedPayloads) {
     put_le<uint32_t>(b, 12, 0x80);
     expect_error(b, "unknown flags");
     b = good;
-    b[16 + 8 * 12 + 3] = 2;  // want[3]
-    expect_error(b, "want must be 0 or 1");
+    b[16 + 8 * 12 + 3] = 3;  // want[3]: 2 is an embedding (v11), 3 nothing
+    expect_error(b, "want must be 0, 1 or 2");
     b = good;
     put_le<int32_t>(b, 16, -1);  // pos[0]
     expect_error(b, "pos -1");
@@ -902,8 +908,8 @@ TEST(NetCodec, ResultRoundTripWithAndWithoutLogits) {
     const uint32_t n_vocab = 33;
     const std::vector<float> logits = random_rows(3 * n_vocab, 6);
     Bytes b;
-    encode_result(rows, nullptr, n_vocab, b);
-    auto v = decode_result(b, n_vocab);
+    encode_result(rows, nullptr, n_vocab, nullptr, 0, b);
+    auto v = decode_result(b, n_vocab, 8);
     ASSERT_TRUE(v.ok()) << v.status().message();
     ASSERT_EQ(v->n_outputs, 3u);
     EXPECT_FALSE(v->flags & kResultLogits);
@@ -914,20 +920,63 @@ TEST(NetCodec, ResultRoundTripWithAndWithoutLogits) {
         EXPECT_EQ(v->row(i).logprob, rows[i].logprob);
     }
 
-    encode_result(rows, logits.data(), n_vocab, b);
-    v = decode_result(b, n_vocab);
+    encode_result(rows, logits.data(), n_vocab, nullptr, 0, b);
+    v = decode_result(b, n_vocab, 8);
     ASSERT_TRUE(v.ok()) << v.status().message();
     ASSERT_EQ(v->logits.size(), 3 * n_vocab * 4);
     EXPECT_EQ(std::memcmp(v->logits.data(), logits.data(), v->logits.size()), 0);
     EXPECT_EQ(v->row(2).seq, 5);
 
-    auto wrong = decode_result(b, n_vocab + 1);  // the receiver's vocabulary differs
+    auto wrong = decode_result(b, n_vocab + 1, 8);  // the receiver's vocabulary differs
     ASSERT_FALSE(wrong.ok());
     EXPECT_NE(wrong.status().message().find("result: 3 outputs with 34 logits each need"), std::string::npos)
         << wrong.status().message();
-    EXPECT_FALSE(decode_result(b, 0).ok());
+    EXPECT_FALSE(decode_result(b, 0, 8).ok());
     put_le<uint32_t>(b, 0, kMaxBatchRows + 1);
-    EXPECT_FALSE(decode_result(b, n_vocab).ok());
+    EXPECT_FALSE(decode_result(b, n_vocab, 8).ok());
+}
+
+// v11: rows that wanted an embedding carry token -1, and their hidden states follow the other rows' logits.
+TEST(NetCodec, ResultCarriesEmbeddingRowsAfterTheSampledRowsLogits) {
+    const ResultRow rows[3] = {{0, 42, -0.5f}, {1, kEmbeddingRowToken, 0.0f}, {2, 7, -1.0f}};
+    const uint32_t n_vocab = 33, n_embd = 12;
+    const std::vector<float> logits = random_rows(2 * n_vocab, 7);  // rows 0 and 2
+    const std::vector<float> embd = random_rows(n_embd, 8);         // row 1
+    Bytes b;
+    encode_result(rows, logits.data(), n_vocab, embd.data(), n_embd, b);
+    auto v = decode_result(b, n_vocab, n_embd);
+    ASSERT_TRUE(v.ok()) << v.status().message();
+    EXPECT_EQ(v->flags, kResultLogits | kResultEmbeddings);
+    EXPECT_EQ(v->n_embedding_rows, 1u);
+    EXPECT_EQ(v->n_embd, n_embd);
+    ASSERT_EQ(v->logits.size(), 2 * n_vocab * 4);
+    EXPECT_EQ(std::memcmp(v->logits.data(), logits.data(), v->logits.size()), 0);
+    ASSERT_EQ(v->embeddings.size(), n_embd * 4);
+    EXPECT_EQ(std::memcmp(v->embeddings.data(), embd.data(), v->embeddings.size()), 0);
+    EXPECT_EQ(v->row(1).token, kEmbeddingRowToken);
+
+    // Without logits: the embeddings follow the rows.
+    encode_result(rows, nullptr, n_vocab, embd.data(), n_embd, b);
+    v = decode_result(b, n_vocab, n_embd);
+    ASSERT_TRUE(v.ok()) << v.status().message();
+    EXPECT_EQ(v->flags, kResultEmbeddings);
+    EXPECT_EQ(std::memcmp(v->embeddings.data(), embd.data(), v->embeddings.size()), 0);
+
+    // The receiver's model is another width.
+    auto wrong = decode_result(b, n_vocab, n_embd + 1);
+    ASSERT_FALSE(wrong.ok());
+    EXPECT_NE(wrong.status().message().find("embeddings of 12 values"), std::string::npos)
+        << wrong.status().message();
+    // Embedding rows without their values.
+    Bytes c(b.begin(), b.begin() + 8 + 3 * kResultRowBytes);
+    put_le<uint32_t>(c, 4, 0);
+    auto missing = decode_result(c, n_vocab, n_embd);
+    ASSERT_FALSE(missing.ok());
+    EXPECT_NE(missing.status().message().find("1 embedding rows without"), std::string::npos)
+        << missing.status().message();
+    // A short embeddings block.
+    b.resize(b.size() - 4);
+    EXPECT_FALSE(decode_result(b, n_vocab, n_embd).ok());
 }
 
 // Deterministic mutations of every message: byte flips, truncations, extensions, header-field rewrites.

@@ -45,6 +45,7 @@ struct ServeOptions {
     std::string alias;
     std::string kv_type = "f16";
     std::string chat_template;
+    std::string pooling;   // "" = the model's
     ClusterFlags cluster;  // --workers etc.: serve through a pipeline of workers
     int32_t n_micro_batches = 0;
     int timeout_s = 600;
@@ -82,6 +83,11 @@ int serve_main(const ServeOptions &opt) {
     sp.n_batch = opt.n_batch;
     sp.max_queue = opt.max_queue;
     sp.chat_template = opt.chat_template;
+    if (!opt.pooling.empty()) {
+        auto pooling = parse_pooling(opt.pooling);
+        if (!pooling.ok()) return fail(pooling.status().with_context("--pooling"));
+        sp.pooling = *pooling;
+    }
     if (opt.kv_type == "f32") {
         sp.kv_type = KvType::f32;
     } else if (opt.kv_type != "f16") {
@@ -146,10 +152,13 @@ int serve_main(const ServeOptions &opt) {
                                   ? fmt::format("{} pipeline stages, {} micro-batches in flight",
                                                 (*model)->n_stages(), (*model)->scheduler().n_micro_batches())
                                   : fmt::format("{} threads", (*model)->n_threads());
-    std::fprintf(stderr, "tandem serve: model '%s' ready: %d slots of %d positions, %s, chat template %s%s\n",
+    std::fprintf(stderr,
+                 "tandem serve: model '%s' ready: %d slots of %d positions, %s, chat template %s%s, "
+                 "embeddings pooled by %s\n",
                  hp.model_id.c_str(), opt.n_parallel, (*model)->n_ctx_slot(), where.c_str(),
                  (*model)->chat_template().name().c_str(),
-                 (*model)->chat_template().fallback() ? " (fallback)" : "");
+                 (*model)->chat_template().fallback() ? " (fallback)" : "",
+                 pooling_name((*model)->pooling()));
     if (hp.web_ui)
         std::fprintf(stderr, "tandem serve: dashboard (chat and cluster) at %s://%s:%d/\n",
                      opt.ssl_cert.empty() ? "http" : "https", opt.host.c_str(), *port);
@@ -223,6 +232,10 @@ void register_serve(CLI::App &app, Runners &runners) {
         "--chat-template", opt->chat_template,
         "Chat template: a family name (chatml, llama3, ...) or a .jinja file (default: the model's own "
         "Jinja template)");
+    cmd->add_option(
+        "--pooling", opt->pooling,
+        "How /v1/embeddings, /embedding and /api/embed pool a prompt: mean, cls, last or none (one "
+        "vector per token, /embedding only) (default: the model's pooling_type, else last)");
     cmd->add_option("--micro-batches", opt->n_micro_batches,
                     "Steps kept in flight through a pipeline (0: one per worker)")
         ->default_val(0);

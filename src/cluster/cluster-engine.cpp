@@ -168,7 +168,7 @@ Status ClusterEngine::submit(const Batch &batch) {
         if (batch.pos[i] < 0 || batch.pos[i] >= n_ctx_)
             return invalid_input("position {} is beyond the context size {}", batch.pos[i], n_ctx_);
         if (lost_[s]) return lost_error(s);  // a reconnect (a probe's, or another call's) cleared it
-        if (batch.want_logits[i] && !started_[s])
+        if (batch.want_logits[i] == kOutLogits && !started_[s])
             return invalid_input("sequence {} wants logits but was not started (seq_start)", s);
     }
     if (static_cast<int>(pending_.size()) >= options_.max_in_flight)
@@ -236,12 +236,15 @@ Status ClusterEngine::take_result(Frame *f, uint64_t id, std::vector<StepOutput>
     if (type != net::MsgType::result || f->header.request_id != id) {
         s = make_error(ErrorKind::failed, "worker {} sent {} for step {} while step {} was expected",
                        result_address(), net::msg_type_name(type), f->header.request_id, id);
-    } else if (auto r = net::decode_result(f->payload, static_cast<uint32_t>(n_vocab())); !r.ok()) {
+    } else if (auto r = net::decode_result(f->payload, static_cast<uint32_t>(n_vocab()),
+                                           static_cast<uint32_t>(model_->hparams().n_embd));
+               !r.ok()) {
         s = r.status().with_context(fmt::format("worker {}", result_address()));
     } else {
         const bool has_logits = (r->flags & net::kResultLogits) != 0;
         const size_t base = out.size();
         out.resize(base + r->n_outputs);
+        uint32_t n_logit_rows = 0, n_embd_rows = 0;
         for (uint32_t i = 0; i < r->n_outputs; ++i) {
             const net::ResultRow row = r->row(i);
             if (row.seq < 0 || row.seq >= n_seq()) {
@@ -253,9 +256,16 @@ Status ClusterEngine::take_result(Frame *f, uint64_t id, std::vector<StepOutput>
             o.seq = row.seq;
             o.token = row.token;
             o.logprob = row.logprob;
+            if (row.token == net::kEmbeddingRowToken) {
+                const float *p =
+                    reinterpret_cast<const float *>(r->embeddings.data()) + size_t{n_embd_rows++} * r->n_embd;
+                o.embedding.assign(p, p + r->n_embd);
+                continue;
+            }
+            const uint32_t li = n_logit_rows++;
             if (has_logits && want_logits_[row.seq]) {
                 const float *p =
-                    reinterpret_cast<const float *>(r->logits.data()) + static_cast<size_t>(i) * n_vocab();
+                    reinterpret_cast<const float *>(r->logits.data()) + static_cast<size_t>(li) * n_vocab();
                 o.logits.assign(p, p + n_vocab());
             }
         }

@@ -290,6 +290,8 @@ Status Stage::handle_forward(Frame &f) {
                             static_cast<uint32_t>(hp.n_embd), wire_, out_buf_);
         return send_down(net::MsgType::forward, f.header.request_id, out_buf_);
     }
+    static_assert(net::kWantEmbedding == kOutEmbedding &&
+                  net::kEmbeddingRowToken == StepOutput::kEmbeddingToken);
     const float *logits = ctx_->logits();  // [n_outputs, n_vocab]
     if (collective_) {
         // Every rank of the last group takes part in the merge; rank 0 samples and answers.
@@ -300,8 +302,11 @@ Status Stage::handle_forward(Frame &f) {
         TD_TRY(s);
         if (load_.tp_rank != 0) return {};
         logits = merger_.logits();
+        add_embedding_outputs(batch_, ctx_->embeddings(), hp.n_embd,
+                              outputs_);  // every rank holds them whole
     } else {
-        sample_outputs(batch_, logits, hp.n_vocab, sampler_ptrs_, want_logits_, outputs_);
+        sample_outputs(batch_, logits, hp.n_vocab, sampler_ptrs_, want_logits_, ctx_->embeddings(), hp.n_embd,
+                       outputs_);
     }
     rows_.resize(outputs_.size());
     bool any_logits = false;
@@ -309,9 +314,10 @@ Status Stage::handle_forward(Frame &f) {
         rows_[i] = {outputs_[i].seq, outputs_[i].token, outputs_[i].logprob};
         any_logits = any_logits || !outputs_[i].logits.empty();
     }
-    // With logits, every output row's logits go (ctx's [n_outputs, n_vocab] as is); the head keeps the rows
-    // of the sequences that asked.
-    net::encode_result(rows_, any_logits ? logits : nullptr, static_cast<uint32_t>(hp.n_vocab), out_buf_);
+    // With logits, every sampled row's logits go (ctx's [n_outputs, n_vocab] as is); the head keeps the rows
+    // of the sequences that asked. Embedding rows go as the context left them ([n_embeddings, n_embd]).
+    net::encode_result(rows_, any_logits ? logits : nullptr, static_cast<uint32_t>(hp.n_vocab),
+                       ctx_->embeddings(), static_cast<uint32_t>(hp.n_embd), out_buf_);
     return send_down(net::MsgType::result, f.header.request_id, out_buf_);
 }
 

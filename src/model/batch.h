@@ -1,6 +1,7 @@
 // A batch: the rows one forward call computes. Each row is a token (or, for a stage that does not start at
-// layer 0, a row of the incoming hidden state) at a position of a sequence, and says whether its logits are
-// wanted. A long prompt and many decoding sequences go through the same call.
+// layer 0, a row of the incoming hidden state) at a position of a sequence, and says what output it wants:
+// none, its logits (sampled by its sequence's sampler), or its embedding (the final-normed hidden state, what
+// llama.cpp pools into an embedding). A long prompt and many decoding sequences go through the same call.
 #pragma once
 
 #include <cstdint>
@@ -8,11 +9,16 @@
 
 namespace td {
 
+// Batch::want_logits values (one byte per row; forward frames carry them as they are).
+inline constexpr uint8_t kOutNone = 0;
+inline constexpr uint8_t kOutLogits = 1;     // logits, sampled into a token
+inline constexpr uint8_t kOutEmbedding = 2;  // the row's final-normed hidden state [n_embd]
+
 struct Batch {
     std::vector<int32_t> token;        // [n] token ids (read only when the range starts at layer 0)
     std::vector<int32_t> pos;          // [n] position in its sequence
     std::vector<int32_t> seq;          // [n] sequence slot (KV cache slot)
-    std::vector<uint8_t> want_logits;  // [n] 1 = compute logits for this row (last stage only)
+    std::vector<uint8_t> want_logits;  // [n] kOut*: what the last stage outputs for this row
 
     int32_t size() const { return static_cast<int32_t>(pos.size()); }
     bool empty() const { return pos.empty(); }
@@ -23,14 +29,19 @@ struct Batch {
         want_logits.clear();
     }
     void add(int32_t tok, int32_t p, int32_t s, bool logits) {
+        add_out(tok, p, s, logits ? kOutLogits : kOutNone);
+    }
+    void add_out(int32_t tok, int32_t p, int32_t s, uint8_t out) {
         token.push_back(tok);
         pos.push_back(p);
         seq.push_back(s);
-        want_logits.push_back(logits ? 1 : 0);
+        want_logits.push_back(out);
     }
-    int32_t n_outputs() const {
+    int32_t n_outputs() const { return count(kOutLogits); }        // rows with logits
+    int32_t n_embeddings() const { return count(kOutEmbedding); }  // rows with an embedding
+    int32_t count(uint8_t out) const {
         int32_t n = 0;
-        for (uint8_t w : want_logits) n += w;
+        for (uint8_t w : want_logits) n += w == out;
         return n;
     }
 };

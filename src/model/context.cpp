@@ -68,6 +68,9 @@ Status Context::validate(const Batch &batch, const float *hidden_in) const {
         if (next[s] < 0 ? p > expected : p != expected)
             return invalid_input("sequence {}: position {} does not follow position {}", s, p, expected - 1);
         next[s] = p + 1;
+        if (batch.want_logits[i] > kOutEmbedding)
+            return invalid_input("row {}: output kind {} is unknown (0 none, 1 logits, 2 embedding)", i,
+                                 batch.want_logits[i]);
         if (m.layer_first() == 0) {
             const int32_t t = batch.token[i];
             if (t < 0 || t >= m.hparams().n_vocab)
@@ -130,21 +133,28 @@ Status Context::decode(const Batch &batch, const float *hidden_in) {
     for (int32_t i = 0; i < n; ++i) kv_.seq_set_len(batch.seq[i], batch.pos[i] + 1);
 
     n_outputs_ = 0;
+    n_embeddings_ = 0;
     if (m.layer_last() != hp.n_layer) return {};
 
-    // Output head only for the rows that want logits: final norm, then [n_outputs, n_vocab] projection.
+    // Output head: final norm for the rows that want an output; the rows that want logits then go through
+    // the [n_outputs, n_vocab] projection, the rows that want an embedding stay as they are.
     n_outputs_ = batch.n_outputs();
-    if (n_outputs_ == 0) return {};
+    n_embeddings_ = batch.n_embeddings();
+    if (n_outputs_ + n_embeddings_ == 0) return {};
     if (out_rows_.size() < static_cast<size_t>(n_outputs_) * n_embd)
         out_rows_.resize(static_cast<size_t>(n_outputs_) * n_embd);
+    if (embd_rows_.size() < static_cast<size_t>(n_embeddings_) * n_embd)
+        embd_rows_.resize(static_cast<size_t>(n_embeddings_) * n_embd);
+    const float *norm_w = static_cast<const float *>(m.output_norm().data);
+    for (int32_t i = 0, o = 0, e = 0; i < n; ++i) {
+        if (batch.want_logits[i] == kOutLogits)
+            kernels::rmsnorm(&x_[i * n_embd], norm_w, &out_rows_[o++ * n_embd], n_embd, hp.rms_eps);
+        else if (batch.want_logits[i] == kOutEmbedding)
+            kernels::rmsnorm(&x_[i * n_embd], norm_w, &embd_rows_[e++ * n_embd], n_embd, hp.rms_eps);
+    }
+    if (n_outputs_ == 0) return {};
     const size_t n_logits = static_cast<size_t>(n_outputs_) * m.n_vocab_local();
     if (logits_.size() < n_logits) logits_.resize(n_logits);
-    const float *norm_w = static_cast<const float *>(m.output_norm().data);
-    for (int32_t i = 0, o = 0; i < n; ++i) {
-        if (!batch.want_logits[i]) continue;
-        kernels::rmsnorm(&x_[i * n_embd], norm_w, &out_rows_[o * n_embd], n_embd, hp.rms_eps);
-        ++o;
-    }
     kernels::matmul(m.output(), out_rows_.data(), logits_.data(), n_outputs_, *pool_, mm_scratch_);
     if (hp.final_softcap > 0.0f) {
         // gemma2: logits = c * tanh(logits / c), as llama.cpp rounds it: multiply by the f32 1/c, libm's

@@ -3,7 +3,9 @@
 //
 //   first == 0:        input is token ids (embedding lookup)
 //   first > 0:         input is the hidden state [n_tokens, n_embd] from the previous stage
-//   last == n_layer:   output is logits [n_outputs, n_vocab] for the rows that asked for them
+//   last == n_layer:   output is logits [n_outputs, n_vocab] for the rows that asked for them, and the
+//                      final-normed hidden state [n_embeddings, n_embd] for the rows that asked for an
+//                      embedding
 //   last < n_layer:    output is the hidden state [n_tokens, n_embd] for the next stage
 // Splitting [0, n) into [0, k) + [k, n) gives bit-identical results: the math per row does not depend on
 // which call it ran in.
@@ -51,6 +53,10 @@ public:
     const float *logits() const { return logits_.data(); }  // [n_outputs, n_vocab_local], last stage only
     int32_t n_vocab_local() const { return model_->n_vocab_local(); }
     int32_t n_outputs() const { return n_outputs_; }
+    // [n_embeddings, n_embd], the rows with kOutEmbedding in batch order (last stage only; every rank of a
+    // tensor-parallel group holds them whole).
+    const float *embeddings() const { return embd_rows_.data(); }
+    int32_t n_embeddings() const { return n_embeddings_; }
     const float *hidden() const { return x_.data(); }  // [n_tokens, n_embd], non-last stage only
 
     const Model &model() const { return *model_; }
@@ -101,8 +107,10 @@ private:
     std::vector<float> scores_;    // [n_threads, n_ctx] attention scores per thread
     std::vector<float> logits_;    // [n_outputs, n_vocab_local]
     std::vector<float> out_rows_;  // [n_outputs, n_embd]
+    std::vector<float> embd_rows_;  // [n_embeddings, n_embd]
     std::vector<uint8_t> mm_scratch_;
     int32_t n_outputs_ = 0;
+    int32_t n_embeddings_ = 0;
 };
 
 }  // namespace td

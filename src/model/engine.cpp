@@ -4,12 +4,13 @@
 
 namespace td {
 
-void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab, const std::vector<Sampler *> &samplers,
-                    const std::vector<bool> &want_logits, std::vector<StepOutput> &out) {
+void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab,
+                    const std::vector<Sampler *> &samplers, const std::vector<bool> &want_logits,
+                    const float *embeddings, int32_t n_embd, std::vector<StepOutput> &out) {
     out.clear();
     int32_t o = 0;
     for (int32_t i = 0; i < batch.size(); ++i) {
-        if (!batch.want_logits[i]) continue;
+        if (batch.want_logits[i] != kOutLogits) continue;
         const float *row = logits + static_cast<size_t>(o++) * n_vocab;  // [n_vocab]
         const int32_t s = batch.seq[i];
         Sampler *sampler = samplers[s];
@@ -24,6 +25,28 @@ void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab, co
             so.logits.assign(row, row + n_vocab);
         }
         out.push_back(std::move(so));
+    }
+    if (embeddings != nullptr) add_embedding_outputs(batch, embeddings, n_embd, out);
+}
+
+void add_embedding_outputs(const Batch &batch, const float *embeddings, int32_t n_embd,
+                           std::vector<StepOutput> &out) {
+    if (batch.n_embeddings() == 0) return;
+    std::vector<StepOutput> sampled = std::move(out);
+    out.clear();
+    size_t o = 0;
+    int32_t e = 0;
+    for (int32_t i = 0; i < batch.size(); ++i) {
+        if (batch.want_logits[i] == kOutLogits && o < sampled.size()) {
+            out.push_back(std::move(sampled[o++]));
+        } else if (batch.want_logits[i] == kOutEmbedding) {
+            StepOutput so;
+            so.seq = batch.seq[i];
+            so.token = StepOutput::kEmbeddingToken;
+            const float *row = embeddings + static_cast<size_t>(e++) * n_embd;
+            so.embedding.assign(row, row + n_embd);
+            out.push_back(std::move(so));
+        }
     }
 }
 
@@ -75,7 +98,8 @@ Status LocalEngine::seq_clear(int32_t seq) {
 Status LocalEngine::submit(const Batch &batch) {
     if (has_pending_) return make_error(ErrorKind::failed, "a step is already queued; call wait() first");
     for (int32_t i = 0; i < batch.size(); ++i)
-        if (batch.want_logits[i] && batch.seq[i] >= 0 && batch.seq[i] < n_seq() && !slots_[batch.seq[i]].sampler)
+        if (batch.want_logits[i] == kOutLogits && batch.seq[i] >= 0 && batch.seq[i] < n_seq() &&
+            !slots_[batch.seq[i]].sampler)
             return invalid_input("sequence {} wants logits but was not started (seq_start)", batch.seq[i]);
     TD_TRY(ctx_->decode(batch));
     std::vector<Sampler *> samplers(n_seq());
@@ -84,7 +108,8 @@ Status LocalEngine::submit(const Batch &batch) {
         samplers[s] = slots_[s].sampler.get();
         want[s] = slots_[s].want_logits;
     }
-    sample_outputs(batch, ctx_->logits(), n_vocab(), samplers, want, pending_);
+    sample_outputs(batch, ctx_->logits(), n_vocab(), samplers, want, ctx_->embeddings(),
+                   ctx_->model().hparams().n_embd, pending_);
     has_pending_ = true;
     return {};
 }

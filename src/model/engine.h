@@ -21,10 +21,13 @@
 namespace td {
 
 struct StepOutput {
+    // A row that wanted an embedding (kOutEmbedding) has this token and no sampling.
+    static constexpr int32_t kEmbeddingToken = -1;
     int32_t seq = 0;
     int32_t token = 0;      // sampled with the sequence's sampler (already accepted into its history)
     float logprob = 0.0f;   // log-probability of `token` under the raw distribution (with want_logits)
     std::vector<float> logits;  // [n_vocab], only when the sequence was started with want_logits
+    std::vector<float> embedding;  // [n_embd], the row's final-normed hidden state (kOutEmbedding rows)
 };
 
 class Engine {
@@ -54,7 +57,9 @@ public:
     virtual int32_t seq_cached(int32_t seq) const = 0;
     virtual Status seq_clear(int32_t seq) = 0;
 
-    // Queues one step. Rows with want_logits produce one StepOutput each, in row order.
+    // Queues one step. Rows with an output (Batch::want_logits kOutLogits or kOutEmbedding) produce one
+    // StepOutput each, in row order; a row that wants logits needs its sequence started (seq_start), a row
+    // that wants an embedding does not sample.
     // Errors: bad batch (invalid_input), node failure (disconnected/failed, naming the node).
     virtual Status submit(const Batch &batch) = 0;
     // Outputs of the oldest queued step. Error if nothing is queued.
@@ -96,9 +101,14 @@ Status seq_keep_validate(int32_t seq, int32_t keep, int32_t keep_from, int32_t n
                          const std::function<int32_t(int32_t)> &cached);
 
 // Samples the rows of `logits` ([n_outputs, n_vocab], in batch row order) for the batch rows that want
-// logits, with each row's sequence sampler; used by LocalEngine and by a cluster's last stage.
+// logits, with each row's sequence sampler, and adds the rows that want an embedding (`embeddings`:
+// [n_embeddings, n_embd]; null: leaves them out); used by LocalEngine and by a cluster's last stage.
 void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab,
                     const std::vector<Sampler *> &samplers /*[n_seq]*/, const std::vector<bool> &want_logits,
-                    std::vector<StepOutput> &out);
+                    const float *embeddings, int32_t n_embd, std::vector<StepOutput> &out);
+// `out` holds the outputs of the rows that want logits, in row order; adds those of the rows that want an
+// embedding where they belong (row order).
+void add_embedding_outputs(const Batch &batch, const float *embeddings /*[n_embeddings, n_embd]*/,
+                           int32_t n_embd, std::vector<StepOutput> &out);
 
 }  // namespace td

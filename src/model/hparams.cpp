@@ -116,6 +116,11 @@ Result<HParams> read_hparams(const gguf::File &file, std::string_view arch_view,
         }
     }
 
+    TD_ASSIGN_OR_RETURN(auto pooling, file.get_int_opt(key("pooling_type")));
+    // Another value (4: a reranker's rank) leaves it unset: the model still generates.
+    if (pooling && *pooling >= 0 && *pooling <= static_cast<int64_t>(Pooling::last))
+        hp.pooling = static_cast<Pooling>(*pooling);
+
     // The vocabulary size comes from the key when present, else from the tokenizer's token list.
     TD_ASSIGN_OR_RETURN(auto n_vocab, file.get_int_opt(key("vocab_size")));
     if (n_vocab) {
@@ -124,6 +129,28 @@ Result<HParams> read_hparams(const gguf::File &file, std::string_view arch_view,
         hp.n_vocab = static_cast<int32_t>(tokens->array_size());
     }
     return hp;
+}
+
+const char *pooling_name(Pooling p) {
+    switch (p) {
+        case Pooling::none:
+            return "none";
+        case Pooling::mean:
+            return "mean";
+        case Pooling::cls:
+            return "cls";
+        case Pooling::last:
+            return "last";
+        case Pooling::unset:
+            break;
+    }
+    return "unset";
+}
+
+Result<Pooling> parse_pooling(const std::string &name) {
+    for (Pooling p : {Pooling::none, Pooling::mean, Pooling::cls, Pooling::last})
+        if (name == pooling_name(p)) return p;
+    return invalid_input("pooling '{}' is not one of none, mean, cls, last", name);
 }
 
 }  // namespace td

@@ -13,6 +13,14 @@ namespace td {
 
 enum class RopeScaling { none = 0, linear = 1, llama3 = 2 };
 
+// How an embedding is made of a prompt's final-normed hidden states (GGUF `<arch>.pooling_type`, llama.cpp's
+// values): none = one vector per token, mean = their average, cls = the first token's, last = the last's.
+// unset: the file does not say (rank, 4, is a reranker's and not supported).
+enum class Pooling { unset = -1, none = 0, mean = 1, cls = 2, last = 3 };
+const char *pooling_name(Pooling p);  // "none", "mean", "cls", "last", "unset"
+// "none" | "mean" | "cls" | "last" -> the pooling; anything else invalid_input.
+Result<Pooling> parse_pooling(const std::string &name);
+
 struct HParams {
     std::string arch;  // general.architecture
     std::string name;  // general.name (may be empty)
@@ -48,6 +56,8 @@ struct HParams {
     float attn_softcap = 0.0f;
     float final_softcap = 0.0f;
     float attn_q_scale = 0.0f;
+
+    Pooling pooling = Pooling::unset;  // pooling_type
 
     int32_t n_embd_q() const { return n_head * head_dim; }
     int32_t n_embd_kv() const { return n_head_kv * head_dim; }

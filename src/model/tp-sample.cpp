@@ -56,7 +56,7 @@ Status TpOutputMerger::sample(const Batch &batch, const float *logits, const TpS
     mine_.clear();
     int32_t o = 0;
     for (int32_t i = 0; i < batch.size(); ++i) {
-        if (!batch.want_logits[i]) continue;
+        if (batch.want_logits[i] != kOutLogits) continue;
         const float *row = logits + static_cast<size_t>(o++) * n_local;  // [n_local]
         const int32_t s = batch.seq[i];
         const Sampler *sampler = samplers[s];
@@ -124,7 +124,7 @@ Status TpOutputMerger::sample(const Batch &batch, const float *logits, const TpS
             }
         }
     }
-    sample_outputs(batch, full_.data(), n_vocab, samplers, want_logits, out);
+    sample_outputs(batch, full_.data(), n_vocab, samplers, want_logits, nullptr, 0, out);
     return {};
 }
 

@@ -742,7 +742,8 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
             return invalid_input("forward: row {} has pos {} seq {} (must not be negative)", i, v.pos[i],
                                  v.seq[i]);
         }
-        if (v.want[i] > 1) return invalid_input("forward: row {} want must be 0 or 1, got {}", i, v.want[i]);
+        if (v.want[i] > kWantEmbedding)
+            return invalid_input("forward: row {} want must be 0, 1 or 2, got {}", i, v.want[i]);
     }
     for (size_t i = l.want + h.n_rows; i < l.body; ++i) {
         if (p[i] != 0) return invalid_input("forward: padding byte at offset {} is {}, must be 0", i, p[i]);
@@ -827,49 +828,82 @@ ResultRow ResultView::row(uint32_t i) const {
     return r;
 }
 
-Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vocab) {
+Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vocab, uint32_t n_embd) {
     Reader r("result", payload);
     ResultView v;
     TD_TRY(r.field(v.n_outputs, "n_outputs"));
     TD_TRY(r.field(v.flags, "flags"));
-    if (v.flags & ~kResultLogits)
-        return invalid_input("result: unknown flags 0x{:x}", v.flags & ~kResultLogits);
+    constexpr uint32_t known = kResultLogits | kResultEmbeddings;
+    if (v.flags & ~known) return invalid_input("result: unknown flags 0x{:x}", v.flags & ~known);
     if (v.n_outputs > kMaxBatchRows) {
         return invalid_input("result: n_outputs {} exceeds the limit of {}", v.n_outputs, kMaxBatchRows);
     }
     const bool logits = (v.flags & kResultLogits) != 0;
+    const bool embeddings = (v.flags & kResultEmbeddings) != 0;
     if (logits && n_vocab == 0)
         return invalid_input("result: logits sent but the receiver expects none (n_vocab 0)");
     const uint64_t rows_bytes = uint64_t{v.n_outputs} * kResultRowBytes;
-    const uint64_t logits_bytes = logits ? uint64_t{v.n_outputs} * n_vocab * 4 : 0;
-    const uint64_t total = 8 + rows_bytes + logits_bytes;
-    if (total != payload.size()) {
-        return invalid_input("result: {} outputs{} need {} bytes, payload has {}", v.n_outputs,
-                             logits ? fmt::format(" with {} logits each", n_vocab) : std::string(), total,
-                             payload.size());
-    }
+    if (payload.size() < 8 + rows_bytes)
+        return invalid_input("result: {} outputs need at least {} bytes, payload has {}", v.n_outputs,
+                             8 + rows_bytes, payload.size());
     v.rows = payload.subspan(8, rows_bytes);
-    v.logits = payload.subspan(8 + rows_bytes);
+    for (uint32_t i = 0; i < v.n_outputs; ++i) v.n_embedding_rows += v.row(i).token == kEmbeddingRowToken;
+    if (v.n_embedding_rows > 0 && !embeddings)
+        return invalid_input("result: {} embedding rows without their embeddings", v.n_embedding_rows);
+    const uint64_t logits_bytes = logits ? uint64_t{v.n_outputs - v.n_embedding_rows} * n_vocab * 4 : 0;
+    uint64_t at = 8 + rows_bytes + logits_bytes;
+    if (embeddings) {
+        if (payload.size() < at + 4)
+            return invalid_input("result: the embeddings' width is missing ({} bytes)", payload.size());
+        std::memcpy(&v.n_embd, payload.data() + at, 4);
+        if (v.n_embd != n_embd)
+            return invalid_input("result: embeddings of {} values, the receiver's model has {}", v.n_embd,
+                                 n_embd);
+        at += 4;
+    }
+    const uint64_t embd_bytes = embeddings ? uint64_t{v.n_embedding_rows} * v.n_embd * 4 : 0;
+    const uint64_t total = at + embd_bytes;
+    if (total != payload.size()) {
+        return invalid_input(
+            "result: {} outputs{}{} need {} bytes, payload has {}", v.n_outputs,
+            logits ? fmt::format(" with {} logits each", n_vocab) : std::string(),
+            embeddings ? fmt::format(", {} embeddings of {}", v.n_embedding_rows, v.n_embd) : std::string(),
+            total, payload.size());
+    }
+    v.logits = payload.subspan(8 + rows_bytes, logits_bytes);
+    v.embeddings = payload.subspan(at, embd_bytes);
     return v;
 }
 
 void encode_result(std::span<const ResultRow> rows, const float *logits, uint32_t n_vocab,
-                   std::vector<uint8_t> &out) {
+                   const float *embeddings, uint32_t n_embd, std::vector<uint8_t> &out) {
     const size_t n = rows.size();
     TD_ASSERT(n <= kMaxBatchRows, "result: {} outputs over the limit", n);
     TD_ASSERT(logits == nullptr || n_vocab > 0, "result: logits need n_vocab > 0");
-    const size_t logits_bytes = logits ? n * n_vocab * 4 : 0;
-    out.resize(8 + n * kResultRowBytes + logits_bytes);
+    size_t n_emb = 0;
+    for (const ResultRow &row : rows) n_emb += row.token == kEmbeddingRowToken;
+    TD_ASSERT(n_emb == 0 || (embeddings != nullptr && n_embd > 0),
+              "result: {} embedding rows need their values", n_emb);
+    const bool with_embeddings = n_emb > 0;
+    const size_t logits_bytes = logits ? (n - n_emb) * n_vocab * 4 : 0;
+    const size_t embd_bytes = with_embeddings ? 4 + n_emb * n_embd * 4 : 0;
+    out.resize(8 + n * kResultRowBytes + logits_bytes + embd_bytes);
     uint8_t *p = out.data();
     put_at(p + 0, static_cast<uint32_t>(n));
-    put_at(p + 4, logits ? kResultLogits : 0u);
+    put_at(p + 4, (logits ? kResultLogits : 0u) | (with_embeddings ? kResultEmbeddings : 0u));
     for (size_t i = 0; i < n; ++i) {
         uint8_t *q = p + 8 + i * kResultRowBytes;
         put_at(q + 0, rows[i].seq);
         put_at(q + 4, rows[i].token);
         put_at(q + 8, rows[i].logprob);
     }
-    if (logits) std::memcpy(p + 8 + n * kResultRowBytes, logits, logits_bytes);
+    uint8_t *at = p + 8 + n * kResultRowBytes;
+    if (logits) std::memcpy(at, logits, logits_bytes);
+    at += logits_bytes;
+    if (with_embeddings) {
+        put_at(at, n_embd);
+        std::memcpy(at + 4, embeddings, n_emb * n_embd * 4);
+    }
 }
 
 size_t forward_payload_bytes(uint32_t n_rows, uint32_t n_embd, WireType wire, bool tokens) {

@@ -101,13 +101,19 @@ struct ResultView {
     uint32_t n_outputs = 0;
     uint32_t flags = 0;
     std::span<const uint8_t> rows;    // n_outputs ResultRow records (12 bytes each, little-endian)
-    std::span<const uint8_t> logits;  // n_outputs * n_vocab f32, with kResultLogits
+    std::span<const uint8_t> logits;  // (n_outputs - n_embedding_rows) * n_vocab f32, with kResultLogits
+    uint32_t n_embedding_rows = 0;    // rows whose token is kEmbeddingRowToken
+    uint32_t n_embd = 0;              // with kResultEmbeddings
+    std::span<const uint8_t> embeddings;  // n_embedding_rows * n_embd f32, with kResultEmbeddings
     ResultRow row(uint32_t i) const;
 };
 // n_vocab: the logits row width the receiver expects (its model's); a payload with kResultLogits and
-// n_vocab 0 is invalid_input. Row contents (seq, token) are not range-checked here: check them where used.
-Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vocab);
-void encode_result(std::span<const ResultRow> rows, const float *logits /*[n, n_vocab] or null*/,
-                   uint32_t n_vocab, std::vector<uint8_t> &out);
+// n_vocab 0 is invalid_input. n_embd: the embedding width it expects. Row contents (seq, token) are not
+// range-checked here: check them where used.
+Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vocab, uint32_t n_embd);
+// logits: [rows that are not embedding rows, n_vocab] or null; embeddings: [embedding rows, n_embd], required
+// when a row's token is kEmbeddingRowToken.
+void encode_result(std::span<const ResultRow> rows, const float *logits, uint32_t n_vocab,
+                   const float *embeddings, uint32_t n_embd, std::vector<uint8_t> &out);
 
 }  // namespace td::net

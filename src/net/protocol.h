@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 10;
+inline constexpr uint16_t kProtocolVersion = 11;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -278,7 +278,7 @@ struct StageReady {
 };
 
 // One pipeline step. Fixed part: u32 n_rows, u32 n_embd, u32 wire, u32 flags.
-// Then: i32 pos[n_rows], i32 seq[n_rows], u8 want[n_rows] padded to 4 bytes,
+// Then: i32 pos[n_rows], i32 seq[n_rows], u8 want[n_rows] padded to 4 bytes (0 none, 1 logits, 2 embedding),
 // then either i32 token[n_rows] (flag kForwardTokens: first stage input) or hidden rows
 // (n_rows * wire_row_bytes(wire, n_embd) bytes).
 inline constexpr uint32_t kForwardTokens = 1u << 0;
@@ -289,10 +289,16 @@ struct ForwardHeader {
     uint32_t flags = 0;
 };
 
-// Sampled tokens for the rows that wanted logits. Fixed part: u32 n_outputs, u32 flags.
-// Then per output: i32 seq, i32 token, f32 logprob. With kResultLogits: followed by
-// n_outputs * n_vocab f32 logits (only when a seq asked for them in SeqStart).
+// Sampled tokens for the rows that wanted logits, and the rows that wanted an embedding (v11), in row order.
+// Fixed part: u32 n_outputs, u32 flags. Then per output: i32 seq, i32 token, f32 logprob; an embedding row
+// has token kEmbeddingRowToken. With kResultLogits: followed by (n_outputs - embedding rows) * n_vocab f32
+// logits, the other rows' in order (only when a seq asked for them in SeqStart). With kResultEmbeddings
+// (set exactly when there are embedding rows): then u32 n_embd and (embedding rows) * n_embd f32, the rows'
+// final-normed hidden states in order.
+inline constexpr uint8_t kWantEmbedding = 2;  // forward want: the row's embedding
+inline constexpr int32_t kEmbeddingRowToken = -1;
 inline constexpr uint32_t kResultLogits = 1u << 0;
+inline constexpr uint32_t kResultEmbeddings = 1u << 1;
 inline constexpr size_t kResultRowBytes = 12;
 struct ResultRow {
     int32_t seq = 0;

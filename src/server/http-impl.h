@@ -93,6 +93,13 @@ struct HttpServer::Impl {
     void setup();
     void setup_ollama();    // http-ollama.cpp
     void setup_llamacpp();  // http-llamacpp.cpp: llama-server's /completion
+    void setup_embeddings();  // http-embeddings.cpp: OpenAI's, llama-server's and Ollama's embeddings
+    // Runs one embedding job per prompt (the served model's pooling), a slot's worth at a time, holding the
+    // client's places; their done events (each with its embedding) in order. nullopt with `res` answered (by
+    // `err`) when it failed.
+    std::optional<std::vector<StreamEvent>> embed(const HttpRequest &req, HttpResponse &res,
+                                                  std::vector<std::vector<int32_t>> prompts,
+                                                  const ServerBackend &be, ErrorReply err);
     void handle(const HttpRequest &req, HttpResponse &res);
     void handle_health(HttpResponse &res);
     void handle_models(HttpResponse &res);

@@ -717,6 +717,7 @@ void HttpServer::Impl::setup() {
     routes["/status"] = {"GET", [this](const HttpRequest &, HttpResponse &res) { handle_status(res); }};
     setup_ollama();
     setup_llamacpp();
+    setup_embeddings();
     // The dashboard's files, from the binary. They carry no data, so like /health they need no API key.
     public_paths["/health"] = true;
     for (const WebAsset &a : params.web_ui ? web_assets() : std::vector<WebAsset>()) {

@@ -72,6 +72,8 @@ struct ServerBackend {
     // The engine's nodes and links as a JSON object (served_model.h's cluster_status_json; one node for one
     // machine), for GET /status. Null or "": not known.
     std::function<std::string()> engine_status;
+    Pooling pooling =
+        Pooling::last;  // how embedding requests pool the prompt (ServeParams::pooling, resolved)
 };
 
 class HttpServer {

@@ -148,6 +148,8 @@ struct Scheduler::Slot {
     std::vector<TokenLogprob> pending_lp;
     std::optional<JsonMatcher> matcher;  // structured output: where the reply is in its document
     std::unique_ptr<Sampler> sampler;    // structured output: the request's own sampler
+    std::vector<float> embd;             // an embedding job: what its rows pooled into so far
+    int32_t n_embd_rows = 0;             // rows pooled into embd
 
     bool active() const { return stream != nullptr; }
     bool live() const { return active() && !ended; }
@@ -186,6 +188,18 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(GenerationJob job) {
 Status Scheduler::check_job(const GenerationJob &job) const {
     const int32_t n_prompt = static_cast<int32_t>(job.prompt.size());
     if (n_prompt == 0) return invalid_input("the prompt is empty");
+    if (job.embed != Pooling::unset) {
+        for (int32_t t : job.prompt)
+            if (!tokenizer_.vocab().is_valid(t))
+                return invalid_input("token id {} is out of range (the vocabulary has {} tokens)", t,
+                                     tokenizer_.vocab().n_tokens());
+        if (n_prompt > n_ctx_)
+            return invalid_input("input ({} tokens) exceeds the context size {}", n_prompt, n_ctx_);
+        if (params_.kv_pool > 0 && n_prompt >= params_.kv_pool)
+            return invalid_input("input ({} tokens) does not fit the KV pool of {} positions (--ctx-size)",
+                                 n_prompt, params_.kv_pool);
+        return {};
+    }
     TD_TRY(sampler_params_validate(job.sampling));
     TD_TRY(logit_bias_validate(job.sampling, engine_.n_vocab()));
     if (job.max_tokens == 0 || job.max_tokens < -1)
@@ -302,8 +316,11 @@ void Scheduler::admit() {
             queue_.pop_front();
             continue;
         }
-        // At least the last prompt token is computed: its row gives the first token.
-        const size_t cap = p.job.cache_prompt ? p.job.prompt.size() - 1 : 0;
+        // At least the last prompt token is computed: its row gives the first token (or the embedding with
+        // last pooling; the other poolings need every row).
+        const bool reuse =
+            p.job.cache_prompt && (p.job.embed == Pooling::unset || p.job.embed == Pooling::last);
+        const size_t cap = reuse ? p.job.prompt.size() - 1 : 0;
         Slot *best = nullptr;
         size_t best_k = 0;
         for (Slot &slot : slots_) {
@@ -406,6 +423,8 @@ void Scheduler::admit() {
         slot.pending_lp.clear();
         slot.matcher.reset();
         slot.sampler.reset();
+        slot.embd.clear();
+        slot.n_embd_rows = 0;
         if (slot.job.schema) {
             if (!json_filter_) {
                 std::vector<std::string> pieces(static_cast<size_t>(engine_.n_vocab()));
@@ -532,9 +551,16 @@ bool Scheduler::build_step(InFlight &step) {
         if (budget <= 0) break;
         const int32_t n_prompt = static_cast<int32_t>(slot->job.prompt.size());
         const int32_t n = std::min(budget, n_prompt - slot->n_prefilled);
+        const Pooling embed = slot->job.embed;
         for (int32_t i = 0; i < n; ++i) {
             const int32_t p = slot->n_prefilled + i;
-            batch_.add(slot->job.prompt[p], p, slot->seq, p == n_prompt - 1);
+            uint8_t out = p == n_prompt - 1 ? kOutLogits : kOutNone;
+            if (embed != Pooling::unset)
+                out = embed == Pooling::none || embed == Pooling::mean || (embed == Pooling::cls && p == 0) ||
+                              (embed == Pooling::last && p == n_prompt - 1)
+                          ? kOutEmbedding
+                          : kOutNone;
+            batch_.add_out(slot->job.prompt[p], p, slot->seq, out);
             slot->fed.push_back(slot->job.prompt[p]);
         }
         slot->n_prefilled += n;
@@ -682,6 +708,8 @@ Status Scheduler::restart(Slot &slot) {
     slot.n_done = 0;
     slot.fed.clear();
     slot.generating = false;
+    slot.embd.clear();
+    slot.n_embd_rows = 0;
     return {};
 }
 
@@ -849,7 +877,7 @@ void Scheduler::complete_step(double &engine_seconds) {
         if (drain_error_.ok()) health_ = {};
         stats_.n_prompt_tokens += step.n_prompt_rows;
         for (int32_t seq : step.prompt_done)
-            if (slots_[seq].live()) slots_[seq].generating = true;
+            if (slots_[seq].live() && slots_[seq].job.embed == Pooling::unset) slots_[seq].generating = true;
         for (size_t i = 0; i < step.seqs.size(); ++i) {
             Slot &slot = slots_[step.seqs[i]];
             slot.n_in_flight--;
@@ -858,9 +886,15 @@ void Scheduler::complete_step(double &engine_seconds) {
         int32_t n_sampled = 0;
         for (const StepOutput &out : *outputs) {
             if (out.seq < 0 || out.seq >= n_slots_ || !slots_[out.seq].live()) continue;
+            if (slots_[out.seq].job.embed != Pooling::unset) {
+                on_embedding(slots_[out.seq], out);
+                continue;
+            }
             on_token(slots_[out.seq], out);
             n_sampled++;
         }
+        for (int32_t seq : step.prompt_done)
+            if (slots_[seq].live() && slots_[seq].job.embed != Pooling::unset) finish_embedding(slots_[seq]);
         for (int32_t seq : step.seqs) release_if_idle(slots_[seq]);
         stats_.n_generated_tokens += n_sampled;
         recent_.emplace_back(t1, n_sampled);
@@ -943,6 +977,51 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
     } else {
         slot.last_token = token;
     }
+}
+
+// One row of an embedding job (engine thread, under mu_).
+void Scheduler::on_embedding(Slot &slot, const StepOutput &out) {
+    if (out.token != StepOutput::kEmbeddingToken || out.embedding.empty() ||
+        (!slot.embd.empty() && slot.job.embed != Pooling::none && out.embedding.size() != slot.embd.size())) {
+        fail(slot,
+             make_error(ErrorKind::failed, "the engine returned no embedding for an embedding request"));
+        return;
+    }
+    slot.n_embd_rows++;
+    switch (slot.job.embed) {
+        case Pooling::mean:
+            if (slot.embd.empty()) slot.embd.assign(out.embedding.size(), 0.0f);
+            for (size_t i = 0; i < out.embedding.size(); ++i) slot.embd[i] += out.embedding[i];
+            break;
+        case Pooling::none:
+            slot.embd.insert(slot.embd.end(), out.embedding.begin(), out.embedding.end());
+            break;
+        default:
+            slot.embd = out.embedding;
+            break;
+    }
+}
+
+void Scheduler::finish_embedding(Slot &slot) {
+    const int32_t expected =
+        slot.job.embed == Pooling::none || slot.job.embed == Pooling::mean ? slot.n_prompt : 1;
+    if (slot.n_embd_rows != expected) {
+        fail(slot,
+             make_error(ErrorKind::failed, "the engine returned {} embedding rows for a prompt that needs {}",
+                        slot.n_embd_rows, expected));
+        return;
+    }
+    if (slot.job.embed == Pooling::mean)
+        for (float &v : slot.embd) v /= static_cast<float>(slot.n_embd_rows);
+    StreamEvent ev;
+    ev.kind = StreamEvent::Kind::done;
+    ev.finish = FinishReason::stop;
+    ev.n_prompt = slot.n_prompt;
+    ev.n_cached = slot.n_cached;
+    ev.embedding = std::move(slot.embd);
+    slot.embd.clear();
+    slot.stream->push(std::move(ev));
+    end(slot, FinishReason::stop);
 }
 
 void Scheduler::finish(Slot &slot, FinishReason reason) {

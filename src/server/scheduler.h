@@ -46,6 +46,12 @@
 // reconnects without traffic. The optional probe (a cluster's per-node stats) runs on the engine thread
 // about every probe_interval too.
 //
+// Embeddings: an embedding job is a prompt whose rows ask the engine for their final-normed hidden states
+// (kOutEmbedding: every row for mean or no pooling, the first for cls, the last for last pooling); the
+// scheduler pools them as the steps come back and ends the job when its last chunk does. It shares slots,
+// steps, the queue, the KV pool and the prefix cache with generations (last pooling reuses a cached prefix,
+// the others need every row computed).
+//
 // Text: the engine thread detokenizes (valid UTF-8 only) and applies the stop strings, so a slot is freed
 // the moment a stop string appears; text that could be the start of a stop string is held back.
 //
@@ -83,6 +89,10 @@ struct GenerationJob {
     // Structured output: the reply is a JSON document this schema accepts (constrained sampling: only tokens
     // that keep it possible are drawn, and the reply ends when the document closes). Null: free text.
     std::shared_ptr<const JsonSchema> schema;
+    // Embedding (/v1/embeddings): the job computes its prompt and ends with the prompt's embedding in its
+    // done event, pooled this way, instead of generating (sampling, max_tokens and stop are not used). unset:
+    // a generation.
+    Pooling embed = Pooling::unset;
 };
 
 enum class FinishReason { stop, length, cancelled, error };
@@ -112,6 +122,9 @@ struct StreamEvent {
     int32_t n_generated = 0;
     int32_t n_cached = 0;   // done: prompt tokens taken from the prefix cache (not computed)
     std::string stop_word;  // done: the stop string that ended the reply ("" when none did)
+    // done, an embedding job: [n_embd] pooled, or [n_prompt * n_embd] (each token's) with Pooling::none; the
+    // final-normed hidden states, not normalized.
+    std::vector<float> embedding;
     Status error;  // error: what failed
 };
 
@@ -327,6 +340,8 @@ private:
     void refresh_info();  // engine thread, without mu_
     void publish_slots();  // engine thread, under mu_: slot_info_ from slots_
     void on_token(Slot &slot, const StepOutput &out);
+    void on_embedding(Slot &slot, const StepOutput &out);  // an embedding job's row: pooled into the slot
+    void finish_embedding(Slot &slot);                     // its prompt is in: the done event
     void finish(Slot &slot, FinishReason reason);
     void fail(Slot &slot, const Status &status);
     void end(Slot &slot, FinishReason reason);

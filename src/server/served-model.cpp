@@ -32,6 +32,9 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
                                                                 params.chat_template));
     sm->card_ = model_card(*sm->model_, sm->template_);
     sm->n_layer_ = sm->model_->hparams().n_layer;
+    sm->pooling_ = params.pooling != Pooling::unset                  ? params.pooling
+                   : sm->model_->hparams().pooling != Pooling::unset ? sm->model_->hparams().pooling
+                                                                     : Pooling::last;
 
     if (params.n_ctx_per_seq < 0) return invalid_input("--ctx-per-seq must be >= 0, got {}", params.n_ctx_per_seq);
     int32_t n_ctx_slot = sm->model_->hparams().n_ctx_train;
@@ -100,6 +103,7 @@ ServerBackend ServedModel::backend() {
     Scheduler *sched = scheduler_.get();
     be.engine_metrics = [sched] { return sched->engine_metrics(); };
     be.card = &card_;
+    be.pooling = pooling_;
     if (n_stages_ > 0) {
         be.engine_status = [box = status_] {
             std::lock_guard lock(box->mu);

@@ -48,6 +48,9 @@ struct ServeParams {
     int probe_interval_ms = 1000;
     // Times a request may be resumed after a lost node (SchedulerParams::max_resumes); 0: it ends with the error.
     int32_t max_resumes = 0;
+    // How embedding requests pool a prompt (--pooling); unset: the model's pooling_type, and last (the last
+    // token's hidden state, as decoder embedding models use) when the file has none.
+    Pooling pooling = Pooling::unset;
     // Test hook: wraps the engine (stall or fault injection around a real engine). Null: none.
     std::function<std::unique_ptr<Engine>(std::unique_ptr<Engine>)> wrap_engine;
 };
@@ -60,6 +63,7 @@ public:
     ~ServedModel();  // stops the scheduler first
 
     ServerBackend backend();
+    Pooling pooling() const { return pooling_; }
     Scheduler &scheduler() { return *scheduler_; }
     // Only once the scheduler is stopped: its engine thread is the one that drives the engine.
     Engine &engine() { return *engine_; }
@@ -80,6 +84,7 @@ private:
     std::unique_ptr<Tokenizer> tokenizer_;
     ChatFormatter template_;
     ModelCard card_;
+    Pooling pooling_ = Pooling::last;
     std::unique_ptr<Engine> engine_;
     std::unique_ptr<Scheduler> scheduler_;
     int32_t n_stages_ = 0;

@@ -28,7 +28,7 @@ void decode_payload(MsgType type, std::span<const uint8_t> p) {
             break;
         }
         case MsgType::result: {
-            auto v = decode_result(p, 16);
+            auto v = decode_result(p, 16, 8);
             if (v.ok())
                 for (uint32_t i = 0; i < v->n_outputs; ++i) (void)v->row(i);
             break;

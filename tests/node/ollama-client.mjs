@@ -1,5 +1,5 @@
 // The official `ollama` JavaScript library (npm) against `tandem serve`: list, show, generate and chat, each
-// streaming and not, and an unknown model. Starts the server itself:
+// streaming and not, embed and embeddings, and an unknown model. Starts the server itself:
 //   node tests/node/ollama-client.mjs TANDEM_BINARY MODEL.gguf
 // Exit 0 when every check holds, 1 otherwise; 77 (skipped) when the library is not installed (npm ci here).
 import { startTandem, checker } from './tandem-server.mjs'
@@ -77,6 +77,20 @@ await check('a seed gives the same sampled text twice', async () => {
   const a = await ollama.generate({ model: 'stories', prompt: 'The cat', options: opts })
   const b = await ollama.generate({ model: 'stories', prompt: 'The cat', options: opts })
   assert.equal(a.response, b.response)
+})
+
+await check('embed gives unit vectors, in input order; embeddings the raw one', async () => {
+  const r = await ollama.embed({ model: 'stories', input: ['Once upon a time', 'The end'] })
+  assert.equal(r.embeddings.length, 2)
+  assert.equal(r.embeddings[0].length, 64)
+  const norm = Math.hypot(...r.embeddings[0])
+  assert.ok(Math.abs(norm - 1) < 1e-5, `norm ${norm}`)
+  assert.notDeepEqual(r.embeddings[0], r.embeddings[1])
+  const one = await ollama.embed({ model: 'stories', input: 'The end' })
+  assert.deepEqual(one.embeddings[0], r.embeddings[1])
+  const raw = await ollama.embeddings({ model: 'stories', prompt: 'Once upon a time' })
+  const rawNorm = Math.hypot(...raw.embedding)
+  raw.embedding.forEach((x, i) => assert.ok(Math.abs(x / rawNorm - r.embeddings[0][i]) < 1e-5))
 })
 
 await check('an unknown model is a 404 the library reports', async () => {

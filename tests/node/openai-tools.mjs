@@ -1,6 +1,7 @@
 // The official `openai` JavaScript SDK (npm) against `tandem serve`: a tool-calling round trip (tools ->
 // tool_calls -> role "tool" -> answer), not streamed and streamed, plus the SDK's own errors, models.retrieve,
-// logit_bias / ignore_eos as the SDK sends them, and n choices gathered by the SDK's stream helper. Starts
+// logit_bias / ignore_eos as the SDK sends them, n choices gathered by the SDK's stream helper, and
+// embeddings (base64, as the SDK asks for them). Starts
 // the server itself:
 //   node tests/node/openai-tools.mjs TANDEM_BINARY MODEL.gguf
 // The test model (stories260K) tells stories, not function calls, so the call is asked for by name
@@ -187,6 +188,22 @@ await check('n choices: the SDK gathers a streamed reply per choice, equal to th
     streamed.choices.map((c) => c.message.tool_calls[0].function.arguments),
     called.choices.map((c) => c.message.tool_calls[0].function.arguments),
   )
+})
+
+await check('embeddings.create decodes the base64 the SDK asks for into the float vectors', async () => {
+  const input = ['Once upon a time', 'The end']
+  const viaSdk = await client.embeddings.create({ model: 'stories', input })  // encoding_format base64 by default
+  const floats = await fetch(`${host}/v1/embeddings`, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ model: 'stories', input, encoding_format: 'float' }),
+  }).then((x) => x.json())
+  assert.equal(viaSdk.data.length, 2)
+  for (let i = 0; i < 2; i++) {
+    assert.equal(viaSdk.data[i].index, i)
+    assert.deepEqual(Array.from(viaSdk.data[i].embedding), floats.data[i].embedding.map(Math.fround))
+  }
+  assert.equal(viaSdk.usage.prompt_tokens, floats.usage.prompt_tokens)
 })
 
 finish(server)
