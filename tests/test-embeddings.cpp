@@ -267,6 +267,23 @@ TEST(Embeddings, OpenAiAndOllamaAnswerInTheirShapes) {
     EXPECT_NE(r->body.find("exceeds the context size 256"), std::string::npos) << r->body;
 }
 
+// With --max-per-client 2, ten inputs go two at a time: the next wave waits for the client's places.
+TEST(Embeddings, AListLongerThanAClientsPlacesGoesInWaves) {
+    ServerOptions o;
+    o.max_per_client = 2;
+    TestServer s(o);
+    auto c = s.client();
+    const std::vector<float> last_a = token_rows(k_a).back(), last_b = token_rows(k_b).back();
+    json many = json::array();
+    for (int i = 0; i < 10; ++i) many.push_back(i % 3 == 0 ? k_a : k_b);
+    auto r = post(c, "/embedding", {{"content", many}, {"embd_normalize", -1}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = json::parse(r->body);
+    ASSERT_EQ(j.size(), 10u);
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(floats(j[i]["embedding"][0]), i % 3 == 0 ? last_a : last_b) << i;
+}
+
 TEST(Embeddings, NormalizationsAreLlamaCpps) {
     std::vector<float> v = {3.0f, -4.0f};
     normalize_embedding(v, 2);

@@ -3,6 +3,8 @@
 // (GenerationJob::embed with the served model's pooling); the vectors are normalized here as each API does.
 #include <fmt/format.h>
 
+#include <deque>
+#include <memory>
 #include <thread>
 
 #include "server/embeddings.h"
@@ -50,32 +52,50 @@ std::optional<std::vector<StreamEvent>> HttpServer::Impl::embed(const HttpReques
                                                                 const ServerBackend &be, ErrorReply err) {
     std::vector<StreamEvent> out;
     // A long list of inputs (clients send hundreds at once) goes a slot's worth at a time, so it never needs
-    // more queue places than a server has.
+    // more queue places than a server has; the next wave waits in the queue while one runs, so the slots do
+    // not idle between waves.
     const size_t wave = static_cast<size_t>(std::max(be.scheduler->stats().n_slots, 1));
     const size_t per_wave =
         params.max_per_client > 0 ? std::min(wave, static_cast<size_t>(params.max_per_client)) : wave;
-    for (size_t first = 0; first < prompts.size(); first += per_wave) {
-        const size_t n = std::min(per_wave, prompts.size() - first);
+    struct Wave {
+        std::shared_ptr<ClientSlot> slot;  // the client's places, given back when the wave is collected
+        std::unique_ptr<StreamSet> streams;
+    };
+    std::deque<Wave> waves;
+    size_t next = 0;  // the first prompt not submitted yet
+    const auto cancel_all = [&] {
+        for (Wave &w : waves) w.streams->cancel();
+    };
+    enum class Sent { yes, later, failed };
+    // Submits the next wave; `later` when it has to wait for the wave in flight (no room in the queue or in
+    // the client's places); `failed` with `res` answered.
+    const auto send = [&]() -> Sent {
+        const size_t n = std::min(per_wave, prompts.size() - next);
         int open = 0;
         std::shared_ptr<ClientSlot> slot = client_slot(req.peer, static_cast<int>(n), open);
         if (!slot) {
+            if (!waves.empty()) return Sent::later;
             res.set_header("Retry-After", "1");
             err(res, 429,
                 fmt::format("client {} already has {} of its {} sequences open (the limit per client, "
                             "--max-per-client); retry when one has finished",
                             req.peer, open, params.max_per_client));
-            return std::nullopt;
+            return Sent::failed;
         }
         std::vector<GenerationJob> jobs(n);
         for (size_t i = 0; i < n; ++i) {
-            jobs[i].prompt = std::move(prompts[first + i]);
+            jobs[i].prompt = prompts[next + i];
             jobs[i].embed = be.pooling;
         }
-        // After the first wave, a full queue is waited out (the request is already under way).
         Result<std::vector<std::shared_ptr<RequestStream>>> submitted = be.scheduler->submit_all(jobs);
+        const auto overloaded = [&] {
+            return !submitted.ok() && submitted.status().kind() == ErrorKind::overloaded;
+        };
+        if (overloaded() && !waves.empty()) return Sent::later;
+        // Once the request is under way, a queue that others filled is waited out.
         const auto give_up = Clock::now() + std::chrono::seconds(30);
-        while (first > 0 && !submitted.ok() && submitted.status().kind() == ErrorKind::overloaded &&
-               Clock::now() < give_up && !stopping.load() && !(req.client_gone && req.client_gone())) {
+        while (next > 0 && overloaded() && Clock::now() < give_up && !stopping.load() &&
+               !(req.client_gone && req.client_gone())) {
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
             submitted = be.scheduler->submit_all(jobs);
         }
@@ -83,12 +103,28 @@ std::optional<std::vector<StreamEvent>> HttpServer::Impl::embed(const HttpReques
             const int code = http_status_for(submitted.status());
             if (code == 503) res.set_header("Retry-After", "1");
             err(res, code, submitted.status().message());
+            return Sent::failed;
+        }
+        waves.push_back({std::move(slot), std::make_unique<StreamSet>(std::move(submitted).value())});
+        next += n;
+        return Sent::yes;
+    };
+    while (next < prompts.size() || !waves.empty()) {
+        while (next < prompts.size() && waves.size() < 2) {
+            const Sent sent = send();
+            if (sent == Sent::failed) {
+                cancel_all();
+                return std::nullopt;
+            }
+            if (sent == Sent::later) break;
+        }
+        std::optional<std::vector<Answer>> answers = collect(req, res, *waves.front().streams, err);
+        if (!answers) {
+            cancel_all();
             return std::nullopt;
         }
-        StreamSet streams(std::move(submitted).value());
-        std::optional<std::vector<Answer>> answers = collect(req, res, streams, err);
-        if (!answers) return std::nullopt;
         for (Answer &a : *answers) out.push_back(std::move(a.done));
+        waves.pop_front();
     }
     return out;
 }
