@@ -1,6 +1,7 @@
 // Embeddings over real loopback HTTP: OpenAI's /v1/embeddings, llama-server's /embedding, Ollama's /api/embed
 // and /api/embeddings, on one machine, a 2-worker pipeline and --tp 2, against the hidden states a
 // LocalEngine in this process computes for the same tokens.
+#include <algorithm>
 #include <cmath>
 
 #include "model/engine.h"
@@ -282,6 +283,39 @@ TEST(Embeddings, AListLongerThanAClientsPlacesGoesInWaves) {
     const json j = json::parse(r->body);
     ASSERT_EQ(j.size(), 10u);
     for (int i = 0; i < 10; ++i) EXPECT_EQ(floats(j[i]["embedding"][0]), i % 3 == 0 ? last_a : last_b) << i;
+}
+
+// `tandem embed` prints what /v1/embeddings answers (JSON), or a line per vector; with no pooling, one per
+// token.
+TEST(Embeddings, TheEmbedCommandPrintsTheServersVectors) {
+    TestServer s;
+    auto c = s.client();
+    auto r = post(c, "/v1/embeddings", {{"input", {"Once upon a time", "The end"}}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json served = json::parse(r->body);
+    const std::string model = test::shared_path(k_model);
+    test::ProcessResult p =
+        test::run_tandem({"embed", "-m", model, "-t", "1", "-p", "Once upon a time", "-p", "The end"});
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    const json printed = json::parse(p.out);
+    ASSERT_EQ(printed["data"].size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(printed["data"][i]["index"], i);
+        expect_close(floats(printed["data"][i]["embedding"]), floats(served["data"][i]["embedding"]), 1e-5,
+                     fmt::format("input {}", i));
+    }
+    p = test::run_tandem(
+        {"embed", "-m", model, "-t", "1", "--pooling", "none", "--format", "text", "-p", "Once upon a time"});
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    auto t = post(c, "/tokenize", {{"content", "Once upon a time"}, {"add_special", true}});
+    ASSERT_TRUE(t);
+    const size_t n_tokens = json::parse(t->body)["tokens"].size();
+    EXPECT_EQ(static_cast<size_t>(std::count(p.out.begin(), p.out.end(), '\n')), n_tokens) << p.out;
+    EXPECT_EQ(p.out.rfind("embedding 0 token 0:", 0), 0u) << p.out;
+    p = test::run_tandem({"embed", "-m", model});
+    EXPECT_NE(p.exit_code, 0);
+    EXPECT_NE(p.err.find("nothing to embed"), std::string::npos) << p.err;
 }
 
 TEST(Embeddings, NormalizationsAreLlamaCpps) {

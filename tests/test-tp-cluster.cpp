@@ -521,9 +521,10 @@ TEST(TpCluster, StatsNameRanksThatRanAtDifferentSpeedsWithTheSharesThatEvenThem)
     double a = 0, b = 0;
     ASSERT_EQ(std::sscanf(bench.err.c_str() + at + key.size(), "%lf,%lf", &a, &b), 2) << bench.err;
     EXPECT_TRUE(a == 1.0 || b == 1.0) << bench.err;  // the slower rank's share is the unit
-    // Like cores: near even, nowhere near the 3 : 1 it ran with (the cores of this host differ up to ~1.4x).
-    EXPECT_GT(a / b, 0.5) << bench.err;
-    EXPECT_LT(a / b, 2.0) << bench.err;
+    // Like cores: near even, nowhere near the 3 : 1 it ran with (the cores of this host differ up to ~1.4x,
+    // and another test running beside this one under ctest -j2 once made one core read 2.0x the other).
+    EXPECT_GT(a / b, 0.4) << bench.err;
+    EXPECT_LT(a / b, 2.5) << bench.err;
 }
 
 TEST(TpCluster, LayoutErrorsNameTheProblem) {

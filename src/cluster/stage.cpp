@@ -302,8 +302,8 @@ Status Stage::handle_forward(Frame &f) {
         TD_TRY(s);
         if (load_.tp_rank != 0) return {};
         logits = merger_.logits();
-        add_embedding_outputs(batch_, ctx_->embeddings(), hp.n_embd,
-                              outputs_);  // every rank holds them whole
+        // Embedding rows need no merge: every rank holds them whole.
+        add_embedding_outputs(batch_, ctx_->embeddings(), hp.n_embd, outputs_);
     } else {
         sample_outputs(batch_, logits, hp.n_vocab, sampler_ptrs_, want_logits_, ctx_->embeddings(), hp.n_embd,
                        outputs_);
