@@ -18,14 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-void reply_openai_error(HttpResponse &res, int status, std::string_view message) {
-    reply_json(res, status, error_json(status, message));
-}
-
-void reply_ollama_error(HttpResponse &res, int status, std::string_view message) {
-    reply_json(res, status, ollama_error(message));
-}
-
 Result<json> body_object(const std::string &body) {
     json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return invalid_input("the request body is not a JSON object");
@@ -151,35 +143,34 @@ void HttpServer::Impl::setup_embeddings() {
         "POST", [this, start](const HttpRequest &req, HttpResponse &res) {
             ServerBackend be;
             json body;
-            if (!start(req, res, reply_openai_error, be, body)) return;
+            if (!start(req, res, reply_error, be, body)) return;
             const std::string model = string_field(body, "model");
             if (!model.empty() && model != params.model_id)
-                return reply_openai_error(
+                return reply_error(
                     res, 404,
                     fmt::format("model '{}' not found; this server serves '{}'", model, params.model_id));
             if (be.pooling == Pooling::none)
-                return reply_openai_error(
-                    res, 400,
-                    "the server pools no embeddings (--pooling none): one vector per token is "
-                    "not OpenAI's shape; use /embedding");
-            if (!body.contains("input")) return reply_openai_error(res, 400, "'input' is required");
+                return reply_error(res, 400,
+                                   "the server pools no embeddings (--pooling none): one vector per token is "
+                                   "not OpenAI's shape; use /embedding");
+            if (!body.contains("input")) return reply_error(res, 400, "'input' is required");
             const std::string format = body.contains("encoding_format") && !body["encoding_format"].is_null()
                                            ? string_field(body, "encoding_format")
                                            : "float";
             if (format != "float" && format != "base64")
-                return reply_openai_error(res, 400, "'encoding_format' must be \"float\" or \"base64\"");
+                return reply_error(res, 400, "'encoding_format' must be \"float\" or \"base64\"");
             const int32_t n_embd = be.card != nullptr ? be.card->n_embd : 0;
             auto dims = int_field(body, "dimensions", n_embd);
-            if (!dims.ok()) return reply_openai_error(res, 400, dims.status().message());
+            if (!dims.ok()) return reply_error(res, 400, dims.status().message());
             if (*dims != n_embd)
-                return reply_openai_error(
+                return reply_error(
                     res, 400,
                     fmt::format(
                         "'dimensions' {}: this model's embeddings have {} dimensions and cannot be shortened",
                         *dims, n_embd));
             auto prompts = embedding_inputs(body["input"], *be.tokenizer, "input");
-            if (!prompts.ok()) return reply_openai_error(res, 400, prompts.status().message());
-            auto done = embed(req, res, std::move(prompts).value(), be, reply_openai_error);
+            if (!prompts.ok()) return reply_error(res, 400, prompts.status().message());
+            auto done = embed(req, res, std::move(prompts).value(), be, reply_error);
             if (!done) return;
             json data = json::array();
             int64_t n_tokens = 0;
@@ -203,15 +194,14 @@ void HttpServer::Impl::setup_embeddings() {
     const auto llama = [this, start](const HttpRequest &req, HttpResponse &res) {
         ServerBackend be;
         json body;
-        if (!start(req, res, reply_openai_error, be, body)) return;
+        if (!start(req, res, reply_error, be, body)) return;
         const char *field = body.contains("input") ? "input" : "content";
-        if (!body.contains(field))
-            return reply_openai_error(res, 400, "\"input\" or \"content\" must be provided");
+        if (!body.contains(field)) return reply_error(res, 400, "\"input\" or \"content\" must be provided");
         auto norm = int_field(body, "embd_normalize", 2);
-        if (!norm.ok()) return reply_openai_error(res, 400, norm.status().message());
+        if (!norm.ok()) return reply_error(res, 400, norm.status().message());
         auto prompts = embedding_inputs(body[field], *be.tokenizer, field);
-        if (!prompts.ok()) return reply_openai_error(res, 400, prompts.status().message());
-        auto done = embed(req, res, std::move(prompts).value(), be, reply_openai_error);
+        if (!prompts.ok()) return reply_error(res, 400, prompts.status().message());
+        auto done = embed(req, res, std::move(prompts).value(), be, reply_error);
         if (!done) return;
         json out = json::array();
         for (size_t i = 0; i < done->size(); ++i) {

@@ -117,5 +117,8 @@ struct HttpServer::Impl {
 };
 
 void reply_json(HttpResponse &res, int status, const nlohmann::json &body);
+// The APIs' ErrorReply: OpenAI's {"error": {...}} (llama-server answers the same), Ollama's {"error": "..."}.
+void reply_error(HttpResponse &res, int status, std::string_view message);
+void reply_ollama_error(HttpResponse &res, int status, std::string_view message);
 
 }  // namespace td::server

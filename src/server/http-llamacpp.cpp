@@ -10,10 +10,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-void reply_llama_error(HttpResponse &res, int status, std::string_view message) {
-    reply_json(res, status, error_json(status, message));
-}
-
 double ms_between(Clock::time_point a, Clock::time_point b) {
     return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -64,19 +60,19 @@ void HttpServer::Impl::setup_llamacpp() {
         ServerBackend be;
         if (!get_backend(be)) {
             res.set_header("Retry-After", "5");
-            return reply_llama_error(res, 503, "the model is still loading");
+            return reply_error(res, 503, "the model is still loading");
         }
         auto parsed = parse_llama_completion(req.body);
         if (!parsed.ok())
-            return reply_llama_error(res, http_status_for(parsed.status()), parsed.status().message());
+            return reply_error(res, http_status_for(parsed.status()), parsed.status().message());
         ApiRequest &r = *parsed;
         const ApiRequest settings = r;  // what the reply reports (start_generation takes the prompt)
         const size_t n_prompts = r.prompts.size();
         std::shared_ptr<ClientSlot> slot;
-        std::shared_ptr<StreamSet> streams = start_generation(req, res, r, be, reply_llama_error, slot);
+        std::shared_ptr<StreamSet> streams = start_generation(req, res, r, be, reply_error, slot);
         if (!streams) return;
         if (!r.stream) {
-            std::optional<std::vector<Answer>> answers = collect(req, res, *streams, reply_llama_error);
+            std::optional<std::vector<Answer>> answers = collect(req, res, *streams, reply_error);
             if (!answers) return;
             json replies = json::array();
             for (size_t i = 0; i < answers->size(); ++i) {
@@ -98,14 +94,14 @@ void HttpServer::Impl::setup_llamacpp() {
                                 ServerBackend be;
                                 if (!get_backend(be)) {
                                     res.set_header("Retry-After", "5");
-                                    return reply_llama_error(res, 503, "the model is still loading");
+                                    return reply_error(res, 503, "the model is still loading");
                                 }
                                 const std::vector<SlotInfo> slots = be.scheduler->slots();
                                 const bool any_free =
                                     std::any_of(slots.begin(), slots.end(),
                                                 [](const SlotInfo &s) { return !s.processing; });
                                 if (query_flag(req.query, "fail_on_no_slot") && !any_free)
-                                    return reply_llama_error(res, 503, "no slot available");
+                                    return reply_error(res, 503, "no slot available");
                                 reply_json(res, 200, llama_slots_json(slots, be.scheduler->n_ctx()));
                             }};
     }

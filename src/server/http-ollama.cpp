@@ -11,11 +11,11 @@ namespace td::server {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
 void reply_ollama_error(HttpResponse &res, int status, std::string_view message) {
     reply_json(res, status, ollama_error(message));
 }
+
+namespace {
 
 // Ollama's tool calls carry no ids.
 std::string no_id() {

@@ -25,13 +25,13 @@ namespace td::server {
 
 using nlohmann::json;
 
-namespace {
-
-constexpr auto stream_poll = std::chrono::milliseconds(200);  // how often a quiet stream checks its client
-
 void reply_error(HttpResponse &res, int status, std::string_view message) {
     reply_json(res, status, error_json(status, message));
 }
+
+namespace {
+
+constexpr auto stream_poll = std::chrono::milliseconds(200);  // how often a quiet stream checks its client
 
 void reply_status(HttpResponse &res, const Status &status) {
     const int code = http_status_for(status);

@@ -188,11 +188,11 @@ Result<std::shared_ptr<RequestStream>> Scheduler::submit(GenerationJob job) {
 Status Scheduler::check_job(const GenerationJob &job) const {
     const int32_t n_prompt = static_cast<int32_t>(job.prompt.size());
     if (n_prompt == 0) return invalid_input("the prompt is empty");
+    for (int32_t t : job.prompt)
+        if (!tokenizer_.vocab().is_valid(t))
+            return invalid_input("token id {} is out of range (the vocabulary has {} tokens)", t,
+                                 tokenizer_.vocab().n_tokens());
     if (job.embed != Pooling::unset) {
-        for (int32_t t : job.prompt)
-            if (!tokenizer_.vocab().is_valid(t))
-                return invalid_input("token id {} is out of range (the vocabulary has {} tokens)", t,
-                                     tokenizer_.vocab().n_tokens());
         if (n_prompt > n_ctx_)
             return invalid_input("input ({} tokens) exceeds the context size {}", n_prompt, n_ctx_);
         if (params_.kv_pool > 0 && n_prompt >= params_.kv_pool)
@@ -204,10 +204,6 @@ Status Scheduler::check_job(const GenerationJob &job) const {
     TD_TRY(logit_bias_validate(job.sampling, engine_.n_vocab()));
     if (job.max_tokens == 0 || job.max_tokens < -1)
         return invalid_input("max_tokens must be at least 1, got {}", job.max_tokens);
-    for (int32_t t : job.prompt)
-        if (!tokenizer_.vocab().is_valid(t))
-            return invalid_input("token id {} is out of range (the vocabulary has {} tokens)", t,
-                                 tokenizer_.vocab().n_tokens());
     if (job.max_tokens > 0 && static_cast<int64_t>(n_prompt) + job.max_tokens > n_ctx_)
         return invalid_input("prompt ({} tokens) plus max_tokens ({}) exceeds the context size {}", n_prompt,
                              job.max_tokens, n_ctx_);
