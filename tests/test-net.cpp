@@ -267,6 +267,13 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
         encode_forward(r.pos, r.seq, r.want, r.tokens, nullptr, 0, WireType::f32, b);
         v.emplace_back(MsgType::forward, std::move(b));
     }
+    {
+        Bytes b;  // v12: hidden rows with the token ids of a step with draft rows
+        std::vector<uint8_t> want = r.want;
+        want.back() = kWantDraft;
+        encode_forward(r.pos, r.seq, want, r.tokens, hidden.data(), 64, WireType::f16, b);
+        v.emplace_back(MsgType::forward, std::move(b));
+    }
     const ResultRow rows[2] = {{0, 42, -0.5f}, {2, 7, -1.25f}};
     const std::vector<float> logits = random_rows(2 * 16, 2);
     {
@@ -810,6 +817,39 @@ TEST(NetCodec, ForwardTokensRoundTrip) {
     EXPECT_EQ(std::vector<uint8_t>(v->want.begin(), v->want.end()), r.want);
 }
 
+// v12: a step with draft rows sends its token ids (the guesses) with the hidden rows past the first stage.
+TEST(NetCodec, ForwardHiddenRowsMayCarryTheirTokenIds) {
+    const size_t n_rows = 5, n_embd = 64;
+    Rows r = sample_rows(n_rows);
+    r.want = {1, 3, 3, 0, 1};
+    const std::vector<float> x = random_rows(n_rows * n_embd, 4);
+    Bytes b;
+    encode_forward(r.pos, r.seq, r.want, r.tokens, x.data(), n_embd, WireType::f32, b);
+    EXPECT_EQ(b.size(), forward_payload_bytes(n_rows, n_embd, WireType::f32) + 4 * n_rows);
+    auto v = decode_forward(b);
+    ASSERT_TRUE(v.ok()) << v.status().message();
+    EXPECT_EQ(v->header.flags, kForwardRowTokens);
+    EXPECT_EQ(std::vector<int32_t>(v->token.begin(), v->token.end()), r.tokens);
+    EXPECT_EQ(std::vector<uint8_t>(v->want.begin(), v->want.end()), r.want);
+    std::vector<float> y(n_rows * n_embd);
+    wire_to_f32(*v, y.data());
+    EXPECT_EQ(y, x);
+    // Both flags, a short body, a negative id, an unknown want: refused.
+    Bytes bad = b;
+    bad[12] = static_cast<uint8_t>(kForwardTokens | kForwardRowTokens);
+    EXPECT_FALSE(decode_forward(bad).ok());
+    bad = b;
+    bad.resize(b.size() - 4 * n_rows);
+    EXPECT_FALSE(decode_forward(bad).ok());
+    r.tokens[2] = -3;
+    encode_forward(r.pos, r.seq, r.want, r.tokens, x.data(), n_embd, WireType::f32, bad);
+    EXPECT_FALSE(decode_forward(bad).ok());
+    r.want[1] = 4;
+    r.tokens[2] = 3;
+    encode_forward(r.pos, r.seq, r.want, r.tokens, x.data(), n_embd, WireType::f32, bad);
+    EXPECT_FALSE(decode_forward(bad).ok());
+}
+
 TEST(NetCodec, ForwardHiddenRoundTripPerWireType) {
     const size_t n_rows = 7, n_embd = 256;
     const Rows r = sample_rows(n_rows);
@@ -896,8 +936,8 @@ TEST(NetCodec, ForwardRejectsMalformedPayloads) {
     put_le<uint32_t>(b, 12, 0x80);
     expect_error(b, "unknown flags");
     b = good;
-    b[16 + 8 * 12 + 3] = 3;  // want[3]: 2 is an embedding (v11), 3 nothing
-    expect_error(b, "want must be 0, 1 or 2");
+    b[16 + 8 * 12 + 3] = 4;  // want[3]: 2 is an embedding (v11), 3 a draft (v12), 4 nothing
+    expect_error(b, "want must be 0, 1, 2 or 3");
     b = good;
     put_le<int32_t>(b, 16, -1);  // pos[0]
     expect_error(b, "pos -1");

@@ -79,6 +79,7 @@ struct ServerOptions {
     std::string chat_template;  // ServeParams::chat_template
     bool slots = true;          // HttpParams::slots (GET /slots)
     Pooling pooling = Pooling::unset;  // ServeParams::pooling
+    DraftParams draft;                 // ServeParams::draft (--draft)
 };
 
 // Two `tandem worker`s with their own weight caches; stories260K's 5 layers split 0-1 | 2-4. With
@@ -148,6 +149,7 @@ public:
         sp.model_path = o.model_path.empty() ? test::shared_path(k_model) : o.model_path;
         sp.chat_template = o.chat_template;
         sp.pooling = o.pooling;
+        sp.draft = o.draft;
         sp.n_parallel = o.n_parallel;
         sp.n_ctx = o.kv_pool > 0 ? o.kv_pool : o.n_ctx_slot * o.n_parallel;
         sp.n_ctx_per_seq = o.n_ctx_slot;

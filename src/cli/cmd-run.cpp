@@ -41,6 +41,7 @@ struct RunOptions {
     bool chat = false;
     ChatReplParams chat_params;  // system prompt, template name
     ClusterFlags cluster;        // --workers etc.: run as a pipeline
+    DraftParams draft;           // --draft: speculative decoding by prompt lookup
 };
 
 int run_main(const RunOptions &opt) {
@@ -105,6 +106,7 @@ int run_main(const RunOptions &opt) {
     GenerateParams gp;
     gp.n_predict = opt.n_predict;
     gp.n_batch = opt.n_batch;
+    gp.draft = opt.draft;
     auto stats = generate(
         **engine, sp, tokens, gp, [&](int32_t t) { return vocab->is_eog(t); },
         [&](int32_t token, const float *) {
@@ -129,6 +131,10 @@ int run_main(const RunOptions &opt) {
         "tandem: prompt %d tokens, %.2f tokens/s | generation %d tokens, %.2f tokens/s | %d threads\n",
         st.n_prompt, st.prompt_seconds > 0 ? st.n_prompt / st.prompt_seconds : 0.0, st.n_generated,
         st.gen_seconds > 0 ? st.n_generated / st.gen_seconds : 0.0, pool.n_threads());
+    if (opt.draft.n_max > 0)
+        std::fprintf(stderr, "tandem: draft: %d of %d guessed tokens accepted | %.2f tokens per step\n",
+                     st.n_accepted, st.n_drafted,
+                     st.n_steps > 0 ? static_cast<double>(st.n_generated - 1) / st.n_steps : 0.0);
     print_cluster_stats(opt.cluster, **engine);
     return 0;
 }
@@ -176,10 +182,12 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_flag(
         "--ignore-eos", opt->ignore_eos,
         "Never end at an end-of-generation token: generate -n tokens (bans them, as llama.cpp does)");
+    add_draft_flags(cmd, opt->draft);
     add_cluster_flags(cmd, opt->cluster);
     runners.push_back([cmd, opt] {
         if (!cmd->parsed()) return -1;
         if (Status s = apply_discovery(opt->cluster.discover, opt->cluster.workers); !s.ok()) return fail(s);
+        if (Status s = check_draft_flags(opt->draft); !s.ok()) return fail(s);
         return run_main(*opt);
     });
 }

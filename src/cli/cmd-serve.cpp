@@ -48,6 +48,7 @@ struct ServeOptions {
     std::string pooling;   // "" = the model's
     ClusterFlags cluster;  // --workers etc.: serve through a pipeline of workers
     int32_t n_micro_batches = 0;
+    DraftParams draft;
     int timeout_s = 600;
 };
 
@@ -76,6 +77,7 @@ int serve_main(const ServeOptions &opt) {
     sp.n_threads = is_cluster ? 1 : opt.n_threads;
     sp.n_micro_batches = opt.n_micro_batches;
     sp.max_resumes = opt.max_resumes;
+    sp.draft = opt.draft;
     if (opt.n_micro_batches < 0) return fail(invalid_input("--micro-batches must be >= 0"));
     sp.make_engine = [&opt](std::shared_ptr<const Model> model, const ContextParams &cp, ThreadPool &pool) {
         return make_engine(opt.cluster, std::move(model), cp, pool, opt.n_threads);
@@ -239,11 +241,13 @@ void register_serve(CLI::App &app, Runners &runners) {
     cmd->add_option("--micro-batches", opt->n_micro_batches,
                     "Steps kept in flight through a pipeline (0: one per worker)")
         ->default_val(0);
+    add_draft_flags(cmd, opt->draft);
     add_cluster_flags(cmd, opt->cluster);
     add_recovery_flags(cmd, opt->cluster);
     runners.push_back([cmd, opt] {
         if (!cmd->parsed()) return -1;
         if (Status s = apply_discovery(opt->cluster.discover, opt->cluster.workers); !s.ok()) return fail(s);
+        if (Status s = check_draft_flags(opt->draft); !s.ok()) return fail(s);
         return serve_main(*opt);
     });
 }

@@ -139,6 +139,33 @@ void add_secret_flag(CLI::App *cmd, std::string &path) {
                     "~/.config/tandem/cluster.secret; `tandem worker` creates it on first start)");
 }
 
+void add_draft_flags(CLI::App *cmd, DraftParams &draft) {
+    cmd->add_option(
+           "--draft,--draft-max", draft.n_max,
+           "Speculative decoding by prompt lookup: guess up to N tokens per step from the text so far "
+           "(where it repeats earlier text) and check them in the same step; the output is the same, "
+           "with fewer steps where guesses hold (0: off)")
+        ->default_val(0);
+    cmd->add_option_function<std::vector<int32_t>>(
+           "--draft-ngram",
+           [&draft](const std::vector<int32_t> &v) {
+               draft.ngram_min = v.at(0);
+               draft.ngram_max = v.size() > 1 ? v[1] : v[0];
+           },
+           "MIN,MAX: the lengths of the last tokens looked up in the earlier text (default 2,4)")
+        ->delimiter(',')
+        ->expected(1, 2);
+}
+
+Status check_draft_flags(const DraftParams &draft) {
+    if (draft.n_max < 0 || draft.n_max > kMaxDraft)
+        return invalid_input("--draft must be 0..{}, got {}", kMaxDraft, draft.n_max);
+    if (draft.ngram_min < 1 || draft.ngram_max < draft.ngram_min || draft.ngram_max > 16)
+        return invalid_input("--draft-ngram must be MIN,MAX with 1 <= MIN <= MAX <= 16, got {},{}",
+                             draft.ngram_min, draft.ngram_max);
+    return {};
+}
+
 Result<net::ClusterSecret> load_cluster_secret(const std::string &path) {
     return net::ClusterSecret::load(path.empty() ? net::default_secret_path() : path);
 }

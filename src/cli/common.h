@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/draft.h"
 #include "net/auth.h"
 
 namespace td::cli {
@@ -39,6 +40,10 @@ Result<uint64_t> parse_size(const std::string &flag, const std::string &text);
 void add_secret_flag(CLI::App *cmd, std::string &path);
 // The cluster secret from `path`, or from net::default_secret_path() when it is empty.
 Result<net::ClusterSecret> load_cluster_secret(const std::string &path);
+
+// --draft N and --draft-ngram MIN,MAX (run and serve): speculative decoding by prompt lookup.
+void add_draft_flags(CLI::App *cmd, DraftParams &draft);
+Status check_draft_flags(const DraftParams &draft);  // invalid_input naming the flag
 
 // serve's --api-key-file: the first line of `path`, trimmed; an empty key is refused (it would switch the
 // check off).

@@ -168,7 +168,7 @@ Status ClusterEngine::submit(const Batch &batch) {
         if (batch.pos[i] < 0 || batch.pos[i] >= n_ctx_)
             return invalid_input("position {} is beyond the context size {}", batch.pos[i], n_ctx_);
         if (lost_[s]) return lost_error(s);  // a reconnect (a probe's, or another call's) cleared it
-        if (batch.want_logits[i] == kOutLogits && !started_[s])
+        if (out_has_logits(batch.want_logits[i]) && !started_[s])
             return invalid_input("sequence {} wants logits but was not started (seq_start)", s);
     }
     if (static_cast<int>(pending_.size()) >= options_.max_in_flight)
@@ -184,8 +184,18 @@ Status ClusterEngine::submit(const Batch &batch) {
             : auto_chunk_rows(n, n_stages());
     Pending step;
     step.first_id = next_step_;
-    for (int32_t begin = 0; begin < n; begin += rows) {
-        const int32_t end = std::min(n, begin + rows);
+    for (int32_t begin = 0, end = 0; begin < n; begin = end) {
+        // A part never starts with a draft row: each stage checks it against the row before. The part grows
+        // over the run, or, where that would pass the frame's limit, ends before the row the run follows.
+        end = std::min(n, begin + rows);
+        int32_t grown = end;
+        while (grown < n && batch.want_logits[grown] == kOutDraft) ++grown;
+        if (grown - begin <= static_cast<int32_t>(net::kMaxBatchRows)) {
+            end = grown;
+        } else {
+            while (end > begin + 1 && batch.want_logits[end] == kOutDraft)
+                --end;  // ends at the row they follow
+        }
         Status s = send_part(batch, begin, end, next_step_);
         if (!s.ok()) {
             // Nothing of this step left: a clean error. Parts already on their way: the pipeline and the
@@ -216,8 +226,11 @@ Status ClusterEngine::send_part(const Batch &batch, int32_t begin, int32_t end, 
     const Batch &b = whole ? batch : part_;
     if (head_ctx_) {
         TD_TRY(head_ctx_->decode(b));  // validates the rows (positions, slots) before anything is sent
-        net::encode_forward(b.pos, b.seq, b.want_logits, {}, head_ctx_->hidden(), n_embd, options_.wire,
-                            buf_);
+        // With draft rows the guesses go along: the last stage checks them.
+        net::encode_forward(
+            b.pos, b.seq, b.want_logits,
+            b.count(kOutDraft) > 0 ? std::span<const int32_t>(b.token) : std::span<const int32_t>(),
+            head_ctx_->hidden(), n_embd, options_.wire, buf_);
     } else {
         net::encode_forward(b.pos, b.seq, b.want_logits, b.token, nullptr, n_embd, options_.wire, buf_);
     }

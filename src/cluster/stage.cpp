@@ -275,7 +275,11 @@ Status Stage::handle_forward(Frame &f) {
         if (v.header.n_embd != static_cast<uint32_t>(hp.n_embd))
             return invalid_input("forward: rows of {} values, the model's hidden size is {}", v.header.n_embd,
                                  hp.n_embd);
-        batch_.token.assign(n, 0);
+        // Only a step with draft rows carries its tokens past the first stage (the guesses).
+        if (v.token.empty())
+            batch_.token.assign(n, 0);
+        else
+            batch_.token.assign(v.token.begin(), v.token.end());
         hidden_in_.resize(static_cast<size_t>(n) * hp.n_embd);
         net::wire_to_f32(v, hidden_in_.data());
         hidden = hidden_in_.data();
@@ -286,12 +290,15 @@ Status Stage::handle_forward(Frame &f) {
     TD_TRY(s);
     forward_steps_ += 1;
     if (!is_last_) {
-        net::encode_forward(batch_.pos, batch_.seq, batch_.want_logits, {}, ctx_->hidden(),
-                            static_cast<uint32_t>(hp.n_embd), wire_, out_buf_);
+        const bool drafts = batch_.count(kOutDraft) > 0;
+        net::encode_forward(batch_.pos, batch_.seq, batch_.want_logits,
+                            drafts ? std::span<const int32_t>(batch_.token) : std::span<const int32_t>(),
+                            ctx_->hidden(), static_cast<uint32_t>(hp.n_embd), wire_, out_buf_);
         return send_down(net::MsgType::forward, f.header.request_id, out_buf_);
     }
-    static_assert(net::kWantEmbedding == kOutEmbedding &&
-                  net::kEmbeddingRowToken == StepOutput::kEmbeddingToken);
+    static_assert(net::kWantEmbedding == kOutEmbedding && net::kWantDraft == kOutDraft &&
+                  net::kEmbeddingRowToken == StepOutput::kEmbeddingToken &&
+                  net::kRejectedRowToken == StepOutput::kRejectedToken);
     const float *logits = ctx_->logits();  // [n_outputs, n_vocab]
     if (collective_) {
         // Every rank of the last group takes part in the merge; rank 0 samples and answers.

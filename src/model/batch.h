@@ -13,6 +13,14 @@ namespace td {
 inline constexpr uint8_t kOutNone = 0;
 inline constexpr uint8_t kOutLogits = 1;     // logits, sampled into a token
 inline constexpr uint8_t kOutEmbedding = 2;  // the row's final-normed hidden state [n_embd]
+// Speculative decoding: the row's token is a guess (a draft) of what its sequence samples at the row before,
+// which must be the same sequence's previous position in this batch and want logits or be a draft too. The
+// row is sampled, as a kOutLogits row, only if every guess of its sequence up to it was right; otherwise its
+// output is StepOutput::kRejectedToken and the positions from it on are to be written again.
+inline constexpr uint8_t kOutDraft = 3;
+inline constexpr bool out_has_logits(uint8_t out) {
+    return out == kOutLogits || out == kOutDraft;
+}
 
 struct Batch {
     std::vector<int32_t> token;        // [n] token ids (read only when the range starts at layer 0)
@@ -37,7 +45,7 @@ struct Batch {
         seq.push_back(s);
         want_logits.push_back(out);
     }
-    int32_t n_outputs() const { return count(kOutLogits); }        // rows with logits
+    int32_t n_outputs() const { return count(kOutLogits) + count(kOutDraft); }  // rows with logits
     int32_t n_embeddings() const { return count(kOutEmbedding); }  // rows with an embedding
     int32_t count(uint8_t out) const {
         int32_t n = 0;

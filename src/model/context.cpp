@@ -68,9 +68,13 @@ Status Context::validate(const Batch &batch, const float *hidden_in) const {
         if (next[s] < 0 ? p > expected : p != expected)
             return invalid_input("sequence {}: position {} does not follow position {}", s, p, expected - 1);
         next[s] = p + 1;
-        if (batch.want_logits[i] > kOutEmbedding)
-            return invalid_input("row {}: output kind {} is unknown (0 none, 1 logits, 2 embedding)", i,
-                                 batch.want_logits[i]);
+        if (batch.want_logits[i] > kOutDraft)
+            return invalid_input("row {}: output kind {} is unknown (0 none, 1 logits, 2 embedding, 3 draft)",
+                                 i, batch.want_logits[i]);
+        if (batch.want_logits[i] == kOutDraft &&
+            (i == 0 || batch.seq[i - 1] != s || !out_has_logits(batch.want_logits[i - 1])))
+            return invalid_input("row {}: a draft row must follow a row of its sequence that wants logits",
+                                 i);
         if (m.layer_first() == 0) {
             const int32_t t = batch.token[i];
             if (t < 0 || t >= m.hparams().n_vocab)
@@ -147,7 +151,7 @@ Status Context::decode(const Batch &batch, const float *hidden_in) {
         embd_rows_.resize(static_cast<size_t>(n_embeddings_) * n_embd);
     const float *norm_w = static_cast<const float *>(m.output_norm().data);
     for (int32_t i = 0, o = 0, e = 0; i < n; ++i) {
-        if (batch.want_logits[i] == kOutLogits)
+        if (out_has_logits(batch.want_logits[i]))
             kernels::rmsnorm(&x_[i * n_embd], norm_w, &out_rows_[o++ * n_embd], n_embd, hp.rms_eps);
         else if (batch.want_logits[i] == kOutEmbedding)
             kernels::rmsnorm(&x_[i * n_embd], norm_w, &embd_rows_[e++ * n_embd], n_embd, hp.rms_eps);

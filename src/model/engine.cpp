@@ -10,18 +10,26 @@ void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab,
     out.clear();
     int32_t o = 0;
     for (int32_t i = 0; i < batch.size(); ++i) {
-        if (batch.want_logits[i] != kOutLogits) continue;
+        const uint8_t kind = batch.want_logits[i];
+        if (!out_has_logits(kind)) continue;
         const float *row = logits + static_cast<size_t>(o++) * n_vocab;  // [n_vocab]
         const int32_t s = batch.seq[i];
         Sampler *sampler = samplers[s];
         StepOutput so;
         so.seq = s;
-        if (sampler != nullptr) {
+        // A draft row counts only if the row before it (its sequence's, validated) drew the token it guessed;
+        // once a guess fails, the sequence's later draft rows in the batch are rejected without a draw, so
+        // the sampler draws exactly for the tokens the sequence keeps, as without drafts.
+        const bool rejected =
+            kind == kOutDraft && (out.empty() || out.back().seq != s || out.back().token != batch.token[i]);
+        if (rejected) {
+            so.token = StepOutput::kRejectedToken;
+        } else if (sampler != nullptr) {
             so.token = sampler->sample(row);
             sampler->accept(so.token);
         }
         if (want_logits[s]) {  // the log-softmax costs a pass over the vocabulary: only when asked
-            if (sampler != nullptr) so.logprob = sampler->token_logprob(row, so.token);
+            if (sampler != nullptr && !rejected) so.logprob = sampler->token_logprob(row, so.token);
             so.logits.assign(row, row + n_vocab);
         }
         out.push_back(std::move(so));
@@ -37,7 +45,7 @@ void add_embedding_outputs(const Batch &batch, const float *embeddings, int32_t 
     size_t o = 0;
     int32_t e = 0;
     for (int32_t i = 0; i < batch.size(); ++i) {
-        if (batch.want_logits[i] == kOutLogits && o < sampled.size()) {
+        if (out_has_logits(batch.want_logits[i]) && o < sampled.size()) {
             out.push_back(std::move(sampled[o++]));
         } else if (batch.want_logits[i] == kOutEmbedding) {
             StepOutput so;
@@ -98,7 +106,7 @@ Status LocalEngine::seq_clear(int32_t seq) {
 Status LocalEngine::submit(const Batch &batch) {
     if (has_pending_) return make_error(ErrorKind::failed, "a step is already queued; call wait() first");
     for (int32_t i = 0; i < batch.size(); ++i)
-        if (batch.want_logits[i] == kOutLogits && batch.seq[i] >= 0 && batch.seq[i] < n_seq() &&
+        if (out_has_logits(batch.want_logits[i]) && batch.seq[i] >= 0 && batch.seq[i] < n_seq() &&
             !slots_[batch.seq[i]].sampler)
             return invalid_input("sequence {} wants logits but was not started (seq_start)", batch.seq[i]);
     TD_TRY(ctx_->decode(batch));

@@ -23,6 +23,9 @@ namespace td {
 struct StepOutput {
     // A row that wanted an embedding (kOutEmbedding) has this token and no sampling.
     static constexpr int32_t kEmbeddingToken = -1;
+    // A draft row (kOutDraft) whose guess, or an earlier one of its sequence in the step, was wrong: nothing
+    // was drawn for it.
+    static constexpr int32_t kRejectedToken = -2;
     int32_t seq = 0;
     int32_t token = 0;      // sampled with the sequence's sampler (already accepted into its history)
     float logprob = 0.0f;   // log-probability of `token` under the raw distribution (with want_logits)
@@ -57,10 +60,10 @@ public:
     virtual int32_t seq_cached(int32_t seq) const = 0;
     virtual Status seq_clear(int32_t seq) = 0;
 
-    // Queues one step. Rows with an output (Batch::want_logits kOutLogits or kOutEmbedding) produce one
-    // StepOutput each, in row order; a row that wants logits needs its sequence started (seq_start), a row
-    // that wants an embedding does not sample.
-    // Errors: bad batch (invalid_input), node failure (disconnected/failed, naming the node).
+    // Queues one step. Rows with an output (Batch::want_logits kOutLogits, kOutDraft or kOutEmbedding)
+    // produce one StepOutput each, in row order; a row that wants logits needs its sequence started
+    // (seq_start), a row that wants an embedding does not sample. Errors: bad batch (invalid_input), node
+    // failure (disconnected/failed, naming the node).
     virtual Status submit(const Batch &batch) = 0;
     // Outputs of the oldest queued step. Error if nothing is queued.
     virtual Result<std::vector<StepOutput>> wait() = 0;

@@ -56,32 +56,58 @@ Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, co
 
     int32_t pos = n_prompt;
     if (params.n_predict == 0) return stats;
+    // The history the drafts are looked up in: the prompt and every token sampled so far.
+    std::vector<int32_t> history(prompt);
+    std::vector<int32_t> draft;
+    int32_t budget = params.draft.n_max;  // next_draft_budget
     for (;;) {
-        const StepOutput &out = last.front();
-        const int32_t token = out.token;
-        ++stats.n_generated;
-        const bool keep_going = on_token(token, out.logits.empty() ? nullptr : out.logits.data());
-        if (is_eog(token)) {
-            stats.stop = StopReason::eog;
-            break;
+        int32_t token = -1;
+        bool stop = false;
+        int32_t n_rejected = 0;
+        for (const StepOutput &out : last) {
+            if (stop) break;
+            if (out.token == StepOutput::kRejectedToken) {
+                ++n_rejected;
+                continue;
+            }
+            if (token >= 0) ++stats.n_accepted;  // an output after the first: its row's guess held
+            token = out.token;
+            history.push_back(token);
+            ++stats.n_generated;
+            const bool keep_going = on_token(token, out.logits.empty() ? nullptr : out.logits.data());
+            if (is_eog(token)) {
+                stats.stop = StopReason::eog;
+                stop = true;
+            } else if (!keep_going) {
+                stats.stop = StopReason::callback;
+                stop = true;
+            } else if (params.n_predict >= 0 && stats.n_generated >= params.n_predict) {
+                stats.stop = StopReason::length;
+                stop = true;
+            }
         }
-        if (!keep_going) {
-            stats.stop = StopReason::callback;
-            break;
-        }
-        if (params.n_predict >= 0 && stats.n_generated >= params.n_predict) {
-            stats.stop = StopReason::length;
-            break;
-        }
+        if (stop) break;
+        budget = next_draft_budget(budget, static_cast<int32_t>(draft.size()),
+                                   static_cast<int32_t>(draft.size()) - n_rejected, params.draft.n_max);
+        pos -= n_rejected;  // the rejected guesses' positions are written again
         if (pos >= engine.n_ctx()) {
             stats.stop = StopReason::context_full;
             break;
         }
         batch.clear();
         batch.add(token, pos++, seq, true);
+        int32_t n = budget;
+        if (params.n_predict >= 0) n = std::min(n, params.n_predict - stats.n_generated - 1);
+        n = std::min(n, engine.n_ctx() - pos);
+        lookup_draft(history, n, params.draft, draft);
+        for (int32_t d : draft) batch.add_out(d, pos++, seq, kOutDraft);
+        stats.n_drafted += static_cast<int32_t>(draft.size());
+        ++stats.n_steps;
         TD_TRY(engine.submit(batch));
         TD_ASSIGN_OR_RETURN(last, engine.wait());
-        if (last.size() != 1) return make_error(ErrorKind::failed, "the engine returned {} outputs for one token", last.size());
+        if (last.size() != static_cast<size_t>(batch.size()))
+            return make_error(ErrorKind::failed, "the engine returned {} outputs for {} rows", last.size(),
+                              batch.size());
     }
     stats.gen_seconds = std::chrono::duration<double>(clock::now() - t1).count();
     return stats;

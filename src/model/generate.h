@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/draft.h"
 #include "model/engine.h"
 #include "model/sampler.h"
 
@@ -19,6 +20,7 @@ struct GenerateParams {
     int32_t n_batch = 512;     // prompt tokens per step
     int32_t seq = 0;           // sequence slot to use (restarted first)
     bool want_logits = false;  // pass each step's logits row to the callback
+    DraftParams draft;         // speculative decoding by prompt lookup (draft.n_max 0: off)
 };
 
 enum class StopReason { length, eog, context_full, callback };
@@ -29,6 +31,9 @@ struct GenerateStats {
     int32_t n_generated = 0;
     double prompt_seconds = 0.0;  // until the first token is sampled
     double gen_seconds = 0.0;     // from the first sampled token to the last
+    int32_t n_steps = 0;          // generation steps (fewer than n_generated when drafts were accepted)
+    int32_t n_drafted = 0;        // tokens guessed
+    int32_t n_accepted = 0;       // of them, the ones the sampler drew
     StopReason stop = StopReason::length;
 };
 

@@ -56,7 +56,7 @@ Status TpOutputMerger::sample(const Batch &batch, const float *logits, const TpS
     mine_.clear();
     int32_t o = 0;
     for (int32_t i = 0; i < batch.size(); ++i) {
-        if (batch.want_logits[i] != kOutLogits) continue;
+        if (!out_has_logits(batch.want_logits[i])) continue;
         const float *row = logits + static_cast<size_t>(o++) * n_local;  // [n_local]
         const int32_t s = batch.seq[i];
         const Sampler *sampler = samplers[s];

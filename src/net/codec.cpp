@@ -710,8 +710,9 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
     TD_TRY(r.field(h.n_embd, "n_embd"));
     TD_TRY(r.field(h.wire, "wire"));
     TD_TRY(r.field(h.flags, "flags"));
-    if (h.flags & ~kForwardTokens)
-        return invalid_input("forward: unknown flags 0x{:x}", h.flags & ~kForwardTokens);
+    constexpr uint32_t known = kForwardTokens | kForwardRowTokens;
+    if (h.flags & ~known) return invalid_input("forward: unknown flags 0x{:x}", h.flags & ~known);
+    if ((h.flags & known) == known) return invalid_input("forward: token rows cannot carry token ids again");
     if (h.n_rows == 0 || h.n_rows > kMaxBatchRows) {
         return invalid_input("forward: n_rows {} is outside 1..{}", h.n_rows, kMaxBatchRows);
     }
@@ -726,12 +727,14 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
             return invalid_input("forward: q8_0 rows need n_embd divisible by 32, got {}", h.n_embd);
         }
     }
-    const uint64_t body =
-        tokens ? uint64_t{4} * h.n_rows : uint64_t{h.n_rows} * wire_row_bytes(wire, h.n_embd);
+    const bool row_tokens = (h.flags & kForwardRowTokens) != 0;
+    const uint64_t ids = tokens || row_tokens ? uint64_t{4} * h.n_rows : 0;
+    const uint64_t body = ids + (tokens ? 0 : uint64_t{h.n_rows} * wire_row_bytes(wire, h.n_embd));
     const ForwardLayout l = forward_layout(h.n_rows, body);
     if (l.total != payload.size()) {
-        return invalid_input("forward: {} {} rows need {} bytes, payload has {}", h.n_rows,
-                             tokens ? "token" : wire_type_name(wire), l.total, payload.size());
+        return invalid_input("forward: {} {} rows{} need {} bytes, payload has {}", h.n_rows,
+                             tokens ? "token" : wire_type_name(wire), row_tokens ? " with token ids" : "",
+                             l.total, payload.size());
     }
     const uint8_t *p = payload.data();
     v.pos = {reinterpret_cast<const int32_t *>(p + l.pos), h.n_rows};
@@ -742,20 +745,19 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
             return invalid_input("forward: row {} has pos {} seq {} (must not be negative)", i, v.pos[i],
                                  v.seq[i]);
         }
-        if (v.want[i] > kWantEmbedding)
-            return invalid_input("forward: row {} want must be 0, 1 or 2, got {}", i, v.want[i]);
+        if (v.want[i] > kWantDraft)
+            return invalid_input("forward: row {} want must be 0, 1, 2 or 3, got {}", i, v.want[i]);
     }
     for (size_t i = l.want + h.n_rows; i < l.body; ++i) {
         if (p[i] != 0) return invalid_input("forward: padding byte at offset {} is {}, must be 0", i, p[i]);
     }
-    if (tokens) {
+    if (tokens || row_tokens) {
         v.token = {reinterpret_cast<const int32_t *>(p + l.body), h.n_rows};
         for (uint32_t i = 0; i < h.n_rows; ++i) {
             if (v.token[i] < 0) return invalid_input("forward: row {} has negative token {}", i, v.token[i]);
         }
-    } else {
-        v.hidden = payload.subspan(l.body);
     }
+    if (!tokens) v.hidden = payload.subspan(l.body + ids);
     return v;
 }
 
@@ -764,28 +766,29 @@ void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, 
                     std::vector<uint8_t> &out) {
     const size_t n_rows = pos.size();
     const bool with_tokens = !tokens.empty();
+    const bool with_hidden = hidden != nullptr;
     TD_ASSERT(seq.size() == n_rows && want.size() == n_rows, "forward: pos/seq/want sizes {}/{}/{} differ",
               n_rows, seq.size(), want.size());
     TD_ASSERT(n_rows > 0 && n_rows <= kMaxBatchRows, "forward: n_rows {} outside 1..{}", n_rows,
               kMaxBatchRows);
     TD_ASSERT(n_embd <= kMaxEmbd, "forward: n_embd {} over the limit", n_embd);
-    if (with_tokens) {
-        TD_ASSERT(tokens.size() == n_rows && hidden == nullptr,
-                  "forward: tokens need one per row and no hidden");
-    } else {
-        TD_ASSERT(hidden != nullptr && n_embd > 0, "forward: hidden rows need data and n_embd > 0");
+    TD_ASSERT(with_tokens || with_hidden, "forward: rows need tokens or hidden data");
+    if (with_tokens) TD_ASSERT(tokens.size() == n_rows, "forward: tokens need one per row");
+    if (with_hidden) {
+        TD_ASSERT(n_embd > 0, "forward: hidden rows need n_embd > 0");
         TD_ASSERT(wire != WireType::q8_0 || n_embd % kWireQ8Block == 0,
                   "forward: q8_0 needs n_embd % 32 == 0");
     }
     const size_t row_bytes = wire_row_bytes(wire, n_embd);
-    const ForwardLayout l = forward_layout(n_rows, with_tokens ? 4 * n_rows : n_rows * row_bytes);
+    const size_t ids = with_tokens ? 4 * n_rows : 0;
+    const ForwardLayout l = forward_layout(n_rows, ids + (with_hidden ? n_rows * row_bytes : 0));
     out.resize(l.total);  // capacity is kept across calls: no allocation once the largest step has been seen
     uint8_t *p = out.data();
     ForwardHeader h;
     h.n_rows = static_cast<uint32_t>(n_rows);
     h.n_embd = n_embd;
     h.wire = static_cast<uint32_t>(wire);
-    h.flags = with_tokens ? kForwardTokens : 0;
+    h.flags = !with_tokens ? 0 : with_hidden ? kForwardRowTokens : kForwardTokens;
     put_at(p + 0, h.n_rows);
     put_at(p + 4, h.n_embd);
     put_at(p + 8, h.wire);
@@ -794,13 +797,13 @@ void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, 
     std::memcpy(p + l.seq, seq.data(), 4 * n_rows);
     std::memcpy(p + l.want, want.data(), n_rows);
     std::memset(p + l.want + n_rows, 0, l.body - l.want - n_rows);
-    if (with_tokens) {
-        std::memcpy(p + l.body, tokens.data(), 4 * n_rows);
+    if (with_tokens) std::memcpy(p + l.body, tokens.data(), ids);
+    if (!with_hidden) {
     } else if (wire == WireType::f32) {
-        std::memcpy(p + l.body, hidden, n_rows * row_bytes);
+        std::memcpy(p + l.body + ids, hidden, n_rows * row_bytes);
     } else {
         // Rows are contiguous and n_embd is a whole number of blocks, so all rows convert in one call.
-        wire_kernels(wire)->from_float(hidden, p + l.body, static_cast<int64_t>(n_rows) * n_embd);
+        wire_kernels(wire)->from_float(hidden, p + l.body + ids, static_cast<int64_t>(n_rows) * n_embd);
     }
 }
 

@@ -80,15 +80,16 @@ Result<WeightsChunkView> decode_weights_chunk(std::span<const uint8_t> payload);
 // want in {0, 1}, zero padding, pos/seq/token >= 0, and the exact payload size.
 struct ForwardView {
     ForwardHeader header;
-    std::span<const int32_t> pos, seq, token;  // token empty unless kForwardTokens
+    std::span<const int32_t> pos, seq, token;  // token empty unless kForwardTokens or kForwardRowTokens
     std::span<const uint8_t> want;
     std::span<const uint8_t> hidden;  // n_rows * wire_row_bytes(wire, n_embd), empty with kForwardTokens
 };
 Result<ForwardView> decode_forward(std::span<const uint8_t> payload);
 // Writes a Forward payload into `out` (resized, capacity reused: no allocation in steady state).
 // hidden: [n_rows, n_embd] f32 converted to `wire`; pass nullptr with kForwardTokens and tokens.
-// Non-empty tokens (one per row) set kForwardTokens. Sizes that break the limits are a caller bug (asserted).
-// f16 rounds to nearest even; q8_0 is ggml's quantizer (error <= d/2 per element, d = absmax/127 per 32).
+// Non-empty tokens (one per row) set kForwardTokens, or with hidden rows too kForwardRowTokens (a step with
+// draft rows). Sizes that break the limits are a caller bug (asserted). f16 rounds to nearest even; q8_0 is
+// ggml's quantizer (error <= d/2 per element, d = absmax/127 per 32).
 void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, std::span<const uint8_t> want,
                     std::span<const int32_t> tokens, const float *hidden, uint32_t n_embd, WireType wire,
                     std::vector<uint8_t> &out);

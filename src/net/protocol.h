@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 11;
+inline constexpr uint16_t kProtocolVersion = 12;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -278,10 +278,14 @@ struct StageReady {
 };
 
 // One pipeline step. Fixed part: u32 n_rows, u32 n_embd, u32 wire, u32 flags.
-// Then: i32 pos[n_rows], i32 seq[n_rows], u8 want[n_rows] padded to 4 bytes (0 none, 1 logits, 2 embedding),
+// Then: i32 pos[n_rows], i32 seq[n_rows], u8 want[n_rows] padded to 4 bytes (0 none, 1 logits, 2 embedding,
+// 3 draft),
 // then either i32 token[n_rows] (flag kForwardTokens: first stage input) or hidden rows
-// (n_rows * wire_row_bytes(wire, n_embd) bytes).
+// (n_rows * wire_row_bytes(wire, n_embd) bytes); with kForwardRowTokens (v12; set when a row is a draft, want
+// 3), the hidden rows follow i32 token[n_rows] too: the last stage compares a draft row's token, the guess,
+// with what its sequence samples at the row before.
 inline constexpr uint32_t kForwardTokens = 1u << 0;
+inline constexpr uint32_t kForwardRowTokens = 1u << 1;
 struct ForwardHeader {
     uint32_t n_rows = 0;
     uint32_t n_embd = 0;
@@ -296,7 +300,9 @@ struct ForwardHeader {
 // (set exactly when there are embedding rows): then u32 n_embd and (embedding rows) * n_embd f32, the rows'
 // final-normed hidden states in order.
 inline constexpr uint8_t kWantEmbedding = 2;  // forward want: the row's embedding
+inline constexpr uint8_t kWantDraft = 3;      // forward want (v12): logits, sampled only if its guess held
 inline constexpr int32_t kEmbeddingRowToken = -1;
+inline constexpr int32_t kRejectedRowToken = -2;  // (v12) a draft row whose guess failed: nothing drawn
 inline constexpr uint32_t kResultLogits = 1u << 0;
 inline constexpr uint32_t kResultEmbeddings = 1u << 1;
 inline constexpr size_t kResultRowBytes = 12;

@@ -281,6 +281,7 @@ std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest 
     job.n_logprobs = r.n_logprobs;
     job.stop.insert(job.stop.end(), r.stop.begin(), r.stop.end());
     job.cache_prompt = r.cache_prompt;
+    job.n_draft = r.n_draft;
     job.schema = r.schema;
 
     // n choices per prompt, each its own sequence: prompt p's choice j is job p * n + j. A fixed seed gives
@@ -524,6 +525,10 @@ void HttpServer::Impl::handle_metrics(HttpResponse &res) {
         metric("tandem_kv_pool_used", "gauge", "Positions the requests hold in the KV pool.", s.kv_used);
         metric("tandem_preemptions_total", "counter",
                "Requests preempted (and replayed later) because the KV pool ran out.", s.n_preempted);
+        metric("tandem_draft_tokens_total", "counter", "Tokens guessed by prompt lookup (--draft).",
+               s.n_drafted);
+        metric("tandem_draft_tokens_accepted_total", "counter", "Of the guessed tokens, those sampled.",
+               s.n_draft_accepted);
         metric("tandem_resumed_requests_total", "counter",
                "Requests replayed on the cluster after a node was lost (--max-resumes).", s.n_resumed);
         metric("tandem_slots_active", "gauge", "Slots holding a request.", s.n_active);
@@ -596,6 +601,8 @@ void HttpServer::Impl::handle_status(HttpResponse &res) {
                       {"requests_finished", finished},
                       {"requests_resumed", s.n_resumed},
                       {"preemptions", s.n_preempted},
+                      {"draft_tokens", s.n_drafted},
+                      {"draft_tokens_accepted", s.n_draft_accepted},
                       {"http_errors", http_errors},
                       {"ttft_seconds_mean",
                        s.ttft_count > 0 ? s.ttft_seconds_sum / static_cast<double>(s.ttft_count) : 0.0},

@@ -136,6 +136,12 @@ Status parse_common(const json &j, ApiRequest &r) {
     TD_TRY(get_bool(j, "ignore_eos", r.ignore_eos));
     TD_TRY(get_bool(j, "stream", r.stream));
     TD_TRY(get_bool(j, "cache_prompt", r.cache_prompt));
+    TD_TRY(get_int(j, "speculative.n_max", n, has));
+    if (has) {
+        if (n < 0 || n > kMaxDraft)
+            return invalid_input("'speculative.n_max' must be in [0, {}], got {}", kMaxDraft, n);
+        r.n_draft = static_cast<int32_t>(n);
+    }
     if (const json *rf = field(j, "response_format")) {
         const json *type = rf->is_object() ? field(*rf, "type") : nullptr;
         if (type == nullptr || !type->is_string())

@@ -16,6 +16,8 @@
 //                            usage counts the prompt once and every choice's tokens
 //   cache_prompt             bool (llama-server's): false computes the whole prompt, not reusing a cached
 //   prefix
+//   speculative.n_max        0..64 (llama-server's): tokens guessed per step by prompt lookup for this
+//                            request (the server's --draft when absent; 0: none)
 //   response_format          {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema"}}
 //   tools, tool_choice       [{type: "function", function: {name, description, parameters}}]; "auto" (the
 //                            default with tools), "none" (tools not shown to the model), "required" or
@@ -71,6 +73,7 @@ struct ApiRequest {
     int32_t n_logprobs = -1;  // -1: no logprobs
     bool cache_prompt = true;  // llama-server's cache_prompt: false computes the whole prompt again
     bool ignore_eos = false;   // llama-server's and vLLM's: end-of-generation tokens are never drawn
+    int32_t n_draft = -1;      // speculative.n_max; -1: the server's
     std::shared_ptr<const JsonSchema> schema;  // response_format json_object / json_schema; null: text
     nlohmann::json tools = nlohmann::json::array();  // chat: the tools offered (validated)
     ToolChoice tool_choice = ToolChoice::auto_;

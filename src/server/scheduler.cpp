@@ -149,6 +149,8 @@ struct Scheduler::Slot {
     std::optional<JsonMatcher> matcher;  // structured output: where the reply is in its document
     std::unique_ptr<Sampler> sampler;    // structured output: the request's own sampler
     std::vector<float> embd;             // an embedding job: what its rows pooled into so far
+    int32_t draft_budget = 0;            // guesses its next decode row may take (next_draft_budget)
+    int32_t n_guessed = 0, n_held = 0;   // its step in flight: guesses made, and those that held so far
     int32_t n_embd_rows = 0;             // rows pooled into embd
 
     bool active() const { return stream != nullptr; }
@@ -421,6 +423,9 @@ void Scheduler::admit() {
         slot.sampler.reset();
         slot.embd.clear();
         slot.n_embd_rows = 0;
+        slot.draft_budget = slot.job.n_draft >= 0 ? slot.job.n_draft : params_.draft.n_max;
+        slot.n_guessed = 0;
+        slot.n_held = 0;
         if (slot.job.schema) {
             if (!json_filter_) {
                 std::vector<std::string> pieces(static_cast<size_t>(engine_.n_vocab()));
@@ -530,6 +535,23 @@ bool Scheduler::build_step(InFlight &step) {
         slot.fed.push_back(slot.last_token);
         slot.n_past++;
         slot.n_in_flight++;
+        // Guesses follow the row: no more than the tokens it may still generate after this one, the context
+        // and the pool hold, and the step's rows left once every other generating slot has its row.
+        slot.n_guessed = 0;
+        slot.n_held = 0;
+        if (slot.draft_budget > 0 && !slot.matcher) {
+            int64_t n = std::min<int64_t>(slot.draft_budget, slot.limit - slot.n_generated - 1);
+            n = std::min<int64_t>({n, n_ctx_ - slot.n_past, pool_free(),
+                                   params_.n_batch - batch_.size() - (n_generating - n_decode - 1)});
+            lookup_draft(slot.fed, static_cast<int32_t>(std::max<int64_t>(n, 0)), params_.draft, draft_);
+            for (int32_t d : draft_) {
+                batch_.add_out(d, slot.n_past, slot.seq, kOutDraft);
+                slot.fed.push_back(d);
+                slot.n_past++;
+            }
+            slot.n_guessed = static_cast<int32_t>(draft_.size());
+            stats_drafted_ += slot.n_guessed;
+        }
         step.seqs.push_back(slot.seq);
         step.past.push_back(slot.n_past);
         n_decode++;
@@ -880,14 +902,36 @@ void Scheduler::complete_step(double &engine_seconds) {
             slot.n_done = std::max(slot.n_done, step.past[i]);
         }
         int32_t n_sampled = 0;
+        int32_t prev_seq = -1;  // a slot's outputs come together, in row order
         for (const StepOutput &out : *outputs) {
             if (out.seq < 0 || out.seq >= n_slots_ || !slots_[out.seq].live()) continue;
-            if (slots_[out.seq].job.embed != Pooling::unset) {
-                on_embedding(slots_[out.seq], out);
+            Slot &slot = slots_[out.seq];
+            if (slot.job.embed != Pooling::unset) {
+                on_embedding(slot, out);
                 continue;
             }
-            on_token(slots_[out.seq], out);
+            if (out.token == StepOutput::kRejectedToken) {
+                // A guess that failed: its position is written again by the next step.
+                slot.n_past--;
+                slot.fed.pop_back();
+                slot.n_done = std::min(slot.n_done, slot.n_past);
+                continue;
+            }
+            if (out.seq == prev_seq) {  // its row's guess held
+                stats_.n_draft_accepted++;
+                slot.n_held++;
+            }
+            prev_seq = out.seq;
+            on_token(slot, out);
             n_sampled++;
+        }
+        stats_.n_drafted += stats_drafted_;
+        stats_drafted_ = 0;
+        for (int32_t seq : step.seqs) {
+            Slot &slot = slots_[seq];
+            const int32_t n_max = slot.job.n_draft >= 0 ? slot.job.n_draft : params_.draft.n_max;
+            slot.draft_budget = next_draft_budget(slot.draft_budget, slot.n_guessed, slot.n_held, n_max);
+            slot.n_guessed = 0;
         }
         for (int32_t seq : step.prompt_done)
             if (slots_[seq].live() && slots_[seq].job.embed != Pooling::unset) finish_embedding(slots_[seq]);

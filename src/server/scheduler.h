@@ -71,6 +71,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/draft.h"
 #include "model/engine.h"
 #include "model/sampler.h"
 #include "text/json-schema.h"
@@ -86,6 +87,7 @@ struct GenerationJob {
     std::vector<std::string> stop;  // the reply ends before the first of these texts (empty ones ignored)
     int32_t n_logprobs = -1;  // -1: no logprobs; 0..20: the sampled token's logprob + that many top ones
     bool cache_prompt = true;  // reuse a slot's cached prefix of this prompt (llama-server's cache_prompt)
+    int32_t n_draft = -1;      // tokens guessed per step (SchedulerParams::draft); -1: the server's n_max
     // Structured output: the reply is a JSON document this schema accepts (constrained sampling: only tokens
     // that keep it possible are drawn, and the reply ends when the document closes). Null: free text.
     std::shared_ptr<const JsonSchema> schema;
@@ -212,6 +214,11 @@ struct SchedulerParams {
     // replayed (as a resume, so its text is what it would have been) once there is room again. A request
     // that alone needs more than the pool ends with an error naming the pool: never a hang.
     int64_t kv_pool = 0;
+    // Speculative decoding by prompt lookup (draft.n_max 0: off): a generating request's decode row is
+    // followed by up to n_max tokens guessed from its own history, checked in the same step; every guess
+    // that holds is a token without a step of its own. The text is what it would be without guesses. Not
+    // for structured output (the scheduler samples those itself).
+    DraftParams draft;
 };
 
 struct SchedulerStats {
@@ -234,6 +241,8 @@ struct SchedulerStats {
     int64_t kv_pool = 0;       // positions in the KV pool (0: not bounded)
     int64_t kv_used = 0;       // positions the slots hold now (a prompt's whole length from admission)
     int64_t n_preempted = 0;   // requests preempted because the pool ran out
+    int64_t n_drafted = 0;     // tokens guessed by prompt lookup (SchedulerParams::draft)
+    int64_t n_draft_accepted = 0;  // of them, the ones sampled
 };
 
 // One slot as /slots shows it (llama-server's fields), taken after each step.
@@ -358,6 +367,8 @@ private:
     std::unique_ptr<JsonTokenFilter> json_filter_;  // built at the first structured-output request
     std::vector<uint8_t> allowed_;                  // [n_vocab] scratch of sample_constrained
     std::vector<float> masked_;                     // [n_vocab] scratch of sample_constrained
+    std::vector<int32_t> draft_;                    // scratch of build_step: one slot's guesses
+    int64_t stats_drafted_ = 0;  // guesses built since the last step came back (engine thread; to stats_)
 
     // Engine-thread state.
     std::vector<Slot> slots_;         // [n_slots]

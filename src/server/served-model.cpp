@@ -69,6 +69,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     sp.probe_interval = std::chrono::milliseconds(std::max(params.probe_interval_ms, 10));
     sp.max_resumes = std::max(params.max_resumes, 0);
     sp.kv_pool = params.n_ctx;
+    sp.draft = params.draft;
     if (cluster != nullptr) {
         sm->n_stages_ = cluster->n_stages();  // the workers, plus the head when it runs layers
         sm->placement_ = cluster->placement_table();

@@ -51,6 +51,7 @@ struct ServeParams {
     // How embedding requests pool a prompt (--pooling); unset: the model's pooling_type, and last (the last
     // token's hidden state, as decoder embedding models use) when the file has none.
     Pooling pooling = Pooling::unset;
+    DraftParams draft;  // speculative decoding by prompt lookup (--draft; SchedulerParams::draft)
     // Test hook: wraps the engine (stall or fault injection around a real engine). Null: none.
     std::function<std::unique_ptr<Engine>(std::unique_ptr<Engine>)> wrap_engine;
 };
