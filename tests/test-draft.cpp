@@ -209,11 +209,7 @@ class DraftServerTest : public ::testing::TestWithParam<Backend> {};
 
 INSTANTIATE_TEST_SUITE_P(Backends, DraftServerTest,
                          ::testing::Values(Backend::local, Backend::cluster, Backend::tp),
-                         [](const auto &info) {
-                             return info.param == Backend::local     ? std::string("Local")
-                                    : info.param == Backend::cluster ? std::string("TwoWorkers")
-                                                                     : std::string("TensorParallel");
-                         });
+                         [](const auto &info) { return backend_test_name(info.param); });
 
 json status_server(httplib::Client &c) {
     auto r = c.Get("/status");
@@ -268,6 +264,13 @@ TEST_P(DraftServerTest, GuessesChangeNoTextAndHeldOnesSaveSteps) {
     auto r = post(c, "/v1/completions", {{"prompt", "Once upon a time"}, {"speculative.n_max", 65}});
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << r->body;
+    // /slots says so, as llama-server does for a slot that speculates.
+    auto sl = c.Get("/slots");
+    ASSERT_TRUE(sl);
+    const json slots = json::parse(sl->body);
+    ASSERT_FALSE(slots.empty());
+    EXPECT_EQ(slots[0]["speculative"], true) << slots[0].dump();
+    EXPECT_EQ(slots[0]["params"]["speculative.n_max"], 6) << slots[0].dump();
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
     EXPECT_NE(m->body.find("tandem_draft_tokens_accepted_total"), std::string::npos);

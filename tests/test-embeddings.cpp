@@ -72,11 +72,7 @@ class EmbeddingsTest : public ::testing::TestWithParam<Backend> {};
 
 INSTANTIATE_TEST_SUITE_P(Backends, EmbeddingsTest,
                          ::testing::Values(Backend::local, Backend::cluster, Backend::tp),
-                         [](const auto &info) {
-                             return info.param == Backend::local     ? std::string("Local")
-                                    : info.param == Backend::cluster ? std::string("TwoWorkers")
-                                                                     : std::string("TensorParallel");
-                         });
+                         [](const auto &info) { return backend_test_name(info.param); });
 
 // Every token's vector (--pooling none) comes back through the layout as the engine computed it, for several
 // inputs at once; with no pooling, OpenAI's and Ollama's endpoints refuse (one vector per input is their

@@ -20,6 +20,7 @@ TD_FUZZ_DECLARE(handshake)
 TD_FUZZ_DECLARE(http)
 TD_FUZZ_DECLARE(chat_template)
 TD_FUZZ_DECLARE(tokenizer)
+TD_FUZZ_DECLARE(grammar)
 }
 
 namespace td {
@@ -38,6 +39,7 @@ const Target kTargets[] = {
     {"http", td_fuzz_init_http, td_fuzz_one_http},
     {"chat-template", td_fuzz_init_chat_template, td_fuzz_one_chat_template},
     {"tokenizer", td_fuzz_init_tokenizer, td_fuzz_one_tokenizer},
+    {"grammar", td_fuzz_init_grammar, td_fuzz_one_grammar},
 };
 
 std::vector<std::string> files_in(const std::filesystem::path &dir) {

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "text/json-schema.h"
+#include "text/token-trie.h"
 
 namespace td {
 namespace {
@@ -63,6 +64,12 @@ TEST(JsonSchema, RefusesWhatItDoesNot) {
     JsonMatcher m(s);
     EXPECT_TRUE(m.feed(R"({"name": "Lily")"));
     EXPECT_FALSE(m.complete());
+    // Strings are UTF-8: no overlong form, surrogate or code point past U+10FFFF.
+    const auto any = JsonSchema::any_object();
+    EXPECT_TRUE(accepts(any, "{\"a\": \"\xE0\xA0\x80 \xED\x9F\xBF \xF4\x8F\xBF\xBF\"}"));
+    for (const char *bad :
+         {"\xE0\x9F\xBF", "\xED\xA0\x80", "\xF0\x8F\xBF\xBF", "\xF4\x90\x80\x80", "\xC1\xBF"})
+        EXPECT_FALSE(accepts(any, std::string("{\"a\": \"") + bad + "\"}")) << bad;
 }
 
 TEST(JsonSchema, AnyObjectTakesAnyJsonObject) {
@@ -104,7 +111,7 @@ TEST(JsonSchema, TheTokenFilterAgreesWithTheMatcher) {
     const std::vector<std::string> pieces = {
         "",  "{", "{\"", "\"name", "\": \"", "Lily",        "\",", " \"age", "\":", " 7",
         "}", " ", "\n",  "x",      "\"",     "\"mood\": 3", "]",   "[",      "1"};
-    JsonTokenFilter filter(pieces);
+    TokenTrie filter(pieces);
     std::vector<uint8_t> allowed;
     JsonMatcher m(person());
     EXPECT_EQ(filter.allowed(m, allowed), 4u);  // "{", "{\"", " " and "\n" can start the document

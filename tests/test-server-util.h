@@ -59,6 +59,11 @@ private:
 // tensor-parallel stage (--tp 2).
 enum class Backend { local, cluster, tp };
 
+// A parameterized test's name for its backend: Local, TwoWorkers, TensorParallel.
+inline std::string backend_test_name(Backend b) {
+    return b == Backend::local ? "Local" : b == Backend::cluster ? "TwoWorkers" : "TensorParallel";
+}
+
 struct ServerOptions {
     Backend backend = Backend::local;
     int32_t n_parallel = 4;

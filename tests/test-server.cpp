@@ -9,6 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <set>
+
 #include "test-server-util.h"
 
 namespace td::server {
@@ -1603,8 +1606,34 @@ TEST(StructuredOutput, AHundredSeededRequestsAllValidate) {
     EXPECT_NE(r->body.find("'pattern'"), std::string::npos) << r->body;
 }
 
+// A sentence the grammar ends: one of two words, a comma, 3..30 letters or spaces, a full stop.
+const char *k_answer_grammar = R"(root ::= ("yes" | "no") ", " [a-z ]{3,30} ".")";
+// std::regex would check these, but its code trips GCC 12's -Wmaybe-uninitialized in the sanitizer build.
+bool is_lower_or_space(char ch) {
+    return (ch >= 'a' && ch <= 'z') || ch == ' ';
+}
+// ^(yes|no), [a-z ]{3,30}\.$
+bool is_answer(const std::string &t) {
+    const size_t from = t.starts_with("yes, ") ? 5 : t.starts_with("no, ") ? 4 : 0;
+    if (from == 0 || t.size() < from + 4 || t.size() > from + 31 || t.back() != '.') return false;
+    return std::all_of(t.begin() + static_cast<std::ptrdiff_t>(from), t.end() - 1, is_lower_or_space);
+}
+// ^[a-z]+( [a-z]+)*$, or with prefix a start of one (a space may end it).
+bool is_words(const std::string &t, bool prefix) {
+    if (t.empty() || t[0] == ' ' || !std::all_of(t.begin(), t.end(), is_lower_or_space) ||
+        t.find("  ") != std::string::npos)
+        return false;
+    return prefix || t.back() != ' ';
+}
+// \d{3}-[a-z]{2,5}
+bool is_code(const std::string &t) {
+    if (t.size() < 6 || t.size() > 9 || t[3] != '-') return false;
+    return std::all_of(t.begin(), t.begin() + 3, [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+           std::all_of(t.begin() + 4, t.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; });
+}
+
 // The same seed gives the same document on one machine, through a pipeline and over --tp 2, streamed or not;
-// and through Ollama's format.
+// and through Ollama's format; and the same sentence of a grammar.
 TEST_P(ServerTest, StructuredOutputIsTheSameOnEveryEngine) {
     ServerOptions o = opts();
     o.n_ctx_slot = 512;
@@ -1637,6 +1666,211 @@ TEST_P(ServerTest, StructuredOutputIsTheSameOnEveryEngine) {
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200) << r->body;
     expect_story(json::parse(r->body)["message"]["content"]);
+    const json answer = {
+        {"prompt", "Once upon a time"}, {"n_predict", 60}, {"seed", 3}, {"grammar", k_answer_grammar}};
+    auto g = post(c, "/completion", answer);
+    auto gref = post(ref, "/completion", answer);
+    ASSERT_TRUE(g && gref);
+    ASSERT_EQ(g->status, 200) << g->body;
+    const std::string sentence = json::parse(g->body)["content"];
+    EXPECT_TRUE(is_answer(sentence)) << sentence;
+    EXPECT_EQ(sentence, json::parse(gref->body)["content"].get<std::string>());
+}
+
+// llama-server's "grammar" (GBNF): every seeded reply is a sentence of it, on /completion and the OpenAI
+// endpoints, streamed or not; a sentence that may go on ends where the model draws its end of text; bad
+// grammars and conflicting fields are 400s that say why.
+TEST(GrammarOutput, RepliesAreSentencesOfTheGrammar) {
+    if (!test::shared_exists(k_model)) GTEST_SKIP() << "missing " << k_model;
+    ServerOptions o;
+    o.n_parallel = 4;
+    o.n_ctx_slot = 256;
+    TestServer s(o);
+    auto c = s.client();
+    // A yes-or-no answer at temperature 1, as /completion takes it.
+    auto answer = [](uint64_t seed) -> json {
+        return {{"prompt", "Once upon a time"},
+                {"n_predict", 100},
+                {"seed", seed},
+                {"temperature", 1.0},
+                {"grammar", k_answer_grammar}};
+    };
+    std::set<std::string> distinct;
+    for (uint64_t seed = 0; seed < 12; ++seed) {
+        auto r = post(c, "/completion", answer(seed));
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json j = json::parse(r->body);
+        const std::string text = j["content"];
+        EXPECT_TRUE(is_answer(text)) << text;
+        EXPECT_EQ(j["stop_type"], "eos") << r->body;  // the sentence closed: nothing may follow it
+        distinct.insert(text);
+    }
+    EXPECT_GE(distinct.size(), 6u);  // the model chose, not the mask alone
+    // Words and spaces that may stop anywhere: where the reply ends the model drew its end of text (or the
+    // limit cut a sentence, then what came is the start of one).
+    for (uint64_t seed = 0; seed < 8; ++seed) {
+        auto r = post(c, "/v1/completions",
+                      {{"prompt", "Once upon a time"},
+                       {"max_tokens", 24},
+                       {"seed", seed},
+                       {"grammar", R"(root ::= [a-z]+ (" " [a-z]+)*)"}});
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json j = json::parse(r->body);
+        const std::string text = j["choices"][0]["text"];
+        if (j["choices"][0]["finish_reason"] == "stop") {
+            EXPECT_TRUE(is_words(text, false)) << text;
+        } else {
+            EXPECT_TRUE(is_words(text, true)) << text;
+        }
+    }
+    // Chat, streamed and not: the same text, a sentence of the grammar.
+    const json chat = {{"messages", {{{"role", "user"}, {"content", "Answer me."}}}},
+                       {"max_tokens", 100},
+                       {"seed", 7},
+                       {"grammar", k_answer_grammar}};
+    auto r = post(c, "/v1/chat/completions", chat);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::string text = json::parse(r->body)["choices"][0]["message"]["content"];
+    EXPECT_TRUE(is_answer(text)) << text;
+    const Streamed st = streams_through(
+        s, {chat}, [] {}, {}, "/v1/chat/completions");
+    bool done = false;
+    EXPECT_EQ(stream_text(parse_sse(st.bodies[0], &done)), text);
+    // Errors.
+    const std::pair<json, std::string> bad[] = {
+        {{{"prompt", "x"}, {"grammar", "root ::= root \"a\""}}, "left recursion in rule 'root'"},
+        {{{"prompt", "x"}, {"grammar", "root ::= name"}}, "rule 'name' is used but not defined"},
+        {{{"prompt", "x"}, {"grammar", 5}}, "'grammar' must be a string"},
+        {{{"prompt", "x"}, {"grammar", k_answer_grammar}, {"response_format", {{"type", "json_object"}}}},
+         "give 'response_format' or 'grammar', not both"},
+        {{{"prompt", "x"}, {"grammar", k_answer_grammar}, {"json_schema", json::object()}},
+         "give 'grammar' or 'json_schema', not both"},
+    };
+    for (const auto &[body, message] : bad) {
+        auto e = post(c, "/completion", body);
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->status, 400) << body.dump();
+        EXPECT_NE(e->body.find(message), std::string::npos) << e->body;
+    }
+    // `tandem run --grammar` and `--json-schema` draw the server's text for the same seed.
+    for (uint64_t seed : {0u, 5u}) {
+        auto r = post(c, "/completion", answer(seed));
+        ASSERT_TRUE(r);
+        test::ProcessResult run =
+            test::run_tandem({"run", "-m", test::shared_path(k_model), "-p", "Once upon a time", "-n", "100",
+                              "-s", std::to_string(seed), "--temp", "1.0", "--grammar", k_answer_grammar});
+        ASSERT_EQ(run.exit_code, 0) << run.err;
+        EXPECT_EQ(run.out, json::parse(r->body)["content"].get<std::string>() + "\n");
+        const std::string schema =
+            R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}},
+            "required": ["name"]})";
+        r = post(c, "/completion",
+                 {{"prompt", "Once upon a time"},
+                  {"n_predict", 100},
+                  {"seed", seed},
+                  {"json_schema", json::parse(schema)}});
+        ASSERT_TRUE(r);
+        run = test::run_tandem({"run", "-m", test::shared_path(k_model), "-p", "Once upon a time", "-n",
+                                "100", "-s", std::to_string(seed), "-j", schema});
+        ASSERT_EQ(run.exit_code, 0) << run.err;
+        EXPECT_EQ(run.out, json::parse(r->body)["content"].get<std::string>() + "\n");
+        EXPECT_TRUE(json::parse(run.out, nullptr, false).is_object()) << run.out;
+    }
+    test::ProcessResult both = test::run_tandem(
+        {"run", "-m", test::shared_path(k_model), "--grammar", k_answer_grammar, "-j", "{}"});
+    EXPECT_NE(both.exit_code, 0);
+    EXPECT_NE(both.err.find("give one of --grammar, --grammar-file and --json-schema"), std::string::npos)
+        << both.err;
+    test::ProcessResult broken =
+        test::run_tandem({"run", "-m", test::shared_path(k_model), "--grammar", "root ::= ["});
+    EXPECT_NE(broken.exit_code, 0);
+    EXPECT_NE(broken.err.find("unterminated character class"), std::string::npos) << broken.err;
+    // An empty grammar is none (as llama-server takes it).
+    auto none = post(c, "/completion", {{"prompt", "Once upon a time"}, {"n_predict", 8}, {"grammar", ""}});
+    ASSERT_TRUE(none);
+    EXPECT_EQ(none->status, 200) << none->body;
+}
+
+// vLLM's guided decoding fields: guided_choice, guided_regex, guided_json, guided_grammar and
+// structured_outputs; one constraint per request.
+TEST(GrammarOutput, VllmGuidedDecodingFields) {
+    if (!test::shared_exists(k_model)) GTEST_SKIP() << "missing " << k_model;
+    ServerOptions o;
+    o.n_ctx_slot = 256;
+    TestServer s(o);
+    auto c = s.client();
+    auto complete = [&](const json &extra, uint64_t seed) {
+        json body = {
+            {"prompt", "Once upon a time"}, {"max_tokens", 60}, {"seed", seed}, {"temperature", 1.0}};
+        for (const auto &[k, v] : extra.items()) body[k] = v;
+        auto r = post(c, "/v1/completions", body);
+        EXPECT_TRUE(r);
+        EXPECT_EQ(r ? r->status : 0, 200) << (r ? r->body : "");
+        return r && r->status == 200 ? json::parse(r->body)["choices"][0] : json();
+    };
+    const std::set<std::string> colours = {"red", "green", "blue", "light blue"};
+    for (uint64_t seed = 0; seed < 6; ++seed) {
+        json ch = complete({{"guided_choice", {"red", "green", "blue", "light blue"}}}, seed);
+        EXPECT_TRUE(colours.contains(ch["text"].get<std::string>())) << ch;
+        EXPECT_EQ(ch["finish_reason"], "stop");
+        ch = complete({{"structured_outputs", {{"choice", {"red", "green", "blue", "light blue"}}}}}, seed);
+        EXPECT_TRUE(colours.contains(ch["text"].get<std::string>())) << ch;
+        ch = complete({{"guided_regex", R"(\d{3}-[a-z]{2,5})"}}, seed);
+        EXPECT_TRUE(is_code(ch["text"].get<std::string>())) << ch;
+        ch = complete({{"structured_outputs", {{"regex", R"(\d{3}-[a-z]{2,5})"}}}}, seed);
+        EXPECT_TRUE(is_code(ch["text"].get<std::string>())) << ch;
+        ch = complete({{"guided_grammar", k_answer_grammar}}, seed);
+        EXPECT_TRUE(is_answer(ch["text"].get<std::string>())) << ch;
+    }
+    // guided_json as an object or as its text; the chat endpoint takes the same fields.
+    const json schema = {{"type", "object"},
+                         {"properties", {{"n", {{"type", "integer"}}}}},
+                         {"required", {"n"}},
+                         {"additionalProperties", false}};
+    for (const json &g : {schema, json(schema.dump())}) {
+        const json ch = complete({{"guided_json", g}, {"max_tokens", 40}}, 3);
+        const json doc = json::parse(ch["text"].get<std::string>(), nullptr, false);
+        if (ch["finish_reason"] == "stop") {
+            ASSERT_TRUE(doc.is_object()) << ch;
+            EXPECT_TRUE(doc["n"].is_number_integer()) << ch;
+        }
+    }
+    auto r = post(c, "/v1/chat/completions",
+                  {{"messages", {{{"role", "user"}, {"content", "A colour?"}}}},
+                   {"max_tokens", 20},
+                   {"guided_choice", {"red", "green"}}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const std::string reply = json::parse(r->body)["choices"][0]["message"]["content"];
+    EXPECT_TRUE(reply == "red" || reply == "green") << reply;
+    // Errors name the field.
+    const std::pair<json, std::string> bad[] = {
+        {{{"guided_regex", "(a"}}, "'guided_regex': regex: at offset 2: unbalanced '('"},
+        {{{"guided_regex", "(?!a)b"}}, "lookarounds"},
+        {{{"guided_choice", json::array()}}, "'guided_choice' must be a non-empty list of strings"},
+        {{{"guided_choice", {"a", 1}}}, "'guided_choice' must be a non-empty list of strings"},
+        {{{"guided_json", 5}}, "'guided_json' must be a JSON schema"},
+        {{{"guided_json", {{"type", "string"}, {"pattern", "x"}}}}, "'guided_json': json_schema: 'pattern'"},
+        {{{"guided_grammar", "root ::= x"}}, "'guided_grammar': grammar: rule 'x' is used but not defined"},
+        {{{"guided_choice", {"a"}}, {"response_format", {{"type", "json_object"}}}},
+         "give 'response_format' or 'guided_choice', not both"},
+        {{{"guided_regex", "a"}, {"guided_choice", {"a"}}},
+         "give 'guided_regex' or 'guided_choice', not both"},
+        {{{"structured_outputs", {{"json", schema}, {"regex", "a"}}}},
+         "give 'structured_outputs.json' or 'structured_outputs.regex', not both"},
+        {{{"structured_outputs", "a"}}, "'structured_outputs' must be an object"},
+    };
+    for (const auto &[fields, message] : bad) {
+        json body = {{"prompt", "x"}, {"max_tokens", 2}};
+        for (const auto &[k, v] : fields.items()) body[k] = v;
+        auto e = post(c, "/v1/completions", body);
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->status, 400) << body.dump();
+        EXPECT_NE(e->body.find(message), std::string::npos) << e->body;
+    }
 }
 
 }  // namespace

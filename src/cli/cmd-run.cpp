@@ -17,6 +17,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "server/constrained.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
 #include "text/vocab.h"
@@ -42,7 +43,21 @@ struct RunOptions {
     ChatReplParams chat_params;  // system prompt, template name
     ClusterFlags cluster;        // --workers etc.: run as a pipeline
     DraftParams draft;           // --draft: speculative decoding by prompt lookup
+    std::string grammar;         // --grammar GBNF
+    std::string grammar_file;    // --grammar-file FILE
+    std::string json_schema;     // -j, --json-schema SCHEMA
 };
+
+std::string read_file(const std::string &path, Status &status) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+        status = make_error(ErrorKind::not_found, "{}: cannot read the file", path);
+        return {};
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
 
 int run_main(const RunOptions &opt) {
     auto path = resolve_model(opt.model);
@@ -59,13 +74,33 @@ int run_main(const RunOptions &opt) {
 
     std::string prompt = opt.prompt;
     if (!opt.prompt_file.empty()) {
-        std::ifstream in(opt.prompt_file, std::ios::binary);
-        if (!in)
-            return fail(make_error(ErrorKind::not_found, "{}: cannot read the prompt file", opt.prompt_file));
-        std::stringstream ss;
-        ss << in.rdbuf();
-        prompt = ss.str();
+        Status s;
+        prompt = read_file(opt.prompt_file, s);
+        if (!s.ok()) return fail(s.with_context("the prompt file"));
     }
+    // Constrained output, as llama-cli's --grammar, --grammar-file and --json-schema.
+    std::shared_ptr<const Grammar> grammar;
+    std::shared_ptr<const JsonSchema> schema;
+    if ((!opt.grammar.empty()) + (!opt.grammar_file.empty()) + (!opt.json_schema.empty()) > 1)
+        return fail(invalid_input("give one of --grammar, --grammar-file and --json-schema"));
+    std::string grammar_text = opt.grammar;
+    if (!opt.grammar_file.empty()) {
+        Status s;
+        grammar_text = read_file(opt.grammar_file, s);
+        if (!s.ok()) return fail(s);
+    }
+    if (!grammar_text.empty()) {
+        auto g = Grammar::compile(grammar_text);
+        if (!g.ok()) return fail(g.status());
+        grammar = *g;
+    }
+    if (!opt.json_schema.empty()) {
+        auto js = JsonSchema::compile(opt.json_schema);
+        if (!js.ok()) return fail(js.status());
+        schema = *js;
+    }
+    if ((grammar || schema) && opt.chat)
+        return fail(invalid_input("--grammar and --json-schema constrain one reply to -p, not a --chat"));
     const bool add_bos = vocab->add_bos() && !opt.no_bos;
     std::vector<int32_t> tokens = (*tokenizer)->encode(prompt, add_bos, /*parse_special=*/true);
     if (tokens.empty()) return fail(invalid_input("the prompt is empty; pass one with -p"));
@@ -107,6 +142,13 @@ int run_main(const RunOptions &opt) {
     gp.n_predict = opt.n_predict;
     gp.n_batch = opt.n_batch;
     gp.draft = opt.draft;
+    std::unique_ptr<server::ConstraintVocab> constraint_vocab;
+    std::unique_ptr<server::ConstrainedSampler> constrained;
+    if (grammar || schema) {
+        constraint_vocab = std::make_unique<server::ConstraintVocab>(**tokenizer, (*engine)->n_vocab());
+        constrained = std::make_unique<server::ConstrainedSampler>(*constraint_vocab, schema, grammar, sp);
+        gp.pick = [&](const float *logits) { return constrained->sample(logits); };
+    }
     auto stats = generate(
         **engine, sp, tokens, gp, [&](int32_t t) { return vocab->is_eog(t); },
         [&](int32_t token, const float *) {
@@ -115,7 +157,7 @@ int run_main(const RunOptions &opt) {
                 std::fwrite(text.data(), 1, text.size(), stdout);
                 std::fflush(stdout);
             }
-            return true;
+            return !(constrained && constrained->must_end());  // the document or sentence is complete
         });
     std::string rest = detok.flush();
     std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -182,6 +224,10 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_flag(
         "--ignore-eos", opt->ignore_eos,
         "Never end at an end-of-generation token: generate -n tokens (bans them, as llama.cpp does)");
+    cmd->add_option("--grammar", opt->grammar,
+                    "The reply is a sentence of this GBNF grammar (llama.cpp's notation)");
+    cmd->add_option("--grammar-file", opt->grammar_file, "Read the --grammar from a file");
+    cmd->add_option("-j,--json-schema", opt->json_schema, "The reply is a JSON document this schema accepts");
     add_draft_flags(cmd, opt->draft);
     add_cluster_flags(cmd, opt->cluster);
     runners.push_back([cmd, opt] {

@@ -27,7 +27,8 @@ Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, co
                              engine.n_ctx());
     const int32_t n_batch = std::max(1, params.n_batch);
     const int32_t seq = params.seq;
-    TD_TRY(engine.seq_start(seq, sampling, params.want_logits));
+    TD_TRY(engine.seq_start(seq, params.pick ? SamplerParams::plain_greedy() : sampling,
+                            params.want_logits || params.pick != nullptr));
     stats.n_prompt = n_prompt;
 
     // Prompt chunks go out back to back, up to the engine's depth, so pipeline stages overlap them.
@@ -59,7 +60,7 @@ Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, co
     // The history the drafts are looked up in: the prompt and every token sampled so far.
     std::vector<int32_t> history(prompt);
     std::vector<int32_t> draft;
-    int32_t budget = params.draft.n_max;  // next_draft_budget
+    int32_t budget = params.pick ? 0 : params.draft.n_max;  // next_draft_budget
     for (;;) {
         int32_t token = -1;
         bool stop = false;
@@ -72,6 +73,11 @@ Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, co
             }
             if (token >= 0) ++stats.n_accepted;  // an output after the first: its row's guess held
             token = out.token;
+            if (params.pick) {
+                if (static_cast<int32_t>(out.logits.size()) != engine.n_vocab())
+                    return make_error(ErrorKind::failed, "the engine returned no logits to sample from");
+                TD_ASSIGN_OR_RETURN(token, params.pick(out.logits.data()));
+            }
             history.push_back(token);
             ++stats.n_generated;
             const bool keep_going = on_token(token, out.logits.empty() ? nullptr : out.logits.data());

@@ -21,6 +21,10 @@ struct GenerateParams {
     int32_t seq = 0;           // sequence slot to use (restarted first)
     bool want_logits = false;  // pass each step's logits row to the callback
     DraftParams draft;         // speculative decoding by prompt lookup (draft.n_max 0: off)
+    // Constrained sampling (a grammar, a JSON schema): when set, each token is what pick draws from its
+    // step's logits ([n_vocab]); the engine's own draw (greedy) is not used, and no guesses are made. An
+    // error from pick ends the generation with it.
+    std::function<Result<int32_t>(const float *logits)> pick;
 };
 
 enum class StopReason { length, eog, context_full, callback };

@@ -75,6 +75,17 @@ struct SamplerParams {
     float frequency_penalty = 0.0f;  // OpenAI frequency_penalty; 0: off
     uint64_t seed = seed_random;
     std::vector<LogitBias> logit_bias;  // in order; a token listed twice gets both biases
+
+    // The cheapest draw, greedy without penalties: for an engine whose token a caller replaces with its own
+    // draw from the logits (constrained sampling).
+    static SamplerParams plain_greedy() {
+        SamplerParams p;
+        p.temperature = 0.0f;
+        p.repeat_penalty = 1.0f;
+        p.presence_penalty = 0.0f;
+        p.frequency_penalty = 0.0f;
+        return p;
+    }
 };
 
 // The tail of a stream's sampled tokens that the penalties can still see: the last repeat_last_n (all with

@@ -283,6 +283,7 @@ std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest 
     job.cache_prompt = r.cache_prompt;
     job.n_draft = r.n_draft;
     job.schema = r.schema;
+    job.grammar = r.grammar;
 
     // n choices per prompt, each its own sequence: prompt p's choice j is job p * n + j. A fixed seed gives
     // choice j the seed + j (as vLLM does), so the choices differ and each is what a request for that prompt

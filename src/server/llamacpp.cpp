@@ -65,8 +65,10 @@ Result<ApiRequest> parse_llama_completion(std::string_view body) {
     if (const json *schema = field(j, "json_schema")) {
         if (!schema->is_object())
             return invalid_input("'json_schema' must be an object, got {}", type_name(*schema));
-        if (r.schema) return invalid_input("give 'json_schema' or 'response_format', not both");
+        if (!r.constraint_from.empty())
+            return invalid_input("give '{}' or 'json_schema', not both", r.constraint_from);
         TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(schema->dump()));
+        r.constraint_from = "json_schema";
     }
     return r;
 }
@@ -132,10 +134,11 @@ json llama_slots_json(const std::vector<SlotInfo> &slots, int32_t n_ctx) {
         const int32_t remain = s.max_tokens > 0 ? std::max(s.max_tokens - s.n_decoded, 0) : -1;
         json params = llama_sampling_json(s.sampling, s.max_tokens);
         params["max_tokens"] = s.max_tokens;
+        params["speculative.n_max"] = s.n_draft;
         out.push_back({{"id", s.id},
                        {"id_task", s.task},
                        {"n_ctx", n_ctx},
-                       {"speculative", false},
+                       {"speculative", s.n_draft > 0},
                        {"is_processing", s.processing},
                        {"n_prompt_tokens", s.n_prompt},
                        {"n_prompt_tokens_processed", s.n_processed},

@@ -9,6 +9,7 @@
 //   repeat_last_n    the penalties' window (-1: the whole history)
 //   n_probs          0..20: each generated token's logprob and that many top alternatives
 //   json_schema      the reply is a JSON document this schema accepts
+//   grammar          the reply is a sentence of this GBNF grammar (also on the OpenAI endpoints)
 // Response: {content, stop: true, stop_type: "eos" | "word" | "limit", stopping_word, tokens_predicted,
 // tokens_evaluated, tokens_cached, timings {prompt_n, prompt_ms, ..., predicted_per_second},
 // generation_settings, completion_probabilities (with n_probs)}. Streamed: Server-Sent Events of

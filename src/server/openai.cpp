@@ -10,6 +10,7 @@
 
 #include "core/printable.h"
 #include "server/json-fields.h"
+#include "text/regex-grammar.h"
 
 namespace td::server {
 
@@ -83,6 +84,102 @@ Status get_logit_bias(const json &j, std::vector<LogitBias> &out) {
 }
 
 // Fields both endpoints share.
+// The one constraint a reply may have: OpenAI's response_format, llama-server's grammar, or vLLM's
+// guided_json / guided_regex / guided_choice / guided_grammar and structured_outputs {json, regex, choice,
+// grammar}. A second one is an error naming both.
+Status parse_constraint(const json &j, ApiRequest &r) {
+    auto take = [&](std::string_view name) -> Status {
+        if (!r.constraint_from.empty())
+            return invalid_input("give '{}' or '{}', not both", r.constraint_from, name);
+        r.constraint_from = name;
+        return {};
+    };
+    auto with = [](std::string_view name, Status s) {
+        return s.ok() ? s : s.with_context(fmt::format("'{}'", name));
+    };
+    // A JSON schema given as an object (or as its text, as vLLM takes it).
+    auto schema_from = [&](std::string_view name, const json &v) -> Status {
+        TD_TRY(take(name));
+        if (!v.is_object() && !v.is_string())
+            return invalid_input("'{}' must be a JSON schema (an object), got {}", name, type_name(v));
+        auto s = JsonSchema::compile(v.is_string() ? v.get_ref<const std::string &>() : v.dump());
+        if (!s.ok()) return with(name, s.status());
+        r.schema = *s;
+        return {};
+    };
+    auto grammar_from = [&](std::string_view name, Result<std::string> gbnf) -> Status {
+        TD_TRY(take(name));
+        if (!gbnf.ok()) return with(name, gbnf.status());
+        auto g = Grammar::compile(*gbnf);
+        if (!g.ok()) return with(name, g.status());
+        r.grammar = *g;
+        return {};
+    };
+    auto text_of = [](std::string_view name, const json &v, std::string_view what) -> Result<std::string> {
+        if (!v.is_string())
+            return invalid_input("'{}' must be a string ({}), got {}", name, what, type_name(v));
+        return v.get<std::string>();
+    };
+    auto choices_of = [](std::string_view name, const json &v) -> Result<std::string> {
+        if (!v.is_array() || v.empty())
+            return invalid_input("'{}' must be a non-empty list of strings", name);
+        std::vector<std::string> choices;
+        for (const json &c : v) {
+            if (!c.is_string()) return invalid_input("'{}' must be a non-empty list of strings", name);
+            choices.push_back(c.get<std::string>());
+        }
+        return choices_to_gbnf(choices);
+    };
+    auto regex_of = [&](std::string_view name, const json &v) -> Result<std::string> {
+        TD_ASSIGN_OR_RETURN(std::string re, text_of(name, v, "a regular expression"));
+        return regex_to_gbnf(re);
+    };
+
+    if (const json *rf = field(j, "response_format")) {
+        const json *type = rf->is_object() ? field(*rf, "type") : nullptr;
+        if (type == nullptr || !type->is_string())
+            return invalid_input("'response_format' must be an object with a 'type'");
+        const std::string t = type->get<std::string>();
+        if (t == "json_object") {
+            TD_TRY(take("response_format"));
+            r.schema = JsonSchema::any_object();
+        } else if (t == "json_schema") {
+            const json *js = field(*rf, "json_schema");
+            const json *schema = js != nullptr && js->is_object() ? field(*js, "schema") : nullptr;
+            if (schema == nullptr)
+                return invalid_input("'response_format.json_schema.schema' is required for type json_schema");
+            TD_TRY(take("response_format"));
+            TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(schema->dump()));
+        } else if (t != "text") {
+            return invalid_input("'response_format.type' must be text, json_object or json_schema, got '{}'",
+                                 t);
+        }
+    }
+    for (const char *name : {"grammar", "guided_grammar"})
+        if (const json *g = field(j, name)) {  // GBNF; llama-server takes "" as none
+            TD_ASSIGN_OR_RETURN(std::string text, text_of(name, *g, "GBNF"));
+            if (!text.empty()) TD_TRY(grammar_from(name, text));
+        }
+    if (const json *v = field(j, "guided_json")) TD_TRY(schema_from("guided_json", *v));
+    if (const json *v = field(j, "guided_regex"))
+        TD_TRY(grammar_from("guided_regex", regex_of("guided_regex", *v)));
+    if (const json *v = field(j, "guided_choice"))
+        TD_TRY(grammar_from("guided_choice", choices_of("guided_choice", *v)));
+    if (const json *so = field(j, "structured_outputs")) {
+        if (!so->is_object())
+            return invalid_input("'structured_outputs' must be an object, got {}", type_name(*so));
+        if (const json *v = field(*so, "json")) TD_TRY(schema_from("structured_outputs.json", *v));
+        if (const json *v = field(*so, "regex"))
+            TD_TRY(grammar_from("structured_outputs.regex", regex_of("structured_outputs.regex", *v)));
+        if (const json *v = field(*so, "choice"))
+            TD_TRY(grammar_from("structured_outputs.choice", choices_of("structured_outputs.choice", *v)));
+        if (const json *v = field(*so, "grammar"))
+            TD_TRY(grammar_from("structured_outputs.grammar",
+                                text_of("structured_outputs.grammar", *v, "GBNF")));
+    }
+    return {};
+}
+
 Status parse_common(const json &j, ApiRequest &r) {
     if (const json *v = field(j, "model")) {
         if (!v->is_string()) return invalid_input("'model' must be a string, got {}", type_name(*v));
@@ -142,24 +239,7 @@ Status parse_common(const json &j, ApiRequest &r) {
             return invalid_input("'speculative.n_max' must be in [0, {}], got {}", kMaxDraft, n);
         r.n_draft = static_cast<int32_t>(n);
     }
-    if (const json *rf = field(j, "response_format")) {
-        const json *type = rf->is_object() ? field(*rf, "type") : nullptr;
-        if (type == nullptr || !type->is_string())
-            return invalid_input("'response_format' must be an object with a 'type'");
-        const std::string t = type->get<std::string>();
-        if (t == "json_object") {
-            r.schema = JsonSchema::any_object();
-        } else if (t == "json_schema") {
-            const json *js = field(*rf, "json_schema");
-            const json *schema = js != nullptr && js->is_object() ? field(*js, "schema") : nullptr;
-            if (schema == nullptr)
-                return invalid_input("'response_format.json_schema.schema' is required for type json_schema");
-            TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(schema->dump()));
-        } else if (t != "text") {
-            return invalid_input("'response_format.type' must be text, json_object or json_schema, got '{}'",
-                                 t);
-        }
-    }
+    TD_TRY(parse_constraint(j, r));
     if (const json *v = field(j, "stream_options")) {
         if (!v->is_object())
             return invalid_input("'stream_options' must be an object, got {}", type_name(*v));
@@ -268,9 +348,9 @@ json bytes_json(const std::string &piece) {
 
 Status apply_tool_choice(ApiRequest &r) {
     if (r.tool_choice != ToolChoice::required && r.tool_choice != ToolChoice::named) return {};
-    if (r.schema)
-        return invalid_input(
-            "'response_format' cannot be combined with a required tool call ('tool_choice')");
+    if (!r.constraint_from.empty())
+        return invalid_input("'{}' cannot be combined with a required tool call ('tool_choice')",
+                             r.constraint_from);
     json names = json::array();
     const json *params = nullptr;
     for (const json &t : r.tools) {

@@ -19,6 +19,10 @@
 //   speculative.n_max        0..64 (llama-server's): tokens guessed per step by prompt lookup for this
 //                            request (the server's --draft when absent; 0: none)
 //   response_format          {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema"}}
+//   grammar                  a GBNF grammar (llama-server's) the reply is a sentence of; "" is none
+//   guided_json guided_regex guided_choice guided_grammar, structured_outputs {json, regex, choice, grammar}
+//                            vLLM's: a schema (object or its text), a regular expression the whole reply
+//                            matches, a list of the replies allowed, GBNF. One constraint per request.
 //   tools, tool_choice       [{type: "function", function: {name, description, parameters}}]; "auto" (the
 //                            default with tools), "none" (tools not shown to the model), "required" or
 //                            {"type": "function", "function": {"name"}} (the reply is constrained to be a
@@ -75,6 +79,8 @@ struct ApiRequest {
     bool ignore_eos = false;   // llama-server's and vLLM's: end-of-generation tokens are never drawn
     int32_t n_draft = -1;      // speculative.n_max; -1: the server's
     std::shared_ptr<const JsonSchema> schema;  // response_format json_object / json_schema; null: text
+    std::shared_ptr<const Grammar> grammar;    // grammar (GBNF, llama-server's); null: none
+    std::string constraint_from;  // the field that set schema or grammar ("response_format", "guided_regex")
     nlohmann::json tools = nlohmann::json::array();  // chat: the tools offered (validated)
     ToolChoice tool_choice = ToolChoice::auto_;
     std::string tool_name;  // ToolChoice::named

@@ -146,8 +146,8 @@ struct Scheduler::Slot {
     std::unique_ptr<Detokenizer> detok;
     std::unique_ptr<StopStringMatcher> stop;
     std::vector<TokenLogprob> pending_lp;
-    std::optional<JsonMatcher> matcher;  // structured output: where the reply is in its document
-    std::unique_ptr<Sampler> sampler;    // structured output: the request's own sampler
+    // Structured output or a grammar: the request's sampler and where the reply is in its document.
+    std::unique_ptr<ConstrainedSampler> constrained;
     std::vector<float> embd;             // an embedding job: what its rows pooled into so far
     int32_t draft_budget = 0;            // guesses its next decode row may take (next_draft_budget)
     int32_t n_guessed = 0, n_held = 0;   // its step in flight: guesses made, and those that held so far
@@ -419,24 +419,17 @@ void Scheduler::admit() {
         slot.detok = std::make_unique<Detokenizer>(tokenizer_, Detokenizer::Start::continuation);
         slot.stop = std::make_unique<StopStringMatcher>(slot.job.stop);
         slot.pending_lp.clear();
-        slot.matcher.reset();
-        slot.sampler.reset();
+        slot.constrained.reset();
         slot.embd.clear();
         slot.n_embd_rows = 0;
-        slot.draft_budget = slot.job.n_draft >= 0 ? slot.job.n_draft : params_.draft.n_max;
+        slot.draft_budget = draft_max(slot.job);
         slot.n_guessed = 0;
         slot.n_held = 0;
-        if (slot.job.schema) {
-            if (!json_filter_) {
-                std::vector<std::string> pieces(static_cast<size_t>(engine_.n_vocab()));
-                const Vocab &vocab = tokenizer_.vocab();
-                for (int32_t id = 0; id < engine_.n_vocab() && id < vocab.n_tokens(); ++id)
-                    if (!vocab.is_control(id) && !vocab.is_eog(id))
-                        pieces[static_cast<size_t>(id)] = tokenizer_.token_to_piece(id);
-                json_filter_ = std::make_unique<JsonTokenFilter>(pieces);
-            }
-            slot.matcher.emplace(slot.job.schema);
-            slot.sampler = std::make_unique<Sampler>(slot.job.sampling, engine_.n_vocab());
+        if (constrained(slot.job)) {
+            if (!constraint_vocab_)
+                constraint_vocab_ = std::make_unique<ConstraintVocab>(tokenizer_, engine_.n_vocab());
+            slot.constrained = std::make_unique<ConstrainedSampler>(*constraint_vocab_, slot.job.schema,
+                                                                    slot.job.grammar, slot.job.sampling);
         }
         stats_.n_active++;
         stats_.n_prompt_cached += keep;
@@ -539,7 +532,7 @@ bool Scheduler::build_step(InFlight &step) {
         // and the pool hold, and the step's rows left once every other generating slot has its row.
         slot.n_guessed = 0;
         slot.n_held = 0;
-        if (slot.draft_budget > 0 && !slot.matcher) {
+        if (slot.draft_budget > 0 && !constrained(slot.job)) {
             int64_t n = std::min<int64_t>(slot.draft_budget, slot.limit - slot.n_generated - 1);
             n = std::min<int64_t>({n, n_ctx_ - slot.n_past, pool_free(),
                                    params_.n_batch - batch_.size() - (n_generating - n_decode - 1)});
@@ -681,13 +674,7 @@ bool Scheduler::resume_slots() {
 }
 
 SamplerParams Scheduler::engine_sampling(const GenerationJob &job) const {
-    if (!job.schema) return job.sampling;
-    SamplerParams greedy;  // the engine's draw is not used: the cheapest one
-    greedy.temperature = 0.0f;
-    greedy.repeat_penalty = 1.0f;
-    greedy.presence_penalty = 0.0f;
-    greedy.frequency_penalty = 0.0f;
-    return greedy;
+    return constrained(job) ? SamplerParams::plain_greedy() : job.sampling;  // the engine's draw is not used
 }
 
 int32_t Scheduler::sample_constrained(Slot &slot, const StepOutput &out) {
@@ -696,27 +683,19 @@ int32_t Scheduler::sample_constrained(Slot &slot, const StepOutput &out) {
              make_error(ErrorKind::failed, "the engine returned no logits for a structured-output request"));
         return -1;
     }
-    if (json_filter_->allowed(*slot.matcher, allowed_) == 0) {
-        fail(slot, make_error(ErrorKind::failed,
-                              "no token of the vocabulary continues the JSON document here (after {} tokens)",
-                              slot.n_generated - 1));
+    Result<int32_t> token = slot.constrained->sample(out.logits.data());
+    if (!token.ok()) {
+        fail(slot, token.status().with_context(fmt::format("after {} tokens", slot.n_generated - 1)));
         return -1;
     }
-    masked_.assign(out.logits.begin(), out.logits.end());
-    for (size_t i = 0; i < masked_.size(); ++i)
-        if (!allowed_[i]) masked_[i] = -std::numeric_limits<float>::infinity();
-    const int32_t token = slot.sampler->sample(masked_.data());
-    slot.sampler->accept(token);
-    const bool ok = slot.matcher->feed(tokenizer_.token_to_piece(token));
-    TD_ASSERT(ok, "token {} was allowed but the JSON matcher refused it", token);
-    return token;
+    return *token;
 }
 
 Status Scheduler::restart(Slot &slot) {
     // The sampler continues where the old one stopped: a seeded stream makes the draws it would have.
     TD_TRY(engine_.seq_start(
         slot.seq, engine_sampling(slot.job), engine_logits(slot.job),
-        slot.job.schema ? std::span<const int32_t>() : std::span<const int32_t>(slot.tokens)));
+        constrained(slot.job) ? std::span<const int32_t>() : std::span<const int32_t>(slot.tokens)));
     // The prompt and every token generated so far, as one prompt: the token sampled after it is the stream's
     // next one. The detokenizer and stop matcher keep their state: nothing is sent twice.
     slot.job.prompt.resize(static_cast<size_t>(slot.n_prompt));
@@ -744,6 +723,7 @@ void Scheduler::publish_slots() {
         if (!was || info.task != slot.order) {  // a new request: its parameters (copied once, not per step)
             info.sampling = slot.job.sampling;
             info.max_tokens = slot.job.max_tokens;
+            info.n_draft = draft_max(slot.job);
         }
         info.task = slot.order;
         info.n_prompt = slot.n_prompt;
@@ -929,8 +909,8 @@ void Scheduler::complete_step(double &engine_seconds) {
         stats_drafted_ = 0;
         for (int32_t seq : step.seqs) {
             Slot &slot = slots_[seq];
-            const int32_t n_max = slot.job.n_draft >= 0 ? slot.job.n_draft : params_.draft.n_max;
-            slot.draft_budget = next_draft_budget(slot.draft_budget, slot.n_guessed, slot.n_held, n_max);
+            slot.draft_budget =
+                next_draft_budget(slot.draft_budget, slot.n_guessed, slot.n_held, draft_max(slot.job));
             slot.n_guessed = 0;
         }
         for (int32_t seq : step.prompt_done)
@@ -976,7 +956,7 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
         stats_.ttft_count++;
     }
     slot.n_generated++;
-    const int32_t token = slot.matcher ? sample_constrained(slot, out) : out.token;
+    const int32_t token = constrained(slot.job) ? sample_constrained(slot, out) : out.token;
     if (token < 0) return;  // failed: no token continues the document
     slot.tokens.push_back(token);
     const Vocab &vocab = tokenizer_.vocab();
@@ -1000,7 +980,7 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
     }
     std::string text = slot.stop->push(slot.detok->push(token));
     // A structured reply ends when its document closes.
-    const bool stopped = slot.stop->stopped() || (slot.matcher && slot.matcher->complete());
+    const bool stopped = slot.stop->stopped() || (slot.constrained && slot.constrained->must_end());
     const bool at_limit = slot.n_generated >= slot.limit;
     if (at_limit && !stopped) text += slot.stop->push(slot.detok->flush()) + slot.stop->flush();
     if (!text.empty() || !slot.pending_lp.empty()) {

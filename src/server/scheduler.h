@@ -25,10 +25,11 @@
 // submitted; the others keep running and new requests are served again once the engine works (a
 // ClusterEngine reconnects on the next seq_start).
 //
-// Structured output: a request with a schema asks the engine for its logits (the engine samples greedily
-// and its token is not used); the engine thread masks the logits with the schema's allowed tokens and draws
-// with the request's own sampler, so a seeded request gives the same document on any engine, and a resumed
-// one continues it (the matcher and the sampler live in the slot, not in the engine).
+// Structured output: a request with a schema (or a grammar) asks the engine for its logits (the engine
+// samples greedily and its token is not used); the engine thread masks the logits with the schema's
+// (grammar's) allowed tokens and draws with the request's own sampler, so a seeded request gives the same
+// document on any engine, and a resumed one continues it (the matcher and the sampler live in the slot, not
+// in the engine).
 //
 // Prefix cache (llama-server's prompt cache): a slot keeps the KV of its last request when it is freed. A new
 // request goes to the free slot whose cached tokens share the longest prefix with its prompt and computes
@@ -74,6 +75,8 @@
 #include "model/draft.h"
 #include "model/engine.h"
 #include "model/sampler.h"
+#include "server/constrained.h"
+#include "text/grammar.h"
 #include "text/json-schema.h"
 #include "text/tokenizer.h"
 
@@ -91,6 +94,10 @@ struct GenerationJob {
     // Structured output: the reply is a JSON document this schema accepts (constrained sampling: only tokens
     // that keep it possible are drawn, and the reply ends when the document closes). Null: free text.
     std::shared_ptr<const JsonSchema> schema;
+    // Grammar-constrained output (llama.cpp's "grammar"): the reply is a sentence of this grammar, and an
+    // end-of-generation token may be drawn only where the sentence may end (the reply also ends where nothing
+    // may follow). Null: none. At most one of schema and grammar.
+    std::shared_ptr<const Grammar> grammar;
     // Embedding (/v1/embeddings): the job computes its prompt and ends with the prompt's embedding in its
     // done event, pooled this way, instead of generating (sampling, max_tokens and stop are not used). unset:
     // a generation.
@@ -258,6 +265,7 @@ struct SlotInfo {
     int32_t n_held = 0;       // positions the slot holds (its prompt cache while idle)
     SamplerParams sampling;   // the request's (the last one's while idle)
     int32_t max_tokens = -1;
+    int32_t n_draft = 0;  // guesses per step at most (speculative decoding; 0: none)
 };
 
 class Scheduler {
@@ -339,11 +347,17 @@ private:
     // What the engine samples with for a slot: the request's parameters, or greedy with logits for a request
     // that the scheduler samples itself (structured output).
     SamplerParams engine_sampling(const GenerationJob &job) const;
-    bool engine_logits(const GenerationJob &job) const {
-        return job.n_logprobs >= 0 || job.schema != nullptr;
+    // Guesses per step a job may make at most: its speculative.n_max, else the server's --draft.
+    int32_t draft_max(const GenerationJob &job) const {
+        return job.n_draft >= 0 ? job.n_draft : params_.draft.n_max;
     }
-    // Structured output: the token the request's own sampler draws from the masked logits; -1 (and the slot
-    // failed) when no token of the vocabulary continues the document.
+    // Structured output or a grammar: the scheduler samples the job itself, from masked logits.
+    static bool constrained(const GenerationJob &job) {
+        return job.schema != nullptr || job.grammar != nullptr;
+    }
+    bool engine_logits(const GenerationJob &job) const { return job.n_logprobs >= 0 || constrained(job); }
+    // Structured output or a grammar: the token the request's own sampler draws from the masked logits; -1
+    // (and the slot failed) when no token of the vocabulary continues the document or the sentence.
     int32_t sample_constrained(Slot &slot, const StepOutput &out);
     void run_probe(bool idle);
     void refresh_info();  // engine thread, without mu_
@@ -364,9 +378,7 @@ private:
     int32_t n_slots_ = 0;
     int32_t depth_ = 1;   // steps kept in flight
     Sampler lp_sampler_;  // only for its const logprob helpers
-    std::unique_ptr<JsonTokenFilter> json_filter_;  // built at the first structured-output request
-    std::vector<uint8_t> allowed_;                  // [n_vocab] scratch of sample_constrained
-    std::vector<float> masked_;                     // [n_vocab] scratch of sample_constrained
+    std::unique_ptr<ConstraintVocab> constraint_vocab_;  // built at the first constrained request
     std::vector<int32_t> draft_;                    // scratch of build_step: one slot's guesses
     int64_t stats_drafted_ = 0;  // guesses built since the last step came back (engine thread; to stats_)
 

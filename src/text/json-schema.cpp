@@ -391,6 +391,12 @@ bool JsonMatcher::feed(uint8_t c) {
                 case S_CHAR:
                     if (f.seen != 0) {  // inside a multibyte UTF-8 character: its continuation bytes
                         if ((c & 0xc0) != 0x80) return false;
+                        // The second byte after E0, ED, F0 and F4: no overlong form, surrogate or code point
+                        // past U+10FFFF.
+                        if ((f.lead == 0xe0 && c < 0xa0) || (f.lead == 0xed && c > 0x9f) ||
+                            (f.lead == 0xf0 && c < 0x90) || (f.lead == 0xf4 && c > 0x8f))
+                            return false;
+                        f.lead = 0;
                         f.seen--;
                         return true;
                     }
@@ -419,6 +425,7 @@ bool JsonMatcher::feed(uint8_t c) {
                             f.seen = 3;
                         else
                             return false;
+                        f.lead = c;
                     }
                     f.count++;
                     return true;
@@ -508,35 +515,5 @@ bool JsonMatcher::feed(uint8_t c) {
 }
 
 // ---- token filter -----------------------------------------------------------------------------------------
-
-JsonTokenFilter::JsonTokenFilter(const std::vector<std::string> &pieces) : pieces_(pieces), by_first_(256) {
-    for (size_t id = 0; id < pieces_.size(); ++id)
-        if (!pieces_[id].empty())
-            by_first_[static_cast<uint8_t>(pieces_[id][0])].push_back(static_cast<int32_t>(id));
-}
-
-size_t JsonTokenFilter::allowed(const JsonMatcher &m, std::vector<uint8_t> &out) const {
-    out.assign(pieces_.size(), 0);
-    size_t n = 0;
-    for (int b = 0; b < 256; ++b) {
-        if (by_first_[b].empty()) continue;
-        JsonMatcher first = m;
-        if (!first.feed(static_cast<uint8_t>(b))) continue;
-        for (int32_t id : by_first_[b]) {
-            const std::string &p = pieces_[static_cast<size_t>(id)];
-            if (p.size() == 1) {
-                out[static_cast<size_t>(id)] = 1;
-                ++n;
-                continue;
-            }
-            JsonMatcher t = first;
-            if (t.feed(std::string_view(p).substr(1))) {
-                out[static_cast<size_t>(id)] = 1;
-                ++n;
-            }
-        }
-    }
-    return n;
-}
 
 }  // namespace td

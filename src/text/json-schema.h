@@ -1,6 +1,7 @@
 // Structured output: a JSON Schema (a subset) compiled into a matcher that says, byte by byte, whether a text
-// can still become a JSON document the schema accepts, and from it which tokens of a vocabulary may come
-// next (the allowed-token mask of constrained sampling). Knows nothing about the server or sampling.
+// can still become a JSON document the schema accepts; walked over a TokenTrie (text/token-trie.h), it says
+// which tokens of a vocabulary may come next (the allowed-token mask of constrained sampling). Knows nothing
+// about the server or sampling.
 //
 // The subset (what structured-output clients send): type object (properties, required, additionalProperties
 // false or absent: only the listed properties are generated), array (items, minItems, maxItems), string
@@ -70,6 +71,7 @@ private:
         uint16_t count = 0;                    // array items, string bytes, number digits, literal position
         uint32_t seen = 0;  // object: properties emitted (bit i: property i); key/enum: candidates left
         int32_t prop = -1;  // object: the property whose value is being read
+        uint8_t lead = 0;   // string: the lead byte of a character whose second byte is still to come
     };
     bool push(const JsonSchemaNode *node, uint8_t kind);
     bool start_value(const JsonSchemaNode *node, uint8_t c);
@@ -80,20 +82,6 @@ private:
     int depth_ = 0;
     bool started_ = false;
     uint8_t ws_run_ = 0;  // whitespace bytes in a row
-};
-
-// The tokens a matcher allows next, for a vocabulary given as each token's bytes (pieces): computed once per
-// vocabulary for the first-byte index, then per step by trying each token whose first byte the matcher
-// accepts on a copy of it.
-class JsonTokenFilter {
-public:
-    explicit JsonTokenFilter(const std::vector<std::string> &pieces);  // [n_vocab]; "" = never allowed
-    // allowed[id] = 1 when the matcher accepts all of token id's bytes; returns how many are allowed.
-    size_t allowed(const JsonMatcher &m, std::vector<uint8_t> &allowed) const;
-
-private:
-    std::vector<std::string> pieces_;
-    std::vector<std::vector<int32_t>> by_first_;  // [256] token ids by first byte
 };
 
 }  // namespace td
