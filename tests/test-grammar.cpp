@@ -406,6 +406,9 @@ TEST(RegexGrammar, SentencesAreTheTextsTheRegexMatches) {
         {"[a-", "unterminated character class"},
         {"[\\W]", "inside a class are not supported"},
         {"\\q", "unknown escape"},
+        {"a[\xF6\x9E\x8D\x8A]", "invalid UTF-8"},  // past U+10FFFF (a fuzzer's find: it was an abort)
+        {"a\xC0\xAF", "invalid UTF-8"},            // overlong
+        {"a\xED\xA0\x80", "invalid UTF-8"},        // a surrogate
     };
     for (const auto &[regex, message] : bad) {
         auto gbnf = regex_to_gbnf(regex);

@@ -62,6 +62,10 @@ struct RegexParser {
             if ((b & 0xC0) != 0x80) return error("invalid UTF-8");
             cp = (cp << 6) | (b & 0x3Fu);
         }
+        // Overlong forms, surrogates and code points past U+10FFFF are not characters either.
+        static constexpr uint32_t kMinOfLength[] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < kMinOfLength[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return error("invalid UTF-8");
         pos += static_cast<size_t>(len);
         return cp;
     }
