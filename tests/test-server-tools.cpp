@@ -1,6 +1,7 @@
 // Tool calls: the reply parser for every family's syntax, the chat formatter (the model's Jinja template with
 // tools and tool results; a family with the tools described), and `tandem serve` end to end: requests with
 // tools, tool_choice, parallel_tool_calls, role "tool" messages, /apply-template, and the errors.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -302,6 +303,35 @@ TEST(ServerTools, ToolChoiceRequiredNoneAndParallel) {
             json::parse(d["tool_calls"][0]["function"]["arguments"].get<std::string>())["city"].is_string());
     }
     EXPECT_EQ(n_calls, 1);
+    // Parameters beyond the matcher's subset (a pattern, an integer range) constrain the arguments too.
+    const json forecast = json::parse(R"({"type": "function", "function": {"name": "forecast", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z][a-z]{2,10}$"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}, "unit": {"anyOf": [{"enum": ["C", "F"]},
+        {"type": "null"}]}}, "required": ["city", "days"], "additionalProperties": false}}})");
+    for (int seed = 0; seed < 4; ++seed) {
+        auto f = post(c, "/v1/chat/completions",
+                      {{"messages", ask},
+                       {"tools", json::array({forecast})},
+                       {"tool_choice", "required"},
+                       {"temperature", 1.0},
+                       {"seed", seed},
+                       {"max_tokens", 80}});
+        ASSERT_TRUE(f);
+        ASSERT_EQ(f->status, 200) << f->body;
+        const json reply = json::parse(f->body);
+        const json &call = reply["choices"][0]["message"]["tool_calls"][0]["function"];
+        EXPECT_EQ(call["name"], "forecast") << f->body;
+        const json args = json::parse(call["arguments"].get<std::string>(), nullptr, false);
+        ASSERT_TRUE(args.is_object()) << f->body;
+        const std::string city = args.value("city", "");
+        EXPECT_TRUE(city.size() >= 3 && city.size() <= 11 && city[0] >= 'A' && city[0] <= 'Z' &&
+                    std::all_of(city.begin() + 1, city.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; }))
+            << args;
+        EXPECT_TRUE(args["days"].is_number_integer() && args["days"] >= 1 && args["days"] <= 7) << args;
+        if (args.contains("unit")) {
+            EXPECT_TRUE(args["unit"] == "C" || args["unit"] == "F" || args["unit"].is_null()) << args;
+        }
+    }
     // none: the tools are not shown, the prompt is the plain chat's.
     auto with_none =
         post(c, "/apply-template", {{"messages", ask}, {"tools", kTools}, {"tool_choice", "none"}});

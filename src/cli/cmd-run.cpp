@@ -19,6 +19,7 @@
 #include "model/sampler.h"
 #include "server/constrained.h"
 #include "text/detokenizer.h"
+#include "text/json-schema-grammar.h"
 #include "text/tokenizer.h"
 #include "text/vocab.h"
 
@@ -95,9 +96,10 @@ int run_main(const RunOptions &opt) {
         grammar = *g;
     }
     if (!opt.json_schema.empty()) {
-        auto js = JsonSchema::compile(opt.json_schema);
+        auto js = compile_json_constraint(opt.json_schema);
         if (!js.ok()) return fail(js.status());
-        schema = *js;
+        schema = js->schema;
+        grammar = js->grammar;
     }
     if ((grammar || schema) && opt.chat)
         return fail(invalid_input("--grammar and --json-schema constrain one reply to -p, not a --chat"));

@@ -179,6 +179,19 @@ Status get_tool_calls(const json &m, size_t index, std::vector<ToolCall> &out) {
     return {};
 }
 
+std::string text_in_order(std::string_view body, std::initializer_list<const char *> path,
+                          const json &fallback) {
+    const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::ordered_json *at = &ordered;
+    for (const char *key : path) {
+        if (!at->is_object()) return fallback.dump();
+        auto it = at->find(key);
+        if (it == at->end()) return fallback.dump();
+        at = &*it;
+    }
+    return at->dump();
+}
+
 Result<json> parse_object(std::string_view body) {
     json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return invalid_input("the request body is not valid JSON");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -41,5 +42,11 @@ Status get_tools(const nlohmann::json &obj, nlohmann::json &out);
 Status get_tool_calls(const nlohmann::json &m, size_t index, std::vector<ToolCall> &out);
 // The body as a JSON object: "the request body is not valid JSON", "... must be a JSON object, got ...".
 Result<nlohmann::json> parse_object(std::string_view body);
+
+// The value at `path` in a request body as JSON text, its objects' keys in the client's order (json sorts
+// them, and a JSON schema's properties are generated in the order given); fallback's text when the path is
+// not there.
+std::string text_in_order(std::string_view body, std::initializer_list<const char *> path,
+                          const nlohmann::json &fallback);
 
 }  // namespace td::server

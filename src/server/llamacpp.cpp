@@ -67,7 +67,7 @@ Result<ApiRequest> parse_llama_completion(std::string_view body) {
             return invalid_input("'json_schema' must be an object, got {}", type_name(*schema));
         if (!r.constraint_from.empty())
             return invalid_input("give '{}' or 'json_schema', not both", r.constraint_from);
-        TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(schema->dump()));
+        TD_TRY(constrain_to_schema(r, text_in_order(body, {"json_schema"}, *schema)));
         r.constraint_from = "json_schema";
     }
     return r;

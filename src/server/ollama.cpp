@@ -24,7 +24,7 @@ struct Unsupported {
 constexpr Unsupported unsupported_options[] = {{"mirostat", 0.0}, {"typical_p", 1.0}, {"tfs_z", 1.0}};
 
 // `options` (Ollama's defaults first) and the fields both endpoints share.
-Status parse_common(const json &j, ApiRequest &r) {
+Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
     if (const json *v = field(j, "model")) {
         if (!v->is_string()) return invalid_input("'model' must be a string, got {}", type_name(*v));
         r.model = v->get<std::string>();
@@ -36,7 +36,7 @@ Status parse_common(const json &j, ApiRequest &r) {
         if (v->is_string() && v->get<std::string>() == "json") {
             r.schema = JsonSchema::any_object();
         } else if (v->is_object()) {
-            TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(v->dump()));
+            TD_TRY(constrain_to_schema(r, text_in_order(body, {"format"}, *v)));
         } else {
             return invalid_input("'format' must be \"json\" or a JSON schema object");
         }
@@ -125,7 +125,7 @@ Result<ApiRequest> parse_ollama_chat(std::string_view body) {
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
     ApiRequest r;
     r.kind = ApiKind::chat;
-    TD_TRY(parse_common(j, r));
+    TD_TRY(parse_common(j, body, r));
     TD_TRY(get_messages(j, r.messages, [](const json &m, size_t i, ChatMessage &cm) -> Status {
         TD_TRY(refuse_images(m, fmt::format("messages[{}].", i)));
         if (const json *content = field(m, "content")) {
@@ -145,7 +145,7 @@ Result<ApiRequest> parse_ollama_chat(std::string_view body) {
 Result<ApiRequest> parse_ollama_generate(std::string_view body, bool use_template) {
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
     ApiRequest r;
-    TD_TRY(parse_common(j, r));
+    TD_TRY(parse_common(j, body, r));
     TD_TRY(refuse_images(j, ""));
     if (const json *v = field(j, "suffix");
         v != nullptr && !(v->is_string() && v->get<std::string>().empty()))

@@ -12,7 +12,7 @@
 // repeat_penalty repeat_last_n presence_penalty frequency_penalty. Options that set up the runner (num_ctx,
 // num_batch, num_thread, num_gpu, use_mmap, ...) are accepted and ignored: the server was set up at start.
 // Defaults are Ollama's: temperature 0.8, top_k 40, top_p 0.9, min_p 0, repeat_penalty 1.1, repeat_last_n 64.
-// format: "json" (any JSON object) or a JSON schema (text/json-schema.h's subset): constrained sampling.
+// format: "json" (any JSON object) or a JSON schema (text/json-schema-grammar.h): constrained sampling.
 // Not supported yet, answered 400 naming them: tools, images, suffix, and the sampling options tandem does
 // not have (mirostat, typical_p, tfs_z).
 //

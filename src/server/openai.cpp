@@ -10,6 +10,7 @@
 
 #include "core/printable.h"
 #include "server/json-fields.h"
+#include "text/json-schema-grammar.h"
 #include "text/regex-grammar.h"
 
 namespace td::server {
@@ -87,7 +88,7 @@ Status get_logit_bias(const json &j, std::vector<LogitBias> &out) {
 // The one constraint a reply may have: OpenAI's response_format, llama-server's grammar, or vLLM's
 // guided_json / guided_regex / guided_choice / guided_grammar and structured_outputs {json, regex, choice,
 // grammar}. A second one is an error naming both.
-Status parse_constraint(const json &j, ApiRequest &r) {
+Status parse_constraint(const json &j, std::string_view body, ApiRequest &r) {
     auto take = [&](std::string_view name) -> Status {
         if (!r.constraint_from.empty())
             return invalid_input("give '{}' or '{}', not both", r.constraint_from, name);
@@ -97,15 +98,13 @@ Status parse_constraint(const json &j, ApiRequest &r) {
     auto with = [](std::string_view name, Status s) {
         return s.ok() ? s : s.with_context(fmt::format("'{}'", name));
     };
-    // A JSON schema given as an object (or as its text, as vLLM takes it).
-    auto schema_from = [&](std::string_view name, const json &v) -> Status {
+    // A JSON schema given as an object (or as its text, as vLLM takes it), at `path` in the body.
+    auto schema_from = [&](std::string_view name, const json &v, std::initializer_list<const char *> path) {
         TD_TRY(take(name));
         if (!v.is_object() && !v.is_string())
             return invalid_input("'{}' must be a JSON schema (an object), got {}", name, type_name(v));
-        auto s = JsonSchema::compile(v.is_string() ? v.get_ref<const std::string &>() : v.dump());
-        if (!s.ok()) return with(name, s.status());
-        r.schema = *s;
-        return {};
+        return with(name, constrain_to_schema(r, v.is_string() ? v.get_ref<const std::string &>()
+                                                               : text_in_order(body, path, v)));
     };
     auto grammar_from = [&](std::string_view name, Result<std::string> gbnf) -> Status {
         TD_TRY(take(name));
@@ -149,7 +148,8 @@ Status parse_constraint(const json &j, ApiRequest &r) {
             if (schema == nullptr)
                 return invalid_input("'response_format.json_schema.schema' is required for type json_schema");
             TD_TRY(take("response_format"));
-            TD_ASSIGN_OR_RETURN(r.schema, JsonSchema::compile(schema->dump()));
+            TD_TRY(constrain_to_schema(
+                r, text_in_order(body, {"response_format", "json_schema", "schema"}, *schema)));
         } else if (t != "text") {
             return invalid_input("'response_format.type' must be text, json_object or json_schema, got '{}'",
                                  t);
@@ -160,7 +160,7 @@ Status parse_constraint(const json &j, ApiRequest &r) {
             TD_ASSIGN_OR_RETURN(std::string text, text_of(name, *g, "GBNF"));
             if (!text.empty()) TD_TRY(grammar_from(name, text));
         }
-    if (const json *v = field(j, "guided_json")) TD_TRY(schema_from("guided_json", *v));
+    if (const json *v = field(j, "guided_json")) TD_TRY(schema_from("guided_json", *v, {"guided_json"}));
     if (const json *v = field(j, "guided_regex"))
         TD_TRY(grammar_from("guided_regex", regex_of("guided_regex", *v)));
     if (const json *v = field(j, "guided_choice"))
@@ -168,7 +168,8 @@ Status parse_constraint(const json &j, ApiRequest &r) {
     if (const json *so = field(j, "structured_outputs")) {
         if (!so->is_object())
             return invalid_input("'structured_outputs' must be an object, got {}", type_name(*so));
-        if (const json *v = field(*so, "json")) TD_TRY(schema_from("structured_outputs.json", *v));
+        if (const json *v = field(*so, "json"))
+            TD_TRY(schema_from("structured_outputs.json", *v, {"structured_outputs", "json"}));
         if (const json *v = field(*so, "regex"))
             TD_TRY(grammar_from("structured_outputs.regex", regex_of("structured_outputs.regex", *v)));
         if (const json *v = field(*so, "choice"))
@@ -180,7 +181,7 @@ Status parse_constraint(const json &j, ApiRequest &r) {
     return {};
 }
 
-Status parse_common(const json &j, ApiRequest &r) {
+Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
     if (const json *v = field(j, "model")) {
         if (!v->is_string()) return invalid_input("'model' must be a string, got {}", type_name(*v));
         r.model = v->get<std::string>();
@@ -239,7 +240,7 @@ Status parse_common(const json &j, ApiRequest &r) {
             return invalid_input("'speculative.n_max' must be in [0, {}], got {}", kMaxDraft, n);
         r.n_draft = static_cast<int32_t>(n);
     }
-    TD_TRY(parse_constraint(j, r));
+    TD_TRY(parse_constraint(j, body, r));
     if (const json *v = field(j, "stream_options")) {
         if (!v->is_object())
             return invalid_input("'stream_options' must be an object, got {}", type_name(*v));
@@ -362,16 +363,22 @@ Status apply_tool_choice(ApiRequest &r) {
     }
     if (names.empty())
         return invalid_input("'tool_choice' names the function '{}', which is not in 'tools'", r.tool_name);
-    json arguments = {{"type", "object"}};  // any object
-    if (names.size() == 1 && params != nullptr && JsonSchema::compile(params->dump()).ok())
-        arguments = *params;
-    const json schema = {{"type", "object"},
-                         {"properties", {{"name", {{"enum", names}}}, {"arguments", arguments}}},
-                         {"required", {"name", "arguments"}}};
+    // {"name": ..., "arguments": ...} in that order, whichever form the schema takes.
+    const auto call = [&](const json &arguments) {
+        return fmt::format(R"({{"type": "object", "properties": {{"name": {}, "arguments": {}}}, )"
+                           R"("required": ["name", "arguments"]}})",
+                           json{{"enum", names}}.dump(), arguments.dump());
+    };
     // A call is data, not prose: one whitespace character at most between tokens, so a model cannot pad.
-    auto compiled = JsonSchema::compile(schema.dump(), 1);
-    if (!compiled.ok()) return compiled.status().with_context("tool_choice");
-    r.schema = *compiled;
+    if (names.size() == 1 && params != nullptr && constrain_to_schema(r, call(*params), 1).ok()) return {};
+    const Status s = constrain_to_schema(r, call(json{{"type", "object"}}), 1);  // any object
+    return s.ok() ? s : s.with_context("tool_choice");
+}
+
+Status constrain_to_schema(ApiRequest &r, std::string_view schema_json, int max_whitespace) {
+    TD_ASSIGN_OR_RETURN(JsonConstraint c, compile_json_constraint(schema_json, max_whitespace));
+    r.schema = std::move(c.schema);
+    r.grammar = std::move(c.grammar);
     return {};
 }
 
@@ -398,7 +405,7 @@ Result<ApiRequest> parse_chat_request(std::string_view body) {
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
     ApiRequest r;
     r.kind = ApiKind::chat;
-    TD_TRY(parse_common(j, r));
+    TD_TRY(parse_common(j, body, r));
     TD_TRY(get_messages(j, r.messages, [](const json &m, size_t i, ChatMessage &cm) -> Status {
         auto content = m.find("content");
         if (content != m.end()) TD_TRY(parse_content(*content, i, cm.content));
@@ -463,7 +470,7 @@ Result<ApiRequest> parse_completion_request(std::string_view body) {
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
     ApiRequest r;
     r.kind = ApiKind::completion;
-    TD_TRY(parse_common(j, r));
+    TD_TRY(parse_common(j, body, r));
     const json *p = field(j, "prompt");
     if (p == nullptr) return invalid_input("'prompt' is required");
     // One prompt: a string or token ids.

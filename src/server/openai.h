@@ -89,9 +89,13 @@ struct ApiRequest {
     bool uses_tools() const { return !tools.empty() && tool_choice != ToolChoice::none; }
 };
 
+// A JSON schema as the reply's constraint: r.schema when it is within JsonSchema's subset, else r.grammar
+// (text/json-schema-grammar.h). schema_json keeps the client's key order (text_in_order).
+Status constrain_to_schema(ApiRequest &r, std::string_view schema_json, int max_whitespace = 4);
+
 // tool_choice "required" or a named function: the schema a reply must match, {"name": one of the tools,
-// "arguments": that tool's parameters (any object when they are not in the schema subset, or when any of
-// several tools may be called)}. Sets r.schema; an error when response_format is also given.
+// "arguments": that tool's parameters (any object when they are not a schema tandem takes, or when any of
+// several tools may be called)}. Sets r.schema or r.grammar; an error when response_format is also given.
 Status apply_tool_choice(ApiRequest &r);
 
 // Parses and validates a request body. Errors are invalid_input with a message for the client:

@@ -8,8 +8,8 @@
 // (enum, minLength, maxLength), integer, number, boolean, null, enum and const of strings, numbers, booleans
 // or null, a list of types ("type": ["string", "null"]), and the annotations that change nothing (title,
 // description, $schema, default, examples). Anything else (pattern, format, anyOf, $ref, ...) is refused by
-// compile with the keyword named, never silently ignored. An empty schema or "json_object" is any JSON
-// object.
+// compile with the keyword named, never silently ignored; text/json-schema-grammar.h writes such schemas as
+// grammars (compile_json_constraint chooses). An empty schema or "json_object" is any JSON object.
 //
 // What the matcher lets through is valid JSON for the schema: properties in any order, each at most once, the
 // required ones before the object closes; up to 4 whitespace characters between tokens (compile's

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
 
 #include "text/unicode.h"
@@ -34,12 +35,44 @@ std::string literal(uint32_t cp) {
     return out;
 }
 
-const char *kDigit = "0-9";
-const char *kWord = "a-zA-Z0-9_";
-const char *kSpace = " \\t\\n\\r\\x0B\\x0C";
+// Bytes as one GBNF literal.
+std::string literal_of(std::string_view bytes) {
+    std::string out(1, '"');
+    for (unsigned char c : bytes) append_char(out, c, false);
+    out.push_back('"');
+    return out;
+}
+
+using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // inclusive code point ranges
+
+const Ranges kDigit = {{'0', '9'}};
+const Ranges kWord = {{'a', 'z'}, {'A', 'Z'}, {'0', '9'}, {'_', '_'}};
+const Ranges kSpace = {{' ', ' '}, {'\t', '\r'}};  // \t \n \v \f \r
+
+// The characters a JSON string cannot hold as they are, with the escapes a class lets them in by. Other
+// control characters are written \u00XX as literals and not taken by classes.
+const std::pair<uint32_t, const char *> kJsonEscapes[] = {
+    {'"', "\\\""}, {'\\', "\\\\"}, {'\b', "\\b"}, {'\f', "\\f"}, {'\n', "\\n"}, {'\r', "\\r"}, {'\t', "\\t"}};
+
+bool in_ranges(const Ranges &ranges, uint32_t cp) {
+    for (const auto &[lo, hi] : ranges)
+        if (cp >= lo && cp <= hi) return true;
+    return false;
+}
+
+void append_ranges(std::string &out, const Ranges &ranges) {
+    for (const auto &[lo, hi] : ranges) {
+        append_char(out, lo, true);
+        if (hi != lo) {
+            out += '-';
+            append_char(out, hi, true);
+        }
+    }
+}
 
 struct RegexParser {
     std::string_view re;
+    bool json = false;  // the texts are the insides of JSON strings
     size_t pos = 0;
     int depth = 0;
 
@@ -89,7 +122,7 @@ struct RegexParser {
 
     // After a backslash: a class shorthand's ranges (set, negated) or one character (cp).
     struct Escape {
-        const char *ranges = nullptr;
+        const Ranges *ranges = nullptr;
         bool negated = false;
         uint32_t cp = 0;
     };
@@ -100,22 +133,22 @@ struct RegexParser {
         Escape e;
         switch (c) {
             case 'd':
-                e.ranges = kDigit;
+                e.ranges = &kDigit;
                 return e;
             case 'w':
-                e.ranges = kWord;
+                e.ranges = &kWord;
                 return e;
             case 's':
-                e.ranges = kSpace;
+                e.ranges = &kSpace;
                 return e;
             case 'D':
-                e.ranges = kDigit, e.negated = true;
+                e.ranges = &kDigit, e.negated = true;
                 return e;
             case 'W':
-                e.ranges = kWord, e.negated = true;
+                e.ranges = &kWord, e.negated = true;
                 return e;
             case 'S':
-                e.ranges = kSpace, e.negated = true;
+                e.ranges = &kSpace, e.negated = true;
                 return e;
             case 'n':
                 e.cp = '\n';
@@ -161,13 +194,58 @@ struct RegexParser {
         return e;
     }
 
+    // One character in (or, negated, not in) the ranges. In JSON mode the raw characters leave out what a
+    // JSON string must escape, and the escapes of those the class holds are alternatives.
+    Result<std::string> char_set(const Ranges &ranges, bool negated) const {
+        std::string raw = negated ? "[^" : "[";
+        if (!json || negated) {
+            append_ranges(raw, ranges);
+            if (json) append_ranges(raw, {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}});
+        } else {
+            for (auto [lo, hi] : ranges) {  // cut the control characters, '"' and '\\' out
+                lo = std::max<uint32_t>(lo, 0x20);
+                for (uint32_t cut : {uint32_t{'"'}, uint32_t{'\\'}}) {
+                    if (lo > hi) break;
+                    if (cut < lo || cut > hi) continue;
+                    if (cut > lo) append_ranges(raw, {{lo, cut - 1}});
+                    lo = cut + 1;
+                }
+                if (lo <= hi) append_ranges(raw, {{lo, hi}});
+            }
+        }
+        raw += ']';
+        if (!json) return raw;
+        std::vector<std::string> alts;
+        if (raw != "[]") alts.push_back(std::move(raw));
+        for (const auto &[cp, escape] : kJsonEscapes)
+            if (in_ranges(ranges, cp) != negated) alts.push_back(literal_of(escape));
+        if (alts.empty()) return error("the class holds no character a JSON string can");
+        if (alts.size() == 1) return alts[0];
+        std::string out = "(";
+        for (size_t i = 0; i < alts.size(); ++i) {
+            if (i > 0) out += " | ";
+            out += alts[i];
+        }
+        out += ')';
+        return out;
+    }
+
+    // One character as a literal; in JSON mode as a JSON string writes it.
+    std::string char_literal(uint32_t cp) const {
+        if (!json || (cp >= 0x20 && cp != '"' && cp != '\\')) return literal(cp);
+        for (const auto &[c, escape] : kJsonEscapes)
+            if (c == cp) return literal_of(escape);
+        return literal_of(fmt::format("\\u{:04x}", cp));
+    }
+
     Result<std::string> char_class() {
         ++pos;  // [
-        std::string out = "[";
+        bool negated = false;
         if (peek() == '^') {
-            out += '^';
+            negated = true;
             ++pos;
         }
+        Ranges ranges;
         bool first = true;
         while (eof() || peek() != ']' || first) {
             if (eof()) return error("unterminated character class");
@@ -178,17 +256,16 @@ struct RegexParser {
                 TD_ASSIGN_OR_RETURN(Escape e, escape());
                 if (e.ranges != nullptr) {
                     if (e.negated) return error("\\D, \\W and \\S inside a class are not supported");
-                    out += e.ranges;
+                    ranges.insert(ranges.end(), e.ranges->begin(), e.ranges->end());
                     continue;
                 }
                 lo = e.cp;
             } else {
                 TD_ASSIGN_OR_RETURN(lo, next_char());
             }
-            append_char(out, lo, true);
+            uint32_t hi = lo;
             if (peek() == '-' && peek(1) != ']' && pos + 1 < re.size()) {
                 ++pos;
-                uint32_t hi = 0;
                 if (peek() == '\\') {
                     ++pos;
                     TD_ASSIGN_OR_RETURN(Escape e, escape());
@@ -198,13 +275,11 @@ struct RegexParser {
                     TD_ASSIGN_OR_RETURN(hi, next_char());
                 }
                 if (hi < lo) return error("the range's end is before its start");
-                out += '-';
-                append_char(out, hi, true);
             }
+            ranges.emplace_back(lo, hi);
         }
         ++pos;  // ]
-        out += ']';
-        return out;
+        return char_set(ranges, negated);
     }
 
     // {m}, {m,}, {m,n} at pos; false (pos unchanged) when what follows { is not one: then it is a literal.
@@ -294,7 +369,7 @@ struct RegexParser {
         if (c == '[') return char_class();
         if (c == '.') {
             ++pos;
-            return std::string("[^\\n]");
+            return char_set({{'\n', '\n'}}, true);
         }
         if (c == '^') {
             if (pos != 0) return error("'^' is supported only at the start");
@@ -310,20 +385,26 @@ struct RegexParser {
         if (c == '\\') {
             ++pos;
             TD_ASSIGN_OR_RETURN(Escape e, escape());
-            if (e.ranges != nullptr) return fmt::format("[{}{}]", e.negated ? "^" : "", e.ranges);
-            return literal(e.cp);
+            if (e.ranges != nullptr) return char_set(*e.ranges, e.negated);
+            return char_literal(e.cp);
         }
         TD_ASSIGN_OR_RETURN(uint32_t cp, next_char());
-        return literal(cp);
+        return char_literal(cp);
     }
 };
 
 }  // namespace
 
-Result<std::string> regex_to_gbnf(std::string_view regex) {
-    RegexParser p{regex};
+Result<std::string> regex_to_gbnf_expression(std::string_view regex, bool json_string) {
+    RegexParser p{regex, json_string};
     TD_ASSIGN_OR_RETURN(std::string body, p.alternation());
     if (!p.eof()) return p.error("unbalanced ')'");
+    if (body.empty()) return std::string("\"\"");  // only the empty text
+    return body;
+}
+
+Result<std::string> regex_to_gbnf(std::string_view regex) {
+    TD_ASSIGN_OR_RETURN(std::string body, regex_to_gbnf_expression(regex, false));
     return fmt::format("root ::= {}\n", body);
 }
 

@@ -19,6 +19,12 @@ namespace td {
 // Errors (invalid_input) name what is not supported: backreferences, lookarounds, anchors inside, \b.
 Result<std::string> regex_to_gbnf(std::string_view regex);
 
+// The same as one GBNF expression, with no rule of its own (a JSON schema's "pattern" inside a bigger
+// grammar). json_string: the texts are the insides of JSON strings whose values the expression matches:
+// '"', '\\' and control characters come as JSON escapes, and a class or '.' lets control characters in only
+// through \b \f \n \r \t.
+Result<std::string> regex_to_gbnf_expression(std::string_view regex, bool json_string);
+
 // A grammar whose sentences are exactly the given texts. Error when the list is empty.
 Result<std::string> choices_to_gbnf(const std::vector<std::string> &choices);
 

@@ -1,13 +1,15 @@
 // Grammars (text/grammar.*), which come from HTTP requests: any GBNF text compiled, and when it compiles, any
 // text fed to its matcher byte by byte, with the token mask (a trie of pieces, the masks of recent states)
 // taken at each step. The first part is also read as a regular expression (text/regex-grammar.*: vLLM's
-// guided_regex) and its grammar run the same way. Input: the grammar or regex, a NUL, then the text.
+// guided_regex) and as a JSON schema (text/json-schema-grammar.*: response_format, guided_json, Ollama's
+// format), and their grammars run the same way. Input: the grammar, regex or schema, a NUL, then the text.
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "fuzz-util.h"
 #include "text/grammar.h"
+#include "text/json-schema-grammar.h"
 #include "text/regex-grammar.h"
 #include "text/token-trie.h"
 
@@ -42,6 +44,16 @@ TD_FUZZ_INIT(grammar) {
     seeds.push_back(fuzz::bytes_of("root ::= [^\\n]{2,} \"\\u20AC\" .? [à-ÿ]*" + nul + "ab€xéü"));
     seeds.push_back(fuzz::bytes_of("^(yes|no)(, (?:please|thanks))?\\.$" + nul + "yes, please."));
     seeds.push_back(fuzz::bytes_of("\\d{3}-[a-z\\]]{2,5}\\w*[^\\s,]+?" + nul + "123-ab]x"));
+    seeds.push_back(fuzz::bytes_of(
+        R"({"$defs": {"P": {"type": "object", "properties": {"n": {"type": "string", "pattern": "^[A-Z]\\w+"},)"
+        R"( "age": {"anyOf": [{"type": "integer", "minimum": -3, "maximum": 120}, {"type": "null"}]}},)"
+        R"( "required": ["n"], "additionalProperties": {"type": "number", "exclusiveMinimum": 0}}},)"
+        R"( "type": "array", "items": {"$ref": "#/$defs/P"}, "maxItems": 3})" +
+        nul + R"([{"n": "Ann", "age": 7, "x": 0.5}, {"n": "Bo"}])"));
+    seeds.push_back(fuzz::bytes_of(
+        R"({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"}, "t": )"
+        R"({"type": "array", "prefixItems": [{"const": 1}, {"enum": ["a", null]}]}}, "allOf": [{"required": ["d"]}]})" +
+        nul + R"({"d": "2024-01-02T03:04:05Z", "t": [1, "a"]})"));
     fuzz::write_seeds_and_exit_if_asked(seeds);
     return 0;
 }
@@ -72,6 +84,10 @@ TD_FUZZ_TARGET(grammar) {
     const std::string_view head = in.substr(0, nul);
     if (auto g = Grammar::compile(head); g.ok()) run(*g, text);
     if (auto gbnf = regex_to_gbnf(head); gbnf.ok()) {
+        auto g = Grammar::compile(*gbnf);
+        if (g.ok()) run(*g, text);
+    }
+    if (auto gbnf = json_schema_to_gbnf(head); gbnf.ok()) {
         auto g = Grammar::compile(*gbnf);
         if (g.ok()) run(*g, text);
     }
