@@ -275,7 +275,7 @@ TEST(ServerTools, TemplateErrorsAreTheTemplatesWordsAs400) {
 
 TEST(ServerTools, ToolChoiceRequiredNoneAndParallel) {
     ServerOptions o;
-    o.n_ctx_slot = 512;
+    o.n_ctx_slot = 1024;
     TestServer s(o);
     httplib::Client c = s.client();
     const json ask = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
@@ -315,10 +315,11 @@ TEST(ServerTools, ToolChoiceRequiredNoneAndParallel) {
                        {"tool_choice", "required"},
                        {"temperature", 1.0},
                        {"seed", seed},
-                       {"max_tokens", 80}});
+                       {"max_tokens", 200}});
         ASSERT_TRUE(f);
         ASSERT_EQ(f->status, 200) << f->body;
         const json reply = json::parse(f->body);
+        ASSERT_EQ(reply["choices"][0]["finish_reason"], "tool_calls") << f->body;
         const json &call = reply["choices"][0]["message"]["tool_calls"][0]["function"];
         EXPECT_EQ(call["name"], "forecast") << f->body;
         const json args = json::parse(call["arguments"].get<std::string>(), nullptr, false);
