@@ -234,7 +234,7 @@ TEST(JsonSchemaGrammar, IntegerRangesAreExact) {
     EXPECT_FALSE(accepts(big, "10000000000000000"));
 }
 
-// Numbers between whole bounds, against a comparison of the value.
+// Numbers between bounds, whole and not, against a comparison of the value.
 TEST(JsonSchemaGrammar, NumberRangesAreExact) {
     std::mt19937_64 rng(11);
     struct Range {
@@ -249,10 +249,36 @@ TEST(JsonSchemaGrammar, NumberRangesAreExact) {
         {R"("exclusiveMinimum": 0)", 0, 1e300, false, true},
         {R"("maximum": 100)", -1e300, 100, true, true},
         {R"("minimum": 5, "maximum": 5)", 5, 5, true, true},
+        {R"("minimum": 0.5, "maximum": 2.25)", 0.5, 2.25, true, true},
+        {R"("exclusiveMinimum": -1.5, "exclusiveMaximum": -0.25)", -1.5, -0.25, false, false},
+        {R"("minimum": 0.125, "exclusiveMaximum": 0.75)", 0.125, 0.75, true, false},
+        {R"("exclusiveMinimum": 0.105, "maximum": 0.11)", 0.105, 0.11, false, true},
+        {R"("minimum": -0.05, "exclusiveMaximum": 0.05)", -0.05, 0.05, true, false},
+        {R"("minimum": -10.5, "maximum": -10.25)", -10.5, -10.25, true, true},
+        {R"("exclusiveMinimum": 2.5)", 2.5, 1e300, false, true},
+        {R"("maximum": 7.07)", -1e300, 7.07, true, true},
+        {R"("minimum": 2.5, "maximum": 2.5)", 2.5, 2.5, true, true},
+        {R"("minimum": 1.0, "maximum": 3.0)", 1, 3, true, true},
+        {R"("minimum": 1e-3, "maximum": 1.5e1)", 0.001, 15, true, true},
     };
+    // Each bound, written longer, and just either side of it.
+    const char *const edges[] = {
+        "0",         "0.0",      "0.5",     "0.50",     "0.4999",   "2.25",     "2.250",    "2.2501",
+        "2.2499",    "-1.5",     "-1.4999", "-1.50001", "-0.25",    "-0.2500",  "-0.2499",  "-0.2501",
+        "0.125",     "0.1249",   "0.75",    "0.7499",   "0.750",    "0.105",    "0.1050",   "0.1051",
+        "0.11",      "0.1100",   "0.11001", "0.109999", "-0.05",    "-0.0501",  "-0.0499",  "0.05",
+        "0.0499",    "0.049",    "-10.5",   "-10.25",   "-10.2501", "-10.2499", "-10.5001", "2.5",
+        "2.5001",    "2.4999",   "7.07",    "7.0700",   "7.0701",   "7.069999", "1",        "3",
+        "3.0",       "3.000001", "0.001",   "0.0009",   "0.000999", "0.0010",   "15",       "15.0",
+        "15.000001", "14.999"};
     for (const Range &r : ranges) {
         const auto g = grammar_of(fmt::format(R"({{"type": "number", {}}})", r.bounds));
         ASSERT_NE(g, nullptr);
+        for (const char *text : edges) {
+            const double v = std::stod(text);
+            const bool in = (v > r.lo || (r.lo_in && v == r.lo)) && (v < r.hi || (r.hi_in && v == r.hi));
+            EXPECT_EQ(accepts(g, text), in) << r.bounds << ": " << text;
+        }
         for (int i = 0; i < 400; ++i) {
             // -?I(.F)? with I up to 3 digits and F up to 3, near the bounds more often than not.
             const int whole = static_cast<int>(rng() % 120);
@@ -329,7 +355,9 @@ TEST(JsonSchemaGrammar, RefusedWithTheKeywordNamed) {
         {R"({"$ref": "#/$defs/A", "type": "object", "$defs": {"A": {}}})", "'type' beside '$ref'"},
         {R"({"anyOf": [{"type": "string"}], "minLength": 1})", "'minLength' beside 'anyOf'"},
         {R"({"anyOf": []})", "'anyOf' must be a non-empty list"},
-        {R"({"type": "number", "minimum": 0.5})", "bounds on a number must be whole numbers"},
+        {R"({"type": "number", "minimum": 1e-17})",
+         "a number's bound must have at most 16 digits after the point"},
+        {R"({"type": "number", "minimum": 0.5, "exclusiveMaximum": 0.5})", "no number is within the bounds"},
         {R"({"type": "integer", "minimum": 3, "maximum": 2})", "no integer is within the bounds"},
         {R"({"type": "string", "pattern": "(a"})", "'pattern': regex: at offset 2: unbalanced '('"},
         {R"({"type": "string", "pattern": "a", "maxLength": 3})", "'pattern' with 'minLength'"},

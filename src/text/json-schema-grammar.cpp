@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -127,6 +128,104 @@ std::string integers_between(int64_t lo, int64_t hi) {
     if (lo < 0) alts.push_back(fmt::format("\"-\" {}", naturals_between(std::max<int64_t>(1, -hi), -lo)));
     if (hi >= 0) alts.push_back(naturals_between(std::max<int64_t>(0, lo), hi));
     return any_of(alts);
+}
+
+// ---- decimals between bounds, as digits
+// -------------------------------------------------------------------------
+
+constexpr int kMaxFractionDigits = 16;  // as the json-number rule
+
+// A number's magnitude in decimal: its whole part, and its digits after the point without trailing zeros
+// ("" for none). The shortest text that reads back as the double, so 0.1 is "0" and "1", as the schema wrote
+// it.
+struct Decimal {
+    int64_t whole = 0;
+    std::string fraction;
+};
+
+std::optional<Decimal> decimal_of(double magnitude) {
+    magnitude = std::fabs(magnitude);  // (-0.0)
+    if (magnitude >= static_cast<double>(kMaxMagnitude)) return Decimal{kMaxMagnitude, ""};
+    const std::string text = fmt::format("{}", magnitude);  // "12.5", "1e-07", "1.5e-05"
+    const size_t e = text.find_first_of("eE");
+    const std::string mantissa = text.substr(0, e);
+    const int exponent = e == std::string::npos ? 0 : std::atoi(text.c_str() + e + 1);
+    const size_t dot = mantissa.find('.');
+    std::string digits = mantissa;
+    if (dot != std::string::npos) digits.erase(dot, 1);
+    // The point sits `point` digits into `digits` (it may be before the first or past the last).
+    const int64_t point = static_cast<int64_t>(dot == std::string::npos ? mantissa.size() : dot) + exponent;
+    if (point > 16 || point < -kMaxFractionDigits) return std::nullopt;
+    if (point <= 0) digits.insert(0, static_cast<size_t>(-point) + 1, '0');
+    const size_t at = static_cast<size_t>(std::max<int64_t>(point, 1));
+    if (digits.size() < at) digits.append(at - digits.size(), '0');
+    Decimal d;
+    d.whole = std::stoll(digits.substr(0, at));
+    d.fraction = digits.substr(at);
+    while (!d.fraction.empty() && d.fraction.back() == '0') d.fraction.pop_back();
+    if (d.fraction.size() > static_cast<size_t>(kMaxFractionDigits)) return std::nullopt;
+    return d;
+}
+
+// A bound on a fraction's digits: the bound's digits (trailing zeros dropped, "" is zero), strict when the
+// bound itself is out.
+struct FractionBound {
+    std::string digits;
+    bool strict = false;
+};
+
+// The digit strings of at most n digits whose value as a fraction (0.F) lies within lo and hi (either may be
+// absent): whether the empty string (zero) is one, and an expression for the others ("" when there are none).
+struct Fractions {
+    bool zero = false;
+    std::string digits;
+};
+
+Fractions fractions_between(std::optional<FractionBound> lo, std::optional<FractionBound> hi, int n) {
+    if (lo && lo->digits.empty() && !lo->strict) lo.reset();  // at least zero: every fraction
+    Fractions out;
+    if (hi && hi->digits.empty() && hi->strict) return out;  // below zero: none
+    out.zero = !lo && (!hi || !(hi->digits.empty() && hi->strict));
+    if (n <= 0) return out;
+    if (!lo && !hi) {
+        out.digits = repeat("[0-9]", 1, n);
+        return out;
+    }
+    if (!lo && hi->digits.empty()) {  // at most zero: zeros
+        out.digits = repeat(R"("0")", 1, n);
+        return out;
+    }
+    // The first digit e: between the bounds' first digits, any rest; equal to one of them, the rest within
+    // that bound's rest.
+    const auto first = [](const std::optional<FractionBound> &b) {
+        return b->digits.empty() ? '0' : b->digits[0];
+    };
+    const auto rest = [](const std::optional<FractionBound> &b) -> std::optional<FractionBound> {
+        if (!b) return std::nullopt;
+        return FractionBound{b->digits.empty() ? "" : b->digits.substr(1), b->strict};
+    };
+    const int dl = lo ? first(lo) : '0' - 1;
+    const int dh = hi ? first(hi) : '9' + 1;
+    std::vector<std::string> alts;
+    const auto then = [&](char e, const Fractions &tail) {
+        if (tail.digits.empty()) {
+            if (tail.zero) alts.push_back(lit(std::string(1, e)));
+        } else {
+            alts.push_back(
+                fmt::format("{} ({}){}", lit(std::string(1, e)), tail.digits, tail.zero ? "?" : ""));
+        }
+    };
+    if (dl > dh) return out;  // (lo above hi)
+    if (lo)
+        then(static_cast<char>(dl), fractions_between(rest(lo), dl == dh ? rest(hi) : std::nullopt, n - 1));
+    if (dl + 1 <= dh - 1) {
+        const std::string any_rest = repeat("[0-9]", 0, n - 1);
+        const std::string cls = digit_class(static_cast<char>(dl + 1), static_cast<char>(dh - 1));
+        alts.push_back(any_rest.empty() ? cls : fmt::format("{} {}", cls, any_rest));
+    }
+    if (hi && dh != dl) then(static_cast<char>(dh), fractions_between(std::nullopt, rest(hi), n - 1));
+    out.digits = alts.empty() ? "" : any_of(alts);
+    return out;
 }
 
 // ---- the converter
@@ -723,7 +822,6 @@ struct Converter {
         bool set = false;
         bool exclusive = false;
         double value = 0;
-        bool whole = true;  // the value is a whole number
     };
     Result<Bound> bound(const json &s, const char *key, const char *exclusive_key, bool lower,
                         const std::string &where) {
@@ -740,7 +838,6 @@ struct Converter {
                 b.set = true;
                 b.value = x;
                 b.exclusive = exclusive;
-                b.whole = std::floor(x) == x;
             }
             return {};
         };
@@ -784,39 +881,47 @@ struct Converter {
             if (a > b) return invalid_input("json_schema: {}: no integer is within the bounds", where);
             return add(hint, integers_between(a, b));
         }
-        if (!lo.whole || !hi.whole)
-            return invalid_input(
-                "json_schema: {}: bounds on a number must be whole numbers (an integer's may "
-                "be any)",
-                where);
-        // v = I.F: between two whole bounds, I decides but at the bounds themselves.
-        const int64_t a = lo.set ? clamp(lo.value) : -kMaxMagnitude;
-        const int64_t b = hi.set ? clamp(hi.value) : kMaxMagnitude;
-        if (a > b || (a == b && (lo.exclusive || hi.exclusive)))
+        // v = I.F, written without an exponent: I decides, but where I is a bound's whole part, F is compared
+        // with the bound's digits after the point.
+        const double most = static_cast<double>(kMaxMagnitude);
+        const double a = lo.set ? std::max(lo.value, -most) : -most;
+        const double b = hi.set ? std::min(hi.value, most) : most;
+        // (a bound past 16 digits is as far as a number goes, and that number is in)
+        const bool a_in = a != lo.value || !lo.exclusive, b_in = b != hi.value || !hi.exclusive;
+        if (a > b || (a == b && !(a_in && b_in)))
             return invalid_input("json_schema: {}: no number is within the bounds", where);
         std::vector<std::string> alts;
-        // Numbers of magnitude m in [p, q] (0 <= p <= q; whole bounds), p and q themselves as allowed.
-        const std::string any_frac = R"(("." [0-9]{1,16})?)";
-        const std::string zero_frac = R"(("." "0"{1,16})?)";
-        const std::string nonzero_frac = R"("." "0"{0,15} [1-9] [0-9]{0,15})";
-        const auto magnitudes = [&](int64_t p, bool p_in, int64_t q, bool q_in, std::string_view sign) {
-            if (p < q) {  // I in [p, q - 1] with any fraction, p itself only above it when p is out
-                if (!p_in) alts.push_back(fmt::format("{}{} {}", sign, lit(std::to_string(p)), nonzero_frac));
-                const int64_t from = p_in ? p : p + 1;
-                if (from <= q - 1)
-                    alts.push_back(fmt::format("{}{} {}", sign, naturals_between(from, q - 1), any_frac));
-                if (q_in) alts.push_back(fmt::format("{}{} {}", sign, lit(std::to_string(q)), zero_frac));
-            } else if (p_in && q_in) {  // p == q
-                alts.push_back(fmt::format("{}{} {}", sign, lit(std::to_string(p)), zero_frac));
-            }
+        const auto with_fractions = [&](const std::string &sign, const std::string &whole,
+                                        const Fractions &f) {
+            if (f.zero) alts.push_back(sign + whole);
+            if (!f.digits.empty()) alts.push_back(fmt::format(R"({}{} "." {})", sign, whole, f.digits));
         };
-        if (b >= 0)
-            magnitudes(std::max<int64_t>(a, 0), a < 0 || !lo.exclusive, b, !hi.exclusive, "");  // v >= 0
-        if (a < 0) {  // v < 0: magnitude in (max(0, -b), -a]
-            const int64_t p = b >= 0 ? 0 : -b;
-            const bool p_in = b < 0 && !hi.exclusive;
-            magnitudes(p, p_in, -a, !lo.exclusive, R"("-" )");
-        }
+        // Magnitudes m with p <= m <= q (0 <= p <= q), p and q themselves as allowed.
+        const auto magnitudes = [&](double p, bool p_in, double q, bool q_in,
+                                    const std::string &sign) -> Status {
+            const std::optional<Decimal> dp = decimal_of(p), dq = decimal_of(q);
+            if (!dp || !dq)
+                return invalid_input(
+                    "json_schema: {}: a number's bound must have at most {} digits after the "
+                    "point",
+                    where, kMaxFractionDigits);
+            const FractionBound from{dp->fraction, !p_in}, to{dq->fraction, !q_in};
+            if (dp->whole == dq->whole) {
+                with_fractions(sign, lit(std::to_string(dp->whole)),
+                               fractions_between(from, to, kMaxFractionDigits));
+                return {};
+            }
+            with_fractions(sign, lit(std::to_string(dp->whole)),
+                           fractions_between(from, std::nullopt, kMaxFractionDigits));
+            if (dp->whole + 1 <= dq->whole - 1)
+                with_fractions(sign, naturals_between(dp->whole + 1, dq->whole - 1),
+                               fractions_between(std::nullopt, std::nullopt, kMaxFractionDigits));
+            with_fractions(sign, lit(std::to_string(dq->whole)),
+                           fractions_between(std::nullopt, to, kMaxFractionDigits));
+            return {};
+        };
+        if (b >= 0) TD_TRY(magnitudes(std::max(a, 0.0), a < 0 || a_in, b, b_in, ""));          // v >= 0
+        if (a < 0) TD_TRY(magnitudes(b >= 0 ? 0.0 : -b, b < 0 && b_in, -a, a_in, R"("-" )"));  // v < 0
         if (alts.empty()) return invalid_input("json_schema: {}: no number is within the bounds", where);
         return add(hint, join(alts, " | "));
     }
