@@ -136,8 +136,7 @@ std::string integers_between(int64_t lo, int64_t hi) {
 constexpr int kMaxFractionDigits = 16;  // as the json-number rule
 
 // A number's magnitude in decimal: its whole part, and its digits after the point without trailing zeros
-// ("" for none). The shortest text that reads back as the double, so 0.1 is "0" and "1", as the schema wrote
-// it.
+// ("" for none), from the shortest text that reads back as the double: 0.1 is 0 and "1", as written.
 struct Decimal {
     int64_t whole = 0;
     std::string fraction;
@@ -901,10 +900,8 @@ struct Converter {
                                     const std::string &sign) -> Status {
             const std::optional<Decimal> dp = decimal_of(p), dq = decimal_of(q);
             if (!dp || !dq)
-                return invalid_input(
-                    "json_schema: {}: a number's bound must have at most {} digits after the "
-                    "point",
-                    where, kMaxFractionDigits);
+                return invalid_input("json_schema: {}: a number's bound has over {} digits after the point",
+                                     where, kMaxFractionDigits);
             const FractionBound from{dp->fraction, !p_in}, to{dq->fraction, !q_in};
             if (dp->whole == dq->whole) {
                 with_fractions(sign, lit(std::to_string(dp->whole)),

@@ -19,8 +19,7 @@
 //   formats are annotations, as JSON Schema has them (any string).
 // - integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's booleans).
 // - number: the same bounds, exact to the bound's decimal digits (16 after the point at most); a bounded
-// number
-//   is written without an exponent.
+//   number is written without an exponent.
 // Anything else (not, if, patternProperties, uniqueItems, multipleOf, ...) is refused with the keyword
 // named, never ignored. Numbers have at most 16 digits before and after the point, as JsonSchema's.
 #pragma once
