@@ -238,6 +238,17 @@ struct RegexParser {
         return literal_of(fmt::format("\\u{:04x}", cp));
     }
 
+    // One member of a class at pos: an escape (a character or a shorthand's ranges) or a character.
+    Result<Escape> class_char() {
+        if (peek() == '\\') {
+            ++pos;
+            return escape();
+        }
+        Escape e;
+        TD_ASSIGN_OR_RETURN(e.cp, next_char());
+        return e;
+    }
+
     Result<std::string> char_class() {
         ++pos;  // [
         bool negated = false;
@@ -250,33 +261,21 @@ struct RegexParser {
         while (eof() || peek() != ']' || first) {
             if (eof()) return error("unterminated character class");
             first = false;
-            uint32_t lo = 0;
-            if (peek() == '\\') {
-                ++pos;
-                TD_ASSIGN_OR_RETURN(Escape e, escape());
-                if (e.ranges != nullptr) {
-                    if (e.negated) return error("\\D, \\W and \\S inside a class are not supported");
-                    ranges.insert(ranges.end(), e.ranges->begin(), e.ranges->end());
-                    continue;
-                }
-                lo = e.cp;
-            } else {
-                TD_ASSIGN_OR_RETURN(lo, next_char());
+            TD_ASSIGN_OR_RETURN(const Escape lo, class_char());
+            if (lo.ranges != nullptr) {
+                if (lo.negated) return error("\\D, \\W and \\S inside a class are not supported");
+                ranges.insert(ranges.end(), lo.ranges->begin(), lo.ranges->end());
+                continue;
             }
-            uint32_t hi = lo;
+            uint32_t hi = lo.cp;
             if (peek() == '-' && peek(1) != ']' && pos + 1 < re.size()) {
                 ++pos;
-                if (peek() == '\\') {
-                    ++pos;
-                    TD_ASSIGN_OR_RETURN(Escape e, escape());
-                    if (e.ranges != nullptr) return error("a range cannot end with a class shorthand");
-                    hi = e.cp;
-                } else {
-                    TD_ASSIGN_OR_RETURN(hi, next_char());
-                }
-                if (hi < lo) return error("the range's end is before its start");
+                TD_ASSIGN_OR_RETURN(const Escape end, class_char());
+                if (end.ranges != nullptr) return error("a range cannot end with a class shorthand");
+                hi = end.cp;
+                if (hi < lo.cp) return error("the range's end is before its start");
             }
-            ranges.emplace_back(lo, hi);
+            ranges.emplace_back(lo.cp, hi);
         }
         ++pos;  // ]
         return char_set(ranges, negated);
