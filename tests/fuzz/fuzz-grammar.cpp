@@ -54,6 +54,10 @@ TD_FUZZ_INIT(grammar) {
         R"({"type": "object", "properties": {"d": {"type": "string", "format": "date-time"}, "t": )"
         R"({"type": "array", "prefixItems": [{"const": 1}, {"enum": ["a", null]}]}}, "allOf": [{"required": ["d"]}]})" +
         nul + R"({"d": "2024-01-02T03:04:05Z", "t": [1, "a"]})"));
+    seeds.push_back(fuzz::bytes_of(
+        R"({"type": "object", "properties": {"p": {"type": "number", "minimum": -1.25, "exclusiveMaximum": 0.105},)"
+        R"( "q": {"type": "number", "exclusiveMinimum": 2.5e-3, "maximum": 7}}, "required": ["p"]})" +
+        nul + R"({"p": -0.5, "q": 2.75})"));
     fuzz::write_seeds_and_exit_if_asked(seeds);
     return 0;
 }
