@@ -241,6 +241,9 @@ TEST(JsonSchemaGrammar, NumberRangesAreExact) {
         const char *bounds;
         double lo, hi;
         bool lo_in, hi_in;
+        bool holds(double v) const {
+            return (v > lo || (lo_in && v == lo)) && (v < hi || (hi_in && v == hi));
+        }
     };
     const Range ranges[] = {
         {R"("minimum": 0, "maximum": 1)", 0, 1, true, true},
@@ -276,7 +279,7 @@ TEST(JsonSchemaGrammar, NumberRangesAreExact) {
         ASSERT_NE(g, nullptr);
         for (const char *text : edges) {
             const double v = std::stod(text);
-            const bool in = (v > r.lo || (r.lo_in && v == r.lo)) && (v < r.hi || (r.hi_in && v == r.hi));
+            const bool in = r.holds(v);
             EXPECT_EQ(accepts(g, text), in) << r.bounds << ": " << text;
         }
         for (int i = 0; i < 400; ++i) {
@@ -291,7 +294,7 @@ TEST(JsonSchemaGrammar, NumberRangesAreExact) {
                     text += static_cast<char>('0' + (rng() % 3 == 0 ? 0 : rng() % 10));
             }
             const double v = std::stod(text);
-            const bool in = (v > r.lo || (r.lo_in && v == r.lo)) && (v < r.hi || (r.hi_in && v == r.hi));
+            const bool in = r.holds(v);
             const bool negative_zero = text[0] == '-' && v == 0;  // "-0.0" is 0 but written with a sign
             if (negative_zero) continue;
             EXPECT_EQ(accepts(g, text), in) << r.bounds << ": " << text;
