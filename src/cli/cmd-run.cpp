@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/thread-pool.h"
 #include "model/context.h"
+#include "model/drafter.h"
 #include "model/engine.h"
 #include "model/generate.h"
 #include "model/model.h"
@@ -43,7 +44,7 @@ struct RunOptions {
     bool chat = false;
     ChatReplParams chat_params;  // system prompt, template name
     ClusterFlags cluster;        // --workers etc.: run as a pipeline
-    DraftParams draft;           // --draft: speculative decoding by prompt lookup
+    DraftParams draft;           // --draft, --model-draft: speculative decoding
     std::string grammar;         // --grammar GBNF
     std::string grammar_file;    // --grammar-file FILE
     std::string json_schema;     // -j, --json-schema SCHEMA
@@ -129,9 +130,22 @@ int run_main(const RunOptions &opt) {
     } else if (opt.kv_type != "f16") {
         return fail(invalid_input("--kv-type must be f16 or f32, got '{}'", opt.kv_type));
     }
-    ThreadPool pool(opt.cluster.workers.empty() ? opt.n_threads : 1);  // a cluster head computes nothing
+    // A cluster head computes nothing but a draft model's guesses.
+    ThreadPool pool(opt.cluster.workers.empty() || !opt.draft.model.empty() ? opt.n_threads : 1);
     auto engine = make_engine(opt.cluster, *model, cp, pool, opt.n_threads);
     if (!engine.ok()) return fail(engine.status());
+    std::unique_ptr<ModelDrafter> drafter;  // --model-draft
+    if (!opt.draft.model.empty() && opt.draft.n_max > 0 && !opt.chat) {
+        ModelLoadOptions dmo;  // the draft runs here, pipeline or not
+        dmo.pack_dir = pack_dir(opt.cluster.no_repack);
+        auto draft_model = Model::load(opt.draft.model, dmo);
+        if (!draft_model.ok()) return fail(draft_model.status().with_context("--model-draft"));
+        ContextParams dcp = cp;
+        dcp.n_ctx = (*engine)->n_ctx();
+        auto d = ModelDrafter::create(std::move(draft_model).value(), **model, dcp, opt.draft.p_min, pool);
+        if (!d.ok()) return fail(d.status());
+        drafter = std::move(d).value();
+    }
     if (opt.chat)
         return chat_repl(**engine, (*model)->file(), **tokenizer, sp,
                          {opt.chat_params.system_prompt, opt.chat_params.template_name, opt.n_predict,
@@ -144,6 +158,7 @@ int run_main(const RunOptions &opt) {
     gp.n_predict = opt.n_predict;
     gp.n_batch = opt.n_batch;
     gp.draft = opt.draft;
+    gp.drafter = drafter.get();
     std::unique_ptr<server::ConstraintVocab> constraint_vocab;
     std::unique_ptr<server::ConstrainedSampler> constrained;
     if (grammar || schema) {

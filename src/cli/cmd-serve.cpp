@@ -73,8 +73,9 @@ int serve_main(const ServeOptions &opt) {
     sp.n_parallel = opt.n_parallel;
     sp.n_ctx = opt.n_ctx;
     sp.n_ctx_per_seq = opt.n_ctx_per_seq;
-    // A cluster head computes nothing: its pool has one thread and -t goes to the workers.
-    sp.n_threads = is_cluster ? 1 : opt.n_threads;
+    // A cluster head computes nothing but a draft model's guesses: without one, its pool has one thread and
+    // -t goes to the workers.
+    sp.n_threads = is_cluster && opt.draft.model.empty() ? 1 : opt.n_threads;
     sp.n_micro_batches = opt.n_micro_batches;
     sp.max_resumes = opt.max_resumes;
     sp.draft = opt.draft;

@@ -142,10 +142,17 @@ void add_secret_flag(CLI::App *cmd, std::string &path) {
 void add_draft_flags(CLI::App *cmd, DraftParams &draft) {
     cmd->add_option(
            "--draft,--draft-max", draft.n_max,
-           "Speculative decoding by prompt lookup: guess up to N tokens per step from the text so far "
-           "(where it repeats earlier text) and check them in the same step; the output is the same, "
-           "with fewer steps where guesses hold (0: off)")
-        ->default_val(0);
+           "Speculative decoding: guess up to N tokens per step and check them in the same step; the "
+           "output is the same, with fewer steps where guesses hold. The guesses come from the text so "
+           "far (where it repeats earlier text), or from --model-draft (0: off; default 0, or 16 with "
+           "--model-draft)")
+        ->default_val(-1);
+    cmd->add_option("--model-draft", draft.model,
+                    "A small model with the same vocabulary that guesses the tokens, run greedily on this "
+                    "machine (also -md, as llama.cpp's)");
+    cmd->add_option("--draft-p-min", draft.p_min,
+                    "A draft model's guesses stop at the first token it gives less than this probability")
+        ->default_val(0.75f);
     cmd->add_option_function<std::vector<int32_t>>(
            "--draft-ngram",
            [&draft](const std::vector<int32_t> &v) {
@@ -157,12 +164,15 @@ void add_draft_flags(CLI::App *cmd, DraftParams &draft) {
         ->expected(1, 2);
 }
 
-Status check_draft_flags(const DraftParams &draft) {
-    if (draft.n_max < 0 || draft.n_max > kMaxDraft)
+Status check_draft_flags(DraftParams &draft) {
+    if (draft.n_max < 0) draft.n_max = draft.model.empty() ? 0 : 16;  // not given
+    if (draft.n_max > kMaxDraft)
         return invalid_input("--draft must be 0..{}, got {}", kMaxDraft, draft.n_max);
     if (draft.ngram_min < 1 || draft.ngram_max < draft.ngram_min || draft.ngram_max > 16)
         return invalid_input("--draft-ngram must be MIN,MAX with 1 <= MIN <= MAX <= 16, got {},{}",
                              draft.ngram_min, draft.ngram_max);
+    if (!(draft.p_min >= 0.0f && draft.p_min <= 1.0f))
+        return invalid_input("--draft-p-min must be in [0, 1], got {}", draft.p_min);
     return {};
 }
 

@@ -41,9 +41,11 @@ void add_secret_flag(CLI::App *cmd, std::string &path);
 // The cluster secret from `path`, or from net::default_secret_path() when it is empty.
 Result<net::ClusterSecret> load_cluster_secret(const std::string &path);
 
-// --draft N and --draft-ngram MIN,MAX (run and serve): speculative decoding by prompt lookup.
+// --draft N, --model-draft FILE, --draft-p-min P and --draft-ngram MIN,MAX (run and serve): speculative
+// decoding by prompt lookup or with a draft model.
 void add_draft_flags(CLI::App *cmd, DraftParams &draft);
-Status check_draft_flags(const DraftParams &draft);  // invalid_input naming the flag
+// invalid_input naming the flag; sets n_max where --draft was not given (16 with a draft model, else 0).
+Status check_draft_flags(DraftParams &draft);
 
 // serve's --api-key-file: the first line of `path`, trimmed; an empty key is refused (it would switch the
 // check off).

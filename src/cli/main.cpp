@@ -2,6 +2,7 @@
 // options on a CLI11 subcommand; main only dispatches.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -33,6 +34,10 @@ int main(int argc, char **argv) {
     td::cli::register_discover(app, runners);
     td::cli::register_up(app, runners);
 
+    // llama.cpp's two-letter short flags, which CLI11 does not take: -md is --model-draft.
+    static char model_draft[] = "--model-draft";
+    for (int i = 1; i < argc; ++i)
+        if (std::strcmp(argv[i], "-md") == 0) argv[i] = model_draft;
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {

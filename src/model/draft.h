@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace td {
@@ -15,8 +16,12 @@ inline constexpr int32_t kMaxDraft = 64;  // DraftParams::n_max at most
 
 struct DraftParams {
     int32_t n_max = 0;      // tokens guessed per step at most; 0: no drafts
+    std::string model;      // a draft model's GGUF (model/drafter.h); empty: prompt lookup
     int32_t ngram_min = 2;  // the shortest suffix looked up
     int32_t ngram_max = 4;  // the longest (tried first)
+    // A draft model's guesses (model/drafter.h) stop at the first token it gives less than this probability
+    // (llama.cpp's --draft-p-min): an unsure guess rarely holds and costs the draft model a step.
+    float p_min = 0.75f;
 };
 
 // How many guesses the next step of a sequence makes: n_max at first, then one more than the last step's

@@ -60,6 +60,8 @@ Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, co
     // The history the drafts are looked up in: the prompt and every token sampled so far.
     std::vector<int32_t> history(prompt);
     std::vector<int32_t> draft;
+    LookupDrafter lookup(params.draft);
+    Drafter &drafter = params.drafter != nullptr ? *params.drafter : lookup;
     int32_t budget = params.pick ? 0 : params.draft.n_max;  // next_draft_budget
     for (;;) {
         int32_t token = -1;
@@ -105,7 +107,8 @@ Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, co
         int32_t n = budget;
         if (params.n_predict >= 0) n = std::min(n, params.n_predict - stats.n_generated - 1);
         n = std::min(n, engine.n_ctx() - pos);
-        lookup_draft(history, n, params.draft, draft);
+        draft.clear();
+        if (n > 0) TD_TRY(drafter.draft(seq, history, n, draft));
         for (int32_t d : draft) batch.add_out(d, pos++, seq, kOutDraft);
         stats.n_drafted += static_cast<int32_t>(draft.size());
         ++stats.n_steps;

@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "model/draft.h"
+#include "model/drafter.h"
 #include "model/engine.h"
 #include "model/sampler.h"
 
@@ -20,7 +21,8 @@ struct GenerateParams {
     int32_t n_batch = 512;     // prompt tokens per step
     int32_t seq = 0;           // sequence slot to use (restarted first)
     bool want_logits = false;  // pass each step's logits row to the callback
-    DraftParams draft;         // speculative decoding by prompt lookup (draft.n_max 0: off)
+    DraftParams draft;         // speculative decoding (draft.n_max 0: off): up to n_max guesses per step
+    Drafter *drafter = nullptr;  // where the guesses come from; null: prompt lookup (LookupDrafter)
     // Constrained sampling (a grammar, a JSON schema): when set, each token is what pick draws from its
     // step's logits ([n_vocab]); the engine's own draw (greedy) is not used, and no guesses are made. An
     // error from pick ends the generation with it.

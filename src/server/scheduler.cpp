@@ -536,7 +536,14 @@ bool Scheduler::build_step(InFlight &step) {
             int64_t n = std::min<int64_t>(slot.draft_budget, slot.limit - slot.n_generated - 1);
             n = std::min<int64_t>({n, n_ctx_ - slot.n_past, pool_free(),
                                    params_.n_batch - batch_.size() - (n_generating - n_decode - 1)});
-            lookup_draft(slot.fed, static_cast<int32_t>(std::max<int64_t>(n, 0)), params_.draft, draft_);
+            if (n <= 0) {
+                draft_.clear();
+            } else if (params_.drafter == nullptr) {
+                lookup_draft(slot.fed, static_cast<int32_t>(n), params_.draft, draft_);
+            } else if (Status s = params_.drafter->draft(slot.seq, slot.fed, static_cast<int32_t>(n), draft_);
+                       !s.ok()) {
+                log_warn("server: no guesses for slot {}: {}", slot.seq, s.message());  // the step goes on
+            }
             for (int32_t d : draft_) {
                 batch_.add_out(d, slot.n_past, slot.seq, kOutDraft);
                 slot.fed.push_back(d);

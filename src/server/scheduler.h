@@ -73,6 +73,7 @@
 
 #include "core/status.h"
 #include "model/draft.h"
+#include "model/drafter.h"
 #include "model/engine.h"
 #include "model/sampler.h"
 #include "server/constrained.h"
@@ -226,6 +227,9 @@ struct SchedulerParams {
     // that holds is a token without a step of its own. The text is what it would be without guesses. Not
     // for structured output (the scheduler samples those itself).
     DraftParams draft;
+    // Where the guesses come from (a draft model, model/drafter.h), driven on the engine thread; it must
+    // outlive the scheduler. Null: prompt lookup.
+    Drafter *drafter = nullptr;
 };
 
 struct SchedulerStats {

@@ -70,6 +70,13 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     sp.max_resumes = std::max(params.max_resumes, 0);
     sp.kv_pool = params.n_ctx;
     sp.draft = params.draft;
+    if (!params.draft.model.empty() && params.draft.n_max > 0) {
+        auto draft_model = Model::load(params.draft.model, {0, -1, params.pack_dir});
+        if (!draft_model.ok()) return draft_model.status().with_context("--model-draft");
+        TD_ASSIGN_OR_RETURN(sm->drafter_, ModelDrafter::create(std::move(draft_model).value(), *sm->model_,
+                                                               cp, params.draft.p_min, *sm->pool_));
+        sp.drafter = sm->drafter_.get();
+    }
     if (cluster != nullptr) {
         sm->n_stages_ = cluster->n_stages();  // the workers, plus the head when it runs layers
         sm->placement_ = cluster->placement_table();

@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "core/thread-pool.h"
+#include "model/drafter.h"
 #include "model/engine.h"
 #include "model/kv-cache.h"
 #include "model/model.h"
@@ -51,7 +52,9 @@ struct ServeParams {
     // How embedding requests pool a prompt (--pooling); unset: the model's pooling_type, and last (the last
     // token's hidden state, as decoder embedding models use) when the file has none.
     Pooling pooling = Pooling::unset;
-    DraftParams draft;  // speculative decoding by prompt lookup (--draft; SchedulerParams::draft)
+    // Speculative decoding (--draft; SchedulerParams::draft): by prompt lookup, or with draft.model, a draft
+    // model run on the server's pool (ModelDrafter, with a slot per parallel request).
+    DraftParams draft;
     // Test hook: wraps the engine (stall or fault injection around a real engine). Null: none.
     std::function<std::unique_ptr<Engine>(std::unique_ptr<Engine>)> wrap_engine;
 };
@@ -87,6 +90,7 @@ private:
     ModelCard card_;
     Pooling pooling_ = Pooling::last;
     std::unique_ptr<Engine> engine_;
+    std::unique_ptr<ModelDrafter> drafter_;  // --model-draft; the scheduler drives it
     std::unique_ptr<Scheduler> scheduler_;
     int32_t n_stages_ = 0;
     std::string placement_;
