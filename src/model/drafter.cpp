@@ -81,9 +81,12 @@ Status ModelDrafter::draft(int32_t seq, std::span<const int32_t> history, int32_
         const float *row = ctx_->logits();
         const int32_t best = static_cast<int32_t>(std::max_element(row, row + n_vocab) - row);
         if (p_min_ > 0.0f) {
-            double sum = 0.0;
-            for (int32_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<double>(row[v] - row[best]));
-            if (1.0 / sum < p_min_) break;
+            // p(best) = 1 / sum exp(l - l_best) is below p_min once the sum passes 1 / p_min: an unsure
+            // draft stops summing there (float exp: the bound needs no more).
+            const float limit = 1.0f / p_min_;
+            float sum = 0.0f;
+            for (int32_t v = 0; v < n_vocab && sum <= limit; ++v) sum += std::exp(row[v] - row[best]);
+            if (sum > limit) break;
         }
         if (best >= n_vocab_target_) break;
         out.push_back(best);
