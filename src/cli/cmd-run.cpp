@@ -143,7 +143,7 @@ int run_main(const RunOptions &opt) {
         ContextParams dcp = cp;
         dcp.n_ctx = (*engine)->n_ctx();
         auto d = ModelDrafter::create(std::move(draft_model).value(), **model, dcp, opt.draft.p_min, pool);
-        if (!d.ok()) return fail(d.status());
+        if (!d.ok()) return fail(d.status().with_context("--model-draft"));
         drafter = std::move(d).value();
     }
     if (opt.chat)

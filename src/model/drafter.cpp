@@ -35,9 +35,9 @@ Status draft_vocab_check(const Model &target, const Model &draft) {
 Result<std::unique_ptr<ModelDrafter>> ModelDrafter::create(std::shared_ptr<const Model> draft,
                                                            const Model &target, const ContextParams &params,
                                                            float p_min, ThreadPool &pool) {
-    TD_TRY(draft_vocab_check(target, *draft).with_context("--model-draft"));
+    TD_TRY(draft_vocab_check(target, *draft));
     if (draft->n_vocab_local() != draft->hparams().n_vocab)
-        return invalid_input("--model-draft: a tensor-parallel slice cannot draft");
+        return invalid_input("a tensor-parallel slice cannot draft");
     std::unique_ptr<ModelDrafter> d(new ModelDrafter());
     TD_ASSIGN_OR_RETURN(d->ctx_, Context::create(std::move(draft), params, pool));
     d->held_.resize(d->ctx_->n_seq());

@@ -73,8 +73,10 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     if (!params.draft.model.empty() && params.draft.n_max > 0) {
         auto draft_model = Model::load(params.draft.model, {0, -1, params.pack_dir});
         if (!draft_model.ok()) return draft_model.status().with_context("--model-draft");
-        TD_ASSIGN_OR_RETURN(sm->drafter_, ModelDrafter::create(std::move(draft_model).value(), *sm->model_,
-                                                               cp, params.draft.p_min, *sm->pool_));
+        auto drafter = ModelDrafter::create(std::move(draft_model).value(), *sm->model_, cp,
+                                            params.draft.p_min, *sm->pool_);
+        if (!drafter.ok()) return drafter.status().with_context("--model-draft");
+        sm->drafter_ = std::move(drafter).value();
         sp.drafter = sm->drafter_.get();
     }
     if (cluster != nullptr) {
