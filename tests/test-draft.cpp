@@ -400,6 +400,38 @@ json status_server(httplib::Client &c) {
     return r ? json::parse(r->body)["server"] : json();
 }
 
+// One /completion's text (empty after a failure, which is reported); n_max < 0: the server's --draft.
+std::string complete_text(httplib::Client &client, const json &sampling, int n_max, int n_predict) {
+    json body = {{"prompt", "Once upon a time"}, {"n_predict", n_predict}, {"cache_prompt", false}};
+    body.update(sampling);
+    if (n_max >= 0) body["speculative.n_max"] = n_max;
+    auto r = post(client, "/completion", body);
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r ? r->status : 0, 200) << (r ? r->body : "");
+    return r && r->status == 200 ? json::parse(r->body)["content"].get<std::string>() : std::string();
+}
+
+// Greedy, and seeded with a repeat penalty.
+std::vector<json> draft_samplings() {
+    return {{{"temperature", 0}}, {{"temperature", 0.8}, {"seed", 3}, {"repeat_penalty", 1.1}}};
+}
+
+// Three requests at once, each with its own guesses in the same steps, get the texts `plain` holds for their
+// samplings (request k: samplings[k % 2]).
+template <typename Complete>
+void expect_three_at_once(TestServer &s, const std::vector<json> &samplings,
+                          const std::vector<std::string> &plain, Complete complete) {
+    std::vector<std::string> got(3);
+    std::vector<std::thread> threads;
+    for (int k = 0; k < 3; ++k)
+        threads.emplace_back([&, k] {
+            auto ck = s.client();
+            got[k] = complete(ck, samplings[k % 2], -1);
+        });
+    for (auto &t : threads) t.join();
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(got[k], plain[k % 2]) << k;
+}
+
 // With --draft 6 the server's replies are the ones a request without guesses gets (speculative.n_max 0),
 // greedy and seeded, alone and three at once; guesses held, and the steps were fewer than the tokens.
 TEST_P(DraftServerTest, GuessesChangeNoTextAndHeldOnesSaveSteps) {
@@ -408,17 +440,10 @@ TEST_P(DraftServerTest, GuessesChangeNoTextAndHeldOnesSaveSteps) {
     o.draft.n_max = 6;
     TestServer s(o);
     auto c = s.client();
-    auto complete = [&](httplib::Client &client, const json &sampling, int n_max) {
-        json body = {{"prompt", "Once upon a time"}, {"n_predict", 160}, {"cache_prompt", false}};
-        body.update(sampling);
-        if (n_max >= 0) body["speculative.n_max"] = n_max;
-        auto r = post(client, "/completion", body);
-        EXPECT_TRUE(r);
-        EXPECT_EQ(r ? r->status : 0, 200) << (r ? r->body : "");
-        return r && r->status == 200 ? json::parse(r->body)["content"].get<std::string>() : std::string();
+    auto complete = [](httplib::Client &client, const json &sampling, int n_max) {
+        return complete_text(client, sampling, n_max, 160);
     };
-    const std::vector<json> samplings = {{{"temperature", 0}},
-                                         {{"temperature", 0.8}, {"seed", 3}, {"repeat_penalty", 1.1}}};
+    const std::vector<json> samplings = draft_samplings();
     std::vector<std::string> plain;
     for (const json &sp : samplings) plain.push_back(complete(c, sp, 0));
     const json before = status_server(c);
@@ -433,16 +458,7 @@ TEST_P(DraftServerTest, GuessesChangeNoTextAndHeldOnesSaveSteps) {
     EXPECT_GT(accepted, 20) << drafted;
     EXPECT_LE(accepted, drafted);
     EXPECT_LT(steps + accepted / 2, tokens) << "steps " << steps << ", tokens " << tokens;
-    // Three at once, each with its own guesses in the same steps.
-    std::vector<std::string> got(3);
-    std::vector<std::thread> threads;
-    for (int k = 0; k < 3; ++k)
-        threads.emplace_back([&, k] {
-            auto ck = s.client();
-            got[k] = complete(ck, samplings[k % 2], -1);
-        });
-    for (auto &t : threads) t.join();
-    for (int k = 0; k < 3; ++k) EXPECT_EQ(got[k], plain[k % 2]) << k;
+    expect_three_at_once(s, samplings, plain, complete);
     // The OpenAI endpoint takes the same field; out of range is a 400.
     auto r = post(c, "/v1/completions", {{"prompt", "Once upon a time"}, {"speculative.n_max", 65}});
     ASSERT_TRUE(r);
@@ -469,17 +485,10 @@ TEST_P(DraftServerTest, ADraftModelChangesNoTextAndItsGuessesHold) {
     o.draft.p_min = 0.0f;
     TestServer s(o);
     auto c = s.client();
-    auto complete = [&](httplib::Client &client, const json &sampling, int n_max) {
-        json body = {{"prompt", "Once upon a time"}, {"n_predict", 120}, {"cache_prompt", false}};
-        body.update(sampling);
-        if (n_max >= 0) body["speculative.n_max"] = n_max;
-        auto r = post(client, "/completion", body);
-        EXPECT_TRUE(r);
-        EXPECT_EQ(r ? r->status : 0, 200) << (r ? r->body : "");
-        return r && r->status == 200 ? json::parse(r->body)["content"].get<std::string>() : std::string();
+    auto complete = [](httplib::Client &client, const json &sampling, int n_max) {
+        return complete_text(client, sampling, n_max, 120);
     };
-    const std::vector<json> samplings = {{{"temperature", 0}},
-                                         {{"temperature", 0.8}, {"seed", 3}, {"repeat_penalty", 1.1}}};
+    const std::vector<json> samplings = draft_samplings();
     std::vector<std::string> plain;
     for (const json &sp : samplings) plain.push_back(complete(c, sp, 0));
     const json before = status_server(c);
@@ -493,15 +502,7 @@ TEST_P(DraftServerTest, ADraftModelChangesNoTextAndItsGuessesHold) {
     EXPECT_EQ(accepted, drafted) << "the model's own greedy guesses";
     EXPECT_LT(steps, 40) << "120 tokens";
     EXPECT_EQ(complete(c, samplings[1], -1), plain[1]);
-    std::vector<std::string> got(3);
-    std::vector<std::thread> threads;
-    for (int k = 0; k < 3; ++k)
-        threads.emplace_back([&, k] {
-            auto ck = s.client();
-            got[k] = complete(ck, samplings[k % 2], -1);
-        });
-    for (auto &t : threads) t.join();
-    for (int k = 0; k < 3; ++k) EXPECT_EQ(got[k], plain[k % 2]) << k;
+    expect_three_at_once(s, samplings, plain, complete);
 }
 
 }  // namespace

@@ -165,7 +165,8 @@ Scheduler::Scheduler(Engine &engine, const Tokenizer &tokenizer, const Scheduler
       n_vocab_(engine.n_vocab()),
       n_slots_(engine.n_seq()),
       depth_(std::clamp(params.n_micro_batches, 1, std::max(engine.max_in_flight(), 1))),
-      lp_sampler_(SamplerParams{}, engine.n_vocab()) {
+      lp_sampler_(SamplerParams{}, engine.n_vocab()),
+      lookup_(params.draft) {
     params_.n_batch = std::max(params_.n_batch, n_slots_ + 1);
     params_.max_queue = std::max(params_.max_queue, 0);
     if (params_.probe_interval.count() <= 0) params_.probe_interval = std::chrono::milliseconds(1000);
@@ -536,13 +537,12 @@ bool Scheduler::build_step(InFlight &step) {
             int64_t n = std::min<int64_t>(slot.draft_budget, slot.limit - slot.n_generated - 1);
             n = std::min<int64_t>({n, n_ctx_ - slot.n_past, pool_free(),
                                    params_.n_batch - batch_.size() - (n_generating - n_decode - 1)});
-            if (n <= 0) {
-                draft_.clear();
-            } else if (params_.drafter == nullptr) {
-                lookup_draft(slot.fed, static_cast<int32_t>(n), params_.draft, draft_);
-            } else if (Status s = params_.drafter->draft(slot.seq, slot.fed, static_cast<int32_t>(n), draft_);
-                       !s.ok()) {
-                log_warn("server: no guesses for slot {}: {}", slot.seq, s.message());  // the step goes on
+            draft_.clear();
+            if (n > 0) {
+                Drafter &drafter = params_.drafter != nullptr ? *params_.drafter : lookup_;
+                if (Status s = drafter.draft(slot.seq, slot.fed, static_cast<int32_t>(n), draft_); !s.ok())
+                    log_warn("server: no guesses for slot {}: {}", slot.seq,
+                             s.message());  // the step goes on
             }
             for (int32_t d : draft_) {
                 batch_.add_out(d, slot.n_past, slot.seq, kOutDraft);

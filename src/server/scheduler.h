@@ -384,6 +384,7 @@ private:
     Sampler lp_sampler_;  // only for its const logprob helpers
     std::unique_ptr<ConstraintVocab> constraint_vocab_;  // built at the first constrained request
     std::vector<int32_t> draft_;                    // scratch of build_step: one slot's guesses
+    LookupDrafter lookup_;                          // the guesses where SchedulerParams::drafter is null
     int64_t stats_drafted_ = 0;  // guesses built since the last step came back (engine thread; to stats_)
 
     // Engine-thread state.
