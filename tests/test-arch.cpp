@@ -227,7 +227,7 @@ std::vector<float> engine_forward(const std::string &path, const std::vector<int
         if (!m.ok()) return {};
         ContextParams cp;
         cp.n_ctx = 32;
-        cp.kv_type = kv_type;
+        cp.type_k = cp.type_v = kv_type;
         auto c = Context::create(*m, cp, pool);
         EXPECT_TRUE(c.ok());
         stages.push_back(std::move(c).value());

@@ -416,7 +416,10 @@ TEST(BenchCli, BadFlagsFailCleanly) {
     expect_clean_failure({"bench", "-m", m, "-d", "-1"}, "tandem: error: -d/--n-depth takes");
     expect_clean_failure({"bench", "-m", m, "-t", "0"}, "tandem: error: -t/--threads takes");
     expect_clean_failure({"bench", "-m", m, "-o", "xml"}, "tandem: error: -o/--output takes md, json");
-    expect_clean_failure({"bench", "-m", m, "--kv-type", "q8_0"}, "tandem: error: --kv-type takes");
+    expect_clean_failure({"bench", "-m", m, "--kv-type", "q3_k"},
+                         "tandem: error: --kv-type (a comma-separated list)");
+    expect_clean_failure({"bench", "-m", m, "--kv-type", "q8_0"},
+                         "K cache needs a head size that is a multiple of 32");
     expect_clean_failure({"bench", "-m", m, "-p", "0", "-n", "0"}, "tandem: error: nothing to run");
     expect_clean_failure({"bench", "-m", m, "-r", "0"}, "--repetitions");
     expect_clean_failure({"bench", "-m", m, "--no-such-flag"}, "--no-such-flag");

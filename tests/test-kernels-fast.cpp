@@ -331,6 +331,124 @@ TEST_P(KernelsFast, StoreRowAndAddEqualReferenceBitForBit) {
     }
 }
 
+// The cache types of --cache-type-k/-v: every K type with every V type, head sizes of one to four blocks
+// (rows wider than the head: the head is at an offset of one block), grouped heads, with and without soft
+// capping. Each head equals the reference's; bit for bit except a bf16 K, whose dot products only agree
+// within rounding between ISAs (as every float type's vec_dot).
+TEST_P(KernelsFast, AttentionOverEveryCacheTypeEqualsTheReference) {
+    const DType types[] = {DType::f16,  DType::f32,  DType::bf16, DType::q8_0,
+                           DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1};
+    const int32_t head_dims[] = {32, 64, 128};
+    const int32_t n_kvs[] = {1, 17, 130};
+    for (DType tk : types) {
+        for (DType tv : types) {
+            for (int32_t head_dim : head_dims) {
+                const int64_t stride = head_dim + 32;  // another head's block before this one
+                for (int32_t n_kv : n_kvs) {
+                    const int32_t n_q = n_kv == 17 ? 5 : n_kv == 1 ? 1 : 3;
+                    const float softcap = n_kv == 17 ? 2.0f : 0.0f;
+                    const uint32_t seed = static_cast<uint32_t>(head_dim * 1000 + n_kv);
+                    const std::vector<float> q = randn(static_cast<int64_t>(n_q) * head_dim, seed, 2.0f);
+                    std::vector<float> kf = randn(stride * n_kv, seed + 1),
+                                       vf = randn(stride * n_kv, seed + 2, 3.0f);
+                    for (int32_t j = 0; j < n_kv; ++j)  // the keys grow along the positions: the max moves
+                        for (int64_t d = 0; d < stride; ++d) kf[j * stride + d] *= 1.0f + 0.05f * (j % 7);
+                    const std::vector<uint8_t> k = quantize_rows(tk, kf, n_kv, stride);
+                    const std::vector<uint8_t> v = quantize_rows(tv, vf, n_kv, stride);
+                    const kernels::KvRows kr{k.data() + dtype_row_bytes(tk, 32), tk,
+                                             dtype_row_bytes(tk, stride)};
+                    const kernels::KvRows vr{v.data() + dtype_row_bytes(tv, 32), tv,
+                                             dtype_row_bytes(tv, stride)};
+                    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+                    std::vector<float> scores(2 * 4 * static_cast<size_t>(n_kv));
+                    std::vector<float> got(q.size(), NAN);
+                    kernels::attention_group_typed(q.data(), n_q, kr, vr, head_dim, n_kv, scale, softcap,
+                                                   scores.data(), got.data());
+                    kernels::ref::KvReaders rd;
+                    if (tk != DType::f16 && tk != DType::f32) {
+                        rd.k_dot = kernels::type_kernels_ref(tk)->vec_dot;
+                        rd.q_to_k = kernels::type_kernels_ref(kernels::type_kernels_ref(tk)->vec_dot_type)
+                                        ->from_float;
+                    }
+                    if (tv != DType::f16 && tv != DType::f32)
+                        rd.v_to_float = kernels::type_kernels_ref(tv)->to_float;
+                    for (int32_t g = 0; g < n_q; ++g) {
+                        std::vector<float> want(static_cast<size_t>(head_dim));
+                        kernels::ref::attention_head_typed(&q[static_cast<size_t>(g) * head_dim], kr, vr, rd,
+                                                           head_dim, n_kv, scale, softcap, want.data());
+                        const float *gg = &got[static_cast<size_t>(g) * head_dim];
+                        for (int32_t d = 0; d < head_dim; ++d) {
+                            if (tk == DType::bf16) {
+                                ASSERT_NEAR(gg[d], want[d], 1e-4f * (1.0f + std::fabs(want[d])));
+                            } else {
+                                ASSERT_EQ(0, std::memcmp(&gg[d], &want[d], sizeof(float)))
+                                    << "K " << dtype_name(tk) << " V " << dtype_name(tv) << " head_dim "
+                                    << head_dim << " n_kv " << n_kv << " head " << g << " d " << d;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// What a quantized cache changes is the rounding of K, V and the query, nothing else: the result is close to
+// f32 attention over the dequantized rows (the query's q8_0 or q8_1 rounding is what remains), and f16 or f32
+// rows of both give attention_group's result exactly.
+TEST_P(KernelsFast, AttentionOverAQuantizedCacheIsAttentionOverItsValues) {
+    const int32_t head_dim = 64, n_kv = 40, stride = 128;
+    const std::vector<float> q = randn(head_dim, 5, 1.0f);
+    const std::vector<float> kf = randn(stride * n_kv, 6), vf = randn(stride * n_kv, 7);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+    std::vector<float> scores(2 * 4 * n_kv), got(head_dim), want(head_dim);
+    for (DType t : {DType::q8_0, DType::q4_0, DType::q5_1}) {
+        const std::vector<uint8_t> k = quantize_rows(t, kf, n_kv, stride),
+                                   v = quantize_rows(t, vf, n_kv, stride);
+        std::vector<float> kd(kf.size()), vd(vf.size());
+        for (int32_t j = 0; j < n_kv; ++j) {
+            kernels::type_kernels_ref(t)->to_float(k.data() + j * dtype_row_bytes(t, stride), &kd[j * stride],
+                                                   stride);
+            kernels::type_kernels_ref(t)->to_float(v.data() + j * dtype_row_bytes(t, stride), &vd[j * stride],
+                                                   stride);
+        }
+        kernels::attention_group_typed(q.data(), 1, {k.data(), t, dtype_row_bytes(t, stride)},
+                                       {v.data(), t, dtype_row_bytes(t, stride)}, head_dim, n_kv, scale, 0.0f,
+                                       scores.data(), got.data());
+        kernels::attention_group(q.data(), 1, kd.data(), vd.data(), false, stride, head_dim, n_kv, scale,
+                                 0.0f, scores.data(), want.data());
+        float worst = 0.0f, size = 0.0f;
+        for (int32_t d = 0; d < head_dim; ++d) {
+            worst = std::max(worst, std::fabs(got[d] - want[d]));
+            size = std::max(size, std::fabs(want[d]));
+        }
+        EXPECT_LT(worst, 0.02f * size) << dtype_name(t);
+        EXPECT_GT(worst, 0.0f) << dtype_name(t);  // the query was rounded
+    }
+    const std::vector<uint8_t> kh = quantize_rows(DType::f16, kf, n_kv, stride);
+    const std::vector<uint8_t> vh = quantize_rows(DType::f16, vf, n_kv, stride);
+    kernels::attention_group_typed(q.data(), 1, {kh.data(), DType::f16, stride * 2u},
+                                   {vh.data(), DType::f16, stride * 2u}, head_dim, n_kv, scale, 0.0f,
+                                   scores.data(), got.data());
+    kernels::attention_group(q.data(), 1, kh.data(), vh.data(), true, stride, head_dim, n_kv, scale, 0.0f,
+                             scores.data(), want.data());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+}
+
+// Rows stored into a cache of a block type are the reference quantizer's bytes on every ISA.
+TEST_P(KernelsFast, StoringACacheRowWritesTheReferencesBytes) {
+    for (DType t :
+         {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::bf16, DType::f16}) {
+        for (int64_t n : {32, 96, 512}) {
+            const std::vector<float> x = randn(n, static_cast<uint32_t>(n + 1), 3.0f);
+            const std::vector<uint8_t> want = quantize_rows(t, x, 1, n);
+            std::vector<uint8_t> got(want.size(), 0xAB);
+            kernels::store_row_typed(x.data(), got.data(), t, n);
+            ASSERT_EQ(got, want) << dtype_name(t) << " n " << n;
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, KernelsFast, ::testing::ValuesIn(test::isas_of_this_arch()),
                          test::isa_param_name);
 

@@ -131,7 +131,7 @@ void check_golden(const std::shared_ptr<Model> &model, const Tokenizer &tokenize
 
     ThreadPool pool(n_threads);
     ContextParams cp;
-    cp.kv_type = kv_type;
+    cp.type_k = cp.type_v = kv_type;
     auto engine = LocalEngine::create(model, cp, pool);
     ASSERT_TRUE(engine.ok()) << engine.status().message();
     Detokenizer detok(tokenizer, Detokenizer::Start::continuation);

@@ -139,7 +139,8 @@ LoadStage sample_load_stage() {
     m.n_layer = 32;
     m.n_ctx = 4096;
     m.n_seq = 4;
-    m.kv_type = 1;
+    m.kv_type_k = 3;
+    m.kv_type_v = 1;
     m.wire = static_cast<uint32_t>(WireType::q8_0);
     m.n_threads = 8;
     m.model_name = "llama-7b";
@@ -451,7 +452,8 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(l->n_layer, 32);
     EXPECT_EQ(l->n_ctx, 4096);
     EXPECT_EQ(l->n_seq, 4);
-    EXPECT_EQ(l->kv_type, 1u);
+    EXPECT_EQ(l->kv_type_k, 3u);
+    EXPECT_EQ(l->kv_type_v, 1u);
     EXPECT_EQ(l->wire, ls.wire);
     EXPECT_EQ(l->n_threads, 8u);
     EXPECT_EQ(l->model_name, "llama-7b");

@@ -66,7 +66,7 @@ Result<GenRun> generate_run(Engine &engine, const SamplerParams &sp, int32_t n, 
 ContextParams context() {
     ContextParams cp;
     cp.n_ctx = 128;
-    cp.kv_type = KvType::f32;
+    cp.type_k = cp.type_v = KvType::f32;
     return cp;
 }
 

@@ -105,7 +105,7 @@ Generated one_machine(const std::string &path, const std::vector<int32_t> &promp
     auto model = Model::load(path);
     EXPECT_TRUE(model.ok()) << model.status().message();
     ThreadPool pool(1);
-    auto engine = LocalEngine::create(*model, {256, 1, KvType::f32}, pool);
+    auto engine = LocalEngine::create(*model, {256, 1, KvType::f32, KvType::f32}, pool);
     EXPECT_TRUE(engine.ok());
     EXPECT_TRUE((*engine)->seq_start(0, sp, want_logits).ok());
     Batch b = prompt_batch(prompt);
@@ -172,7 +172,8 @@ TpLayout make_layout(const std::string &path, const std::vector<StageSpec> &stag
             EXPECT_EQ(rk->model->slice(), want);
             rk->pool = std::make_unique<ThreadPool>(1);
             rk->coll = std::make_unique<ThreadCollective>(*L.groups.back(), r);
-            auto ctx = Context::create(rk->model, {256, 1, KvType::f32}, *rk->pool, rk->coll.get());
+            auto ctx =
+                Context::create(rk->model, {256, 1, KvType::f32, KvType::f32}, *rk->pool, rk->coll.get());
             EXPECT_TRUE(ctx.ok()) << ctx.status().message();
             rk->ctx = std::move(*ctx);
             L.ranks.back().push_back(std::move(rk));
@@ -325,7 +326,7 @@ TEST(TpSlice, SliceFileHoldsOnlyTheSliceAndNeedsACollective) {
     // Half the matrices: the slice file is much smaller than the model (the embedding stays whole).
     EXPECT_LT(gguf::File::open(path)->file_size(), file->file_size() * 3 / 4);
     ThreadPool pool(1);
-    auto ctx = Context::create(*m, {64, 1, KvType::f32}, pool);
+    auto ctx = Context::create(*m, {64, 1, KvType::f32, KvType::f32}, pool);
     ASSERT_FALSE(ctx.ok());
     EXPECT_NE(ctx.status().message().find("collective"), std::string::npos);
 }

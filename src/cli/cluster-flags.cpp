@@ -33,6 +33,7 @@ Status choose_layout(const Model &model, const ContextParams &params, int32_t n_
     po.probe_ms = 10;
     po.n_threads = n_threads;
     po.transports = co.transports;
+    po.predict.kv_bytes = kv_bytes_per_value(params.type_k, params.type_v);
     std::fprintf(stderr, "tandem: --layout auto: measuring %zu %s and their links\n", workers.size(),
                  co.head_node ? "nodes (this one too)" : "workers");
     TD_ASSIGN_OR_RETURN(cluster::ClusterSpec spec, cluster::measure_cluster(workers, shape, po, co.secret, {}));

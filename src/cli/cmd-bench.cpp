@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cli/cluster-flags.h"
@@ -38,6 +39,7 @@ struct BenchOptions {
     std::string n_depth = "0";
     std::string threads;  // empty: all hardware threads
     std::string kv_type = "f16";
+    std::string cache_type_k, cache_type_v;  // -ctk, -ctv lists
     int32_t n_batch = 512;
     int32_t reps = 5;
     std::string output = "md";
@@ -47,33 +49,45 @@ struct BenchOptions {
     ClusterFlags cluster;
 };
 
-Result<std::vector<KvType>> parse_kv_types(const std::string &text) {
+Result<std::vector<KvType>> parse_kv_types(const char *flag, const std::string &text) {
     std::vector<KvType> out;
     size_t start = 0;
     for (;;) {
         const size_t comma = text.find(',', start);
-        const std::string item =
-            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        if (item == "f16") {
-            out.push_back(KvType::f16);
-        } else if (item == "f32") {
-            out.push_back(KvType::f32);
-        } else {
-            return invalid_input("--kv-type takes f16 and/or f32 (comma-separated), got '{}'", text);
-        }
+        auto t = kv_type_from_name(
+            text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (!t.ok()) return invalid_input("{} (a comma-separated list): {}", flag, t.status().message());
+        out.push_back(*t);
         if (comma == std::string::npos) break;
         start = comma + 1;
     }
     return out;
 }
 
-const char *kv_type_name(KvType t) {
-    return t == KvType::f32 ? "f32" : "f16";
+// The K and V types to bench: with --cache-type-k or --cache-type-v, every K type with every V type (as
+// llama-bench's -ctk and -ctv; the one not given is --kv-type's list); else each --kv-type for both.
+Result<std::vector<std::pair<KvType, KvType>>> parse_kv_pairs(const BenchOptions &opt) {
+    TD_ASSIGN_OR_RETURN(auto both, parse_kv_types("--kv-type", opt.kv_type));
+    std::vector<std::pair<KvType, KvType>> out;
+    if (opt.cache_type_k.empty() && opt.cache_type_v.empty()) {
+        for (KvType t : both) out.emplace_back(t, t);
+        return out;
+    }
+    auto ks = both, vs = both;
+    if (!opt.cache_type_k.empty()) {
+        TD_ASSIGN_OR_RETURN(ks, parse_kv_types("--cache-type-k", opt.cache_type_k));
+    }
+    if (!opt.cache_type_v.empty()) {
+        TD_ASSIGN_OR_RETURN(vs, parse_kv_types("--cache-type-v", opt.cache_type_v));
+    }
+    for (KvType k : ks)
+        for (KvType v : vs) out.emplace_back(k, v);
+    return out;
 }
 
 struct Plan {
     std::vector<int32_t> n_prompt, n_gen, n_depth, threads, parallel;
-    std::vector<KvType> kv_types;
+    std::vector<std::pair<KvType, KvType>> kv_types;  // (K, V)
     // For each depth, the pp tests, then the tg tests (0 entries skipped, as in llama-bench).
     std::vector<BenchTest> tests;
 };
@@ -90,7 +104,7 @@ Result<Plan> make_plan(const BenchOptions &opt) {
     } else {
         TD_ASSIGN_OR_RETURN(plan.threads, parse_int_list("-t/--threads", opt.threads, 1, 4096));
     }
-    TD_ASSIGN_OR_RETURN(plan.kv_types, parse_kv_types(opt.kv_type));
+    TD_ASSIGN_OR_RETURN(plan.kv_types, parse_kv_pairs(opt));
     for (int32_t d : plan.n_depth) {
         for (int32_t p : plan.n_prompt)
             if (p > 0) plan.tests.push_back({.n_prompt = p, .n_depth = d});
@@ -133,7 +147,7 @@ Status bench_model(const std::string &path, const BenchOptions &opt, const Plan 
     for (const BenchTest &test : plan.tests)
         max_tokens = std::max(max_tokens, test.n_depth + test.n_tokens());
     const bool cluster = !opt.cluster.workers.empty();
-    for (KvType kv_type : plan.kv_types) {
+    for (const auto &[type_k, type_v] : plan.kv_types) {
         for (int32_t n_threads : plan.threads) {
             ThreadPool pool(cluster ? 1 : n_threads);
             for (int32_t n_par : plan.parallel) {
@@ -145,7 +159,8 @@ Status bench_model(const std::string &path, const BenchOptions &opt, const Plan 
                     ContextParams cp;
                     cp.n_ctx = max_tokens;
                     cp.n_seq = n_par;
-                    cp.kv_type = kv_type;
+                    cp.type_k = type_k;
+                    cp.type_v = type_v;
                     TD_ASSIGN_OR_RETURN(engine, make_engine(opt.cluster, model, cp, pool, n_threads));
                     pipeline = fmt::format("{}-stage {} wire {}", engine_stages(*engine),
                                            engine_placement(*engine), opt.cluster.wire);
@@ -163,13 +178,15 @@ Status bench_model(const std::string &path, const BenchOptions &opt, const Plan 
                         ContextParams cp;
                         cp.n_ctx = test.n_depth + test.n_tokens();
                         cp.n_seq = n_par;
-                        cp.kv_type = kv_type;
+                        cp.type_k = type_k;
+                        cp.type_v = type_v;
                         TD_ASSIGN_OR_RETURN(ctx, Context::create(model, cp, pool));
                         target = bench_target(*ctx, bos);
                     }
                     BenchRecord rec = base;
                     rec.n_threads = threads_used;
-                    rec.type_k = rec.type_v = kv_type_name(kv_type);
+                    rec.type_k = kv_type_name(type_k);
+                    rec.type_v = kv_type_name(type_v);
                     rec.n_prompt = test.n_prompt;
                     rec.n_gen = test.n_gen;
                     rec.n_depth = test.n_depth;
@@ -242,8 +259,13 @@ void register_bench(CLI::App &app, Runners &runners) {
         ->default_val(5)
         ->check(CLI::Range(1, 1000));
     cmd->add_option("-o,--output", opt->output, "Output format: md, json, jsonl or csv")->default_val("md");
-    cmd->add_option("--kv-type", opt->kv_type, "KV cache types, comma-separated: f16, f32")
+    cmd->add_option(
+           "--kv-type", opt->kv_type,
+           "KV cache types of K and V, comma-separated: f16, f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1")
         ->default_val("f16");
+    cmd->add_option("--cache-type-k", opt->cache_type_k,
+                    "K cache types, comma-separated (also -ctk): each is benched with each V type");
+    cmd->add_option("--cache-type-v", opt->cache_type_v, "V cache types, comma-separated (also -ctv)");
     cmd->add_flag("--no-warmup", opt->no_warmup, "Skip the untimed warm-up run of each test");
     cmd->add_option("--seed", opt->seed, "Seed of the random prompt tokens")->default_val(1234);
     cmd->add_option("--parallel", opt->parallel,

@@ -63,7 +63,7 @@ int info_main(const std::string &model_arg, int32_t n_ctx) {
     }
 
     const int32_t ctx = n_ctx > 0 ? n_ctx : hp.n_ctx_train;
-    const size_t kv_token = KvCache::bytes_per_token(1, hp.n_embd_kv(), KvType::f16);
+    const size_t kv_token = KvCache::bytes_per_token(1, hp.n_embd_kv(), KvType::f16, KvType::f16);
     const size_t layer0 = m.layer_weight_bytes(0);
     fmt::print("per layer:     weights {} + KV cache {} per token (f16) = {} at context {}\n",
                human_bytes(layer0), human_bytes(kv_token),

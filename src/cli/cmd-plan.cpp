@@ -40,6 +40,7 @@ struct PlanCliOptions {
     bool measure_each = false;
     std::string secret_file;
     std::string transport = "auto";
+    KvTypeFlags kv_type;  // the KV cache's memory per position
 };
 
 // Shapes of well-known models, for planning without a file.
@@ -112,6 +113,9 @@ int plan_main(const PlanCliOptions &opt) {
         return fail(invalid_input("{}", error));
     po.predict.n_prompt = opt.n_prompt;
     po.predict.n_gen = opt.n_gen;
+    KvType type_k = KvType::f16, type_v = KvType::f16;
+    if (Status s = parse_kv_type_flags(opt.kv_type, type_k, type_v); !s.ok()) return fail(s);
+    po.predict.kv_bytes = kv_bytes_per_value(type_k, type_v);
 
     Result<cluster::ModelShape> shape =
         invalid_input("give a model (-m MODEL) or a shape (--shape ... --type ...)");
@@ -200,6 +204,7 @@ void register_plan(CLI::App &app, Runners &runners) {
         ->default_val(512);
     cmd->add_option("-n,--n-gen", opt->n_gen, "Generated tokens per sequence, as bench's tg")
         ->default_val(128);
+    add_kv_type_flags(cmd, opt->kv_type);
     cmd->add_option("--probe-ms", opt->probe_ms, "Time per measured matmul point")
         ->default_val(20)
         ->check(CLI::Range(1, 2000));

@@ -36,7 +36,7 @@ struct RunOptions {
     int32_t n_threads = 0;
     int32_t n_batch = 512;
     bool no_bos = false;
-    std::string kv_type = "f16";
+    KvTypeFlags kv_type;  // --kv-type, --cache-type-k, --cache-type-v
     SamplerParams sampling;
     std::vector<std::string> logit_bias;  // --logit-bias TOKEN_ID+BIAS, repeatable
     bool ignore_eos = false;
@@ -125,11 +125,7 @@ int run_main(const RunOptions &opt) {
 
     ContextParams cp;
     cp.n_ctx = opt.n_ctx;
-    if (opt.kv_type == "f32") {
-        cp.kv_type = KvType::f32;
-    } else if (opt.kv_type != "f16") {
-        return fail(invalid_input("--kv-type must be f16 or f32, got '{}'", opt.kv_type));
-    }
+    if (Status s = parse_kv_type_flags(opt.kv_type, cp.type_k, cp.type_v); !s.ok()) return fail(s);
     // A cluster head computes nothing but a draft model's guesses.
     ThreadPool pool(opt.cluster.workers.empty() || !opt.draft.model.empty() ? opt.n_threads : 1);
     auto engine = make_engine(opt.cluster, *model, cp, pool, opt.n_threads);
@@ -221,7 +217,7 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_option("--system", opt->chat_params.system_prompt, "System prompt for --chat");
     cmd->add_option("--chat-template", opt->chat_params.template_name,
                     "Chat template name (default: the model's)");
-    cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
+    add_kv_type_flags(cmd, opt->kv_type);
     cmd->add_option("--temp", opt->sampling.temperature, "Temperature (0: greedy)")->default_val(0.8f);
     cmd->add_option("--top-k", opt->sampling.top_k, "Top-k (0: off)")->default_val(40);
     cmd->add_option("--top-p", opt->sampling.top_p, "Top-p (1: off)")->default_val(0.95f);

@@ -43,7 +43,7 @@ struct ServeOptions {
     std::string api_key_file;
     std::string ssl_cert, ssl_key;
     std::string alias;
-    std::string kv_type = "f16";
+    KvTypeFlags kv_type;  // --kv-type, --cache-type-k, --cache-type-v
     std::string chat_template;
     std::string pooling;   // "" = the model's
     ClusterFlags cluster;  // --workers etc.: serve through a pipeline of workers
@@ -91,11 +91,7 @@ int serve_main(const ServeOptions &opt) {
         if (!pooling.ok()) return fail(pooling.status().with_context("--pooling"));
         sp.pooling = *pooling;
     }
-    if (opt.kv_type == "f32") {
-        sp.kv_type = KvType::f32;
-    } else if (opt.kv_type != "f16") {
-        return fail(invalid_input("--kv-type must be f16 or f32, got '{}'", opt.kv_type));
-    }
+    if (Status s = parse_kv_type_flags(opt.kv_type, sp.type_k, sp.type_v); !s.ok()) return fail(s);
     const int32_t max_queue = opt.max_queue >= 0 ? opt.max_queue : 4 * opt.n_parallel;
 
     server::HttpParams hp;
@@ -230,7 +226,7 @@ void register_serve(CLI::App &app, Runners &runners) {
                     "Serve HTTPS with this PEM certificate chain (with --ssl-key)");
     cmd->add_option("--ssl-key,--ssl-key-file", opt->ssl_key, "The PEM private key of --ssl-cert");
     cmd->add_option("--alias", opt->alias, "Model id in the API (default: the file name without .gguf)");
-    cmd->add_option("--kv-type", opt->kv_type, "KV cache type: f16 or f32")->default_val("f16");
+    add_kv_type_flags(cmd, opt->kv_type);
     cmd->add_option(
         "--chat-template", opt->chat_template,
         "Chat template: a family name (chatml, llama3, ...) or a .jinja file (default: the model's own "

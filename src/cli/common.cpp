@@ -176,6 +176,32 @@ Status check_draft_flags(DraftParams &draft) {
     return {};
 }
 
+void add_kv_type_flags(CLI::App *cmd, KvTypeFlags &flags) {
+    cmd->add_option(
+           "--kv-type", flags.both,
+           "KV cache type of K and V: f16, f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1 (q8_0 takes about "
+           "half of f16's memory, q4_0 less than a third)")
+        ->default_val("f16");
+    cmd->add_option("--cache-type-k", flags.k, "KV cache type of K alone (also -ctk, as llama.cpp's)");
+    cmd->add_option("--cache-type-v", flags.v, "KV cache type of V alone (also -ctv, as llama.cpp's)");
+}
+
+Status parse_kv_type_flags(const KvTypeFlags &flags, KvType &type_k, KvType &type_v) {
+    const struct {
+        const std::string &text;
+        const char *flag;
+        KvType &out;
+    } halves[] = {
+        {flags.k.empty() ? flags.both : flags.k, flags.k.empty() ? "--kv-type" : "--cache-type-k", type_k},
+        {flags.v.empty() ? flags.both : flags.v, flags.v.empty() ? "--kv-type" : "--cache-type-v", type_v}};
+    for (const auto &h : halves) {
+        auto t = kv_type_from_name(h.text);
+        if (!t.ok()) return invalid_input("{}: {}", h.flag, t.status().message());
+        h.out = *t;
+    }
+    return {};
+}
+
 Result<net::ClusterSecret> load_cluster_secret(const std::string &path) {
     return net::ClusterSecret::load(path.empty() ? net::default_secret_path() : path);
 }

@@ -8,6 +8,7 @@
 
 #include "core/status.h"
 #include "model/draft.h"
+#include "model/kv-cache.h"
 #include "net/auth.h"
 
 namespace td::cli {
@@ -46,6 +47,16 @@ Result<net::ClusterSecret> load_cluster_secret(const std::string &path);
 void add_draft_flags(CLI::App *cmd, DraftParams &draft);
 // invalid_input naming the flag; sets n_max where --draft was not given (16 with a draft model, else 0).
 Status check_draft_flags(DraftParams &draft);
+
+// --kv-type T (K and V), --cache-type-k T and --cache-type-v T (llama.cpp's -ctk and -ctv; each sets its half
+// over --kv-type): the KV cache's types, for run and serve.
+struct KvTypeFlags {
+    std::string both = "f16";
+    std::string k, v;  // "" = --kv-type's
+};
+void add_kv_type_flags(CLI::App *cmd, KvTypeFlags &flags);
+// The types the flags name; invalid_input naming the flag and the accepted types.
+Status parse_kv_type_flags(const KvTypeFlags &flags, KvType &type_k, KvType &type_v);
 
 // serve's --api-key-file: the first line of `path`, trimmed; an empty key is refused (it would switch the
 // check off).

@@ -34,10 +34,14 @@ int main(int argc, char **argv) {
     td::cli::register_discover(app, runners);
     td::cli::register_up(app, runners);
 
-    // llama.cpp's two-letter short flags, which CLI11 does not take: -md is --model-draft.
-    static char model_draft[] = "--model-draft";
-    for (int i = 1; i < argc; ++i)
+    // llama.cpp's short flags of two or three letters, which CLI11 does not take: -md is --model-draft, -ctk
+    // and -ctv are --cache-type-k and --cache-type-v.
+    static char model_draft[] = "--model-draft", cache_k[] = "--cache-type-k", cache_v[] = "--cache-type-v";
+    for (int i = 1; i < argc; ++i) {
         if (std::strcmp(argv[i], "-md") == 0) argv[i] = model_draft;
+        if (std::strcmp(argv[i], "-ctk") == 0) argv[i] = cache_k;
+        if (std::strcmp(argv[i], "-ctv") == 0) argv[i] = cache_v;
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {

@@ -310,7 +310,8 @@ Status ClusterEngine::load_stage(size_t i, const std::vector<std::string> &next,
     ls.n_layer = hp.n_layer;
     ls.n_ctx = n_ctx_;
     ls.n_seq = options_.context.n_seq;
-    ls.kv_type = static_cast<uint32_t>(options_.context.kv_type);
+    ls.kv_type_k = static_cast<uint16_t>(options_.context.type_k);
+    ls.kv_type_v = static_cast<uint16_t>(options_.context.type_v);
     ls.wire = static_cast<uint32_t>(options_.wire);
     ls.n_threads = static_cast<uint32_t>(std::max(0, options_.n_threads));
     ls.model_name = std::filesystem::path(model_->file().path()).filename().string();

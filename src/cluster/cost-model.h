@@ -204,7 +204,7 @@ struct PredictOptions {
     int32_t n_batch = 512;  // prompt rows per step
     net::WireType wire = net::WireType::f16;
     net::ReduceType reduce = net::ReduceType::f32;
-    int32_t kv_bytes = 2;  // per element of the KV cache (f16)
+    double kv_bytes = 2.0;  // per value of the KV cache, K's and V's mean (kv_bytes_per_value; f16: 2)
     int32_t n_ctx = 4096;  // KV cache positions per sequence, for memory
 };
 

@@ -45,12 +45,13 @@ Result<std::unique_ptr<Stage>> Stage::create(std::shared_ptr<const Model> model,
     st->is_first_ = load.layer_first == 0;
     st->is_last_ = load.is_last;
     st->wire_ = static_cast<net::WireType>(load.wire);
-    if (load.kv_type > static_cast<uint32_t>(KvType::f32))
-        return invalid_input("load_stage: unknown kv type {}", load.kv_type);
+    if (load.kv_type_k >= kKvTypeCount || load.kv_type_v >= kKvTypeCount)
+        return invalid_input("load_stage: unknown KV cache types {}, {}", load.kv_type_k, load.kv_type_v);
     ContextParams cp;
     cp.n_ctx = load.n_ctx;
     cp.n_seq = load.n_seq;
-    cp.kv_type = static_cast<KvType>(load.kv_type);
+    cp.type_k = static_cast<KvType>(load.kv_type_k);
+    cp.type_v = static_cast<KvType>(load.kv_type_v);
     if (cp.n_seq < 1 || cp.n_seq > 4096)
         return invalid_input("load_stage: n_seq {} must be in 1..4096", cp.n_seq);
     if (load.tp_size > 1) {

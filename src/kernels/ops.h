@@ -3,7 +3,10 @@
 // with the SIMD kernels and are tested against these.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+
+#include "tensor/dtype.h"
 
 namespace td::kernels {
 
@@ -56,5 +59,27 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
 
 // dst[i] = f16(src[i]) or a plain copy, for writing K/V into the cache.
 void store_row(const float *src, void *dst, bool to_f16, int64_t n);
+
+// The K or V rows of one K/V head in a cache of any of these types: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0,
+// q5_1 (llama.cpp's --cache-type-k/-v; a block type needs head_dim a multiple of 32). `data` is the head's
+// part of the first row, the rows are `row_bytes` apart.
+struct KvRows {
+    const void *data = nullptr;
+    DType type = DType::f16;
+    size_t row_bytes = 0;
+};
+bool kv_type_supported(DType type);
+
+// attention_group over K and V of any supported types, as ggml's CPU flash attention computes it for them:
+// the query is converted to K's vec_dot_type once and each score is K's vec_dot (f16 and f32 K: as
+// attention_group); V rows that are f16 accumulate rounded to f16 after every update (as attention_group),
+// any other type is dequantized row by row and accumulates in f32. K and V both f16, or both f32, give
+// attention_group's result; block types give the reference's result bit for bit on every ISA.
+void attention_group_typed(const float *q, int32_t n_q, const KvRows &k, const KvRows &v, int32_t head_dim,
+                           int32_t n_kv, float scale, float softcap, float *scores, float *out);
+
+// Writes one row of n elements into a cache of `type` (kv_type_supported): f16 and f32 as store_row, other
+// types through their from_float, which writes the same bytes on every ISA.
+void store_row_typed(const float *src, void *dst, DType type, int64_t n);
 
 }  // namespace td::kernels

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/check.h"
 #include "core/log.h"
@@ -27,6 +28,14 @@ Result<std::unique_ptr<Context>> Context::create(std::shared_ptr<const Model> mo
     if (model->is_slice() && collective == nullptr)
         return invalid_input("{}: a tensor-parallel slice ({}) needs its group's collective", model->file().path(),
                              tp_slice_str(model->slice()));
+    for (const auto &[t, which] : {std::pair{params.type_k, "K"}, std::pair{params.type_v, "V"}}) {
+        if (static_cast<uint32_t>(t) >= kKvTypeCount)
+            return invalid_input("unknown {} cache type {}", which, static_cast<uint32_t>(t));
+        const int64_t block = dtype_traits(kv_dtype(t)).block_size;
+        if (hp.head_dim % block != 0)
+            return invalid_input("a {} {} cache needs a head size that is a multiple of {}; {} has {}",
+                                 kv_type_name(t), which, block, model->file().path(), hp.head_dim);
+    }
     std::unique_ptr<Context> ctx(new Context());
     if (model->is_slice()) ctx->collective_ = collective;
     ctx->model_ = std::move(model);
@@ -35,7 +44,7 @@ Result<std::unique_ptr<Context>> Context::create(std::shared_ptr<const Model> mo
     const int32_t n_layer = ctx->model_->layer_last() - ctx->model_->layer_first();
     TD_ASSIGN_OR_RETURN(
         ctx->kv_, KvCache::create(std::max(n_layer, 1), params.n_seq, n_ctx, ctx->model_->n_embd_kv_local(),
-                                  params.kv_type));
+                                  params.type_k, params.type_v));
     kernels::RopeParams &r = ctx->rope_;
     r.n_rot = hp.n_rot;
     r.freq_base = hp.rope_freq_base;
@@ -209,7 +218,7 @@ Status Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, i
     const kernels::MatmulOut qkv[] = {{&w.wq, q_.data()}, {&w.wk, k_.data()}, {&w.wv, v_.data()}};
     kernels::matmul_group(qkv, 3, xn_.data(), n, pool, mm_scratch_);
 
-    const bool kv_f16 = kv_.is_f16();
+    const DType type_k = kv_dtype(kv_.type_k()), type_v = kv_dtype(kv_.type_v());
     pool.parallel_for(n, [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) {
             float *q = &q_[i * n_q], *k = &k_[i * n_kv], *v = &v_[i * n_kv];
@@ -230,8 +239,8 @@ Status Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, i
             kernels::rope(k, n_head_kv, head_dim, pos[i], rope_);
             if (hp.attn_q_scale > 0.0f)  // gemma2: the queries carry the attention scale
                 for (int64_t j = 0; j < n_q; ++j) q[j] *= hp.attn_q_scale;
-            kernels::store_row(k, kv_.k_row(local, seq[i], pos[i]), kv_f16, n_kv);
-            kernels::store_row(v, kv_.v_row(local, seq[i], pos[i]), kv_f16, n_kv);
+            kernels::store_row_typed(k, kv_.k_row(local, seq[i], pos[i]), type_k, n_kv);
+            kernels::store_row_typed(v, kv_.v_row(local, seq[i], pos[i]), type_v, n_kv);
         }
     });
 
@@ -241,7 +250,8 @@ Status Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, i
     // to keep every thread busy.
     const float scale = hp.attn_q_scale > 0.0f ? 1.0f : 1.0f / std::sqrt(static_cast<float>(head_dim));
     const int32_t n_gqa = hp.n_gqa();
-    const size_t elem = kv_f16 ? 2 : 4;
+    // The bytes of one head within a row (a block type's blocks never straddle heads: checked at create).
+    const size_t k_head = dtype_row_bytes(type_k, head_dim), v_head = dtype_row_bytes(type_v, head_dim);
     const int32_t n_swa = hp.layer_is_swa(il) ? hp.n_swa : 0;
     int32_t block = std::min(n_gqa, kAttnBlock);
     while (block > 1 &&
@@ -257,11 +267,13 @@ Status Context::layer_forward_rows(int32_t il, const Batch &batch, int32_t r0, i
             const int32_t h0 = kvh * n_gqa + static_cast<int32_t>(job % n_blocks) * block;
             const int32_t n_q_heads = std::min(block, (kvh + 1) * n_gqa - h0);
             const int32_t first = n_swa > 0 ? std::max(0, pos[i] - n_swa + 1) : 0;
-            const uint8_t *k0 = kv_.k_row(local, seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
-            const uint8_t *v0 = kv_.v_row(local, seq[i], first) + static_cast<size_t>(kvh) * head_dim * elem;
-            kernels::attention_group(&q_[i * n_q + h0 * head_dim], n_q_heads, k0, v0, kv_f16, n_kv, head_dim,
-                                     pos[i] + 1 - first, scale, hp.attn_softcap, scores,
-                                     &attn_[i * n_q + h0 * head_dim]);
+            const kernels::KvRows k_rows{kv_.k_row(local, seq[i], first) + kvh * k_head, type_k,
+                                         kv_.k_row_bytes()};
+            const kernels::KvRows v_rows{kv_.v_row(local, seq[i], first) + kvh * v_head, type_v,
+                                         kv_.v_row_bytes()};
+            kernels::attention_group_typed(&q_[i * n_q + h0 * head_dim], n_q_heads, k_rows, v_rows, head_dim,
+                                           pos[i] + 1 - first, scale, hp.attn_softcap, scores,
+                                           &attn_[i * n_q + h0 * head_dim]);
         }
     });
     kernels::matmul(w.wo, attn_.data(), xn_.data(), n, pool, mm_scratch_);

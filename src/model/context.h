@@ -31,7 +31,8 @@ namespace td {
 struct ContextParams {
     int32_t n_ctx = 0;  // positions per sequence; 0 = the model's training context
     int32_t n_seq = 1;  // sequence slots
-    KvType kv_type = KvType::f16;
+    KvType type_k = KvType::f16;  // the KV cache's K and V types (kv-cache.h); a block type needs the
+    KvType type_v = KvType::f16;  // model's head size to be a multiple of its block size
 };
 
 class Context {

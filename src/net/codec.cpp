@@ -478,7 +478,8 @@ Status load_stage_fields(Io &io, M &m, uint8_t &pad) {
     TD_TRY(io.field(m.n_layer, "n_layer"));
     TD_TRY(io.field(m.n_ctx, "n_ctx"));
     TD_TRY(io.field(m.n_seq, "n_seq"));
-    TD_TRY(io.field(m.kv_type, "kv_type"));
+    TD_TRY(io.field(m.kv_type_k, "kv_type_k"));
+    TD_TRY(io.field(m.kv_type_v, "kv_type_v"));
     TD_TRY(io.field(m.wire, "wire"));
     TD_TRY(io.field(m.n_threads, "n_threads"));
     TD_TRY(io.field(m.tp_rank, "tp_rank"));

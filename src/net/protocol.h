@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 12;
+inline constexpr uint16_t kProtocolVersion = 13;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -232,7 +232,8 @@ struct LoadStage {
     int32_t n_layer = 0;
     int32_t n_ctx = 0;
     int32_t n_seq = 0;
-    uint32_t kv_type = 0;    // KvType
+    uint16_t kv_type_k = 0;  // KvType (model/kv-cache.h) of the stage's K cache
+    uint16_t kv_type_v = 0;  // and of its V cache
     uint32_t wire = 0;       // WireType of activations this stage receives and sends
     uint32_t n_threads = 0;  // 0: the worker's default
     std::string model_name;  // for messages

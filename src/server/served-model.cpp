@@ -51,7 +51,8 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     ContextParams cp;
     cp.n_ctx = n_ctx_slot;
     cp.n_seq = params.n_parallel;
-    cp.kv_type = params.kv_type;
+    cp.type_k = params.type_k;
+    cp.type_v = params.type_v;
     sm->pool_ = std::make_unique<ThreadPool>(params.n_threads);
     if (params.make_engine) {
         TD_ASSIGN_OR_RETURN(sm->engine_, params.make_engine(sm->model_, cp, *sm->pool_));

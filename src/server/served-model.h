@@ -35,7 +35,7 @@ struct ServeParams {
     int32_t n_threads = 0;   // compute threads; 0: all cores
     int32_t n_batch = 512;   // rows per engine step
     int32_t max_queue = -1;  // requests waiting for a slot; -1: 4 * n_parallel
-    KvType kv_type = KvType::f16;
+    KvType type_k = KvType::f16, type_v = KvType::f16;  // the KV cache's (ContextParams)
     std::string chat_template;  // "" = the model's (chatml when it has none); a family name or a .jinja file
     // Builds the engine over the loaded model with the slots' ContextParams; null: a LocalEngine on the
     // server's pool. `tandem serve` passes cli::make_engine, so --workers gives a ClusterEngine (then

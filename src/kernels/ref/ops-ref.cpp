@@ -122,29 +122,47 @@ static float dot_f16_q(const float *q, const uint16_t *k, int32_t n) {
 
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out) {
+    (void)scores;
+    const DType type = kv_f16 ? DType::f16 : DType::f32;
+    const size_t row_bytes = static_cast<size_t>(kv_stride) * (kv_f16 ? sizeof(uint16_t) : sizeof(float));
+    attention_head_typed(q, {k, type, row_bytes}, {v, type, row_bytes}, KvReaders{}, head_dim, n_kv, scale,
+                         softcap, out);
+}
+
+void attention_head_typed(const float *q, const KvRows &k, const KvRows &v, const KvReaders &rd,
+                          int32_t head_dim, int32_t n_kv, float scale, float softcap, float *out) {
     // ggml's CPU flash attention (one pass, online softmax), rounding for rounding:
     //   s_j = scale * q.k_j ;  M = running max ;  acc = sum_j e^(s_j - M) v_j ;  S = sum_j e^(s_j - M)
     //   out = acc * (1 / S)
     // Soft-capping folds 1/c into the scale once (scale' = scale / c, in f32) and then s_j = c * tanhf(q.k_j
     // * scale'), libm's tanhf, as ggml does.
-    // q.k in the order of ggml's f16 or f32 dot; acc += v_j * e^(s_j - M) and S = S * e^(M_old - M) + e^(..)
-    // are fused multiply-adds. With an f16 cache the query is rounded to f16 first and the accumulator is
-    // rounded to f16 after every update.
-    (void)scores;
-    float qr[1024];  // [head_dim] the query at the cache's precision
+    // q.k in the order of ggml's f16 or f32 dot, or K's own vec_dot with the query in its vec_dot_type;
+    // acc += v_j * e^(s_j - M) and S = S * e^(M_old - M) + e^(..) are fused multiply-adds. With an f16 K the
+    // query is rounded to f16 first; with an f16 V the accumulator is rounded to f16 after every update,
+    // other V types are dequantized a row at a time and accumulate in f32.
     TD_ASSERT(head_dim <= 1024, "head_dim {}", head_dim);
-    for (int32_t d = 0; d < head_dim; ++d) qr[d] = kv_f16 ? fp16_to_fp32(fp32_to_fp16(q[d])) : q[d];
+    const bool k_f16 = k.type == DType::f16, k_f32 = k.type == DType::f32;
+    const bool v_f16 = v.type == DType::f16, v_f32 = v.type == DType::f32;
+    float qr[1024];  // [head_dim] the query at an f16 or f32 K's precision
+    for (int32_t d = 0; d < head_dim; ++d) qr[d] = k_f16 ? fp16_to_fp32(fp32_to_fp16(q[d])) : q[d];
+    alignas(64) uint8_t qk[4 * 1024];  // the query in K's vec_dot_type (other K types)
+    if (!k_f16 && !k_f32) rd.q_to_k(q, qk, head_dim);
 
     float acc[1024];  // [head_dim] running sum of weighted V rows
+    float vrow[1024];  // [head_dim] a dequantized V row
     for (int32_t d = 0; d < head_dim; ++d) acc[d] = 0.0f;
     if (softcap != 0.0f) scale /= softcap;
+    const uint8_t *kb = static_cast<const uint8_t *>(k.data), *vb = static_cast<const uint8_t *>(v.data);
     float m = -INFINITY, sum = 0.0f;
     for (int32_t j = 0; j < n_kv; ++j) {
+        const uint8_t *kj = kb + static_cast<size_t>(j) * k.row_bytes;
         float dot;
-        if (kv_f16) {
-            dot = dot_f16_q(qr, static_cast<const uint16_t *>(k) + j * kv_stride, head_dim);
+        if (k_f16) {
+            dot = dot_f16_q(qr, reinterpret_cast<const uint16_t *>(kj), head_dim);
+        } else if (k_f32) {
+            vec_dot_f32_f32(head_dim, &dot, kj, qr);
         } else {
-            vec_dot_f32_f32(head_dim, &dot, static_cast<const float *>(k) + j * kv_stride, qr);
+            rd.k_dot(head_dim, &dot, kj, qk);
         }
         float s = dot * scale;
         if (softcap != 0.0f) s = softcap * std::tanh(s);
@@ -154,17 +172,22 @@ void attention_head(const float *q, const void *k, const void *v, bool kv_f16, i
             ms = std::exp(m - s);
             m = s;
             for (int32_t d = 0; d < head_dim; ++d)
-                acc[d] = kv_f16 ? fp16_to_fp32(fp32_to_fp16(acc[d] * ms)) : acc[d] * ms;
+                acc[d] = v_f16 ? fp16_to_fp32(fp32_to_fp16(acc[d] * ms)) : acc[d] * ms;
         } else {
             vs = std::exp(s - m);
         }
-        if (kv_f16) {
-            const uint16_t *vj = static_cast<const uint16_t *>(v) + j * kv_stride;
+        const uint8_t *vj = vb + static_cast<size_t>(j) * v.row_bytes;
+        if (v_f16) {
+            const uint16_t *vh = reinterpret_cast<const uint16_t *>(vj);
             for (int32_t d = 0; d < head_dim; ++d)
-                acc[d] = fp16_to_fp32(fp32_to_fp16(std::fma(fp16_to_fp32(vj[d]), vs, acc[d])));
+                acc[d] = fp16_to_fp32(fp32_to_fp16(std::fma(fp16_to_fp32(vh[d]), vs, acc[d])));
         } else {
-            const float *vj = static_cast<const float *>(v) + j * kv_stride;
-            for (int32_t d = 0; d < head_dim; ++d) acc[d] = std::fma(vj[d], vs, acc[d]);
+            const float *vf = reinterpret_cast<const float *>(vj);
+            if (!v_f32) {
+                rd.v_to_float(vj, vrow, head_dim);
+                vf = vrow;
+            }
+            for (int32_t d = 0; d < head_dim; ++d) acc[d] = std::fma(vf[d], vs, acc[d]);
         }
         sum = std::fma(sum, ms, vs);
     }

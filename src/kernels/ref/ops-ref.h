@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/kernels.h"
 #include "kernels/ops.h"
 
 namespace td::kernels::ref {
@@ -16,6 +17,16 @@ void add_inplace(float *y, const float *x, int64_t n);
 void attention_head(const float *q, const void *k, const void *v, bool kv_f16, int64_t kv_stride,
                     int32_t head_dim, int32_t n_kv, float scale, float softcap, float *scores, float *out);
 void store_row(const float *src, void *dst, bool to_f16, int64_t n);
+
+// How attention reads K and V of types other than f16 and f32: one ISA's TypeKernels for them (ops.cpp).
+struct KvReaders {
+    VecDotFn k_dot = nullptr;        // K's vec_dot
+    FromFloatFn q_to_k = nullptr;    // the query into K's vec_dot_type
+    ToFloatFn v_to_float = nullptr;  // one V row into f32
+};
+// kernels/ops.h attention_group_typed for one query head (attention_head is this with f16 or f32 rows).
+void attention_head_typed(const float *q, const KvRows &k, const KvRows &v, const KvReaders &rd,
+                          int32_t head_dim, int32_t n_kv, float scale, float softcap, float *out);
 
 // RoPE's angles for one position, as rope() computes them: cos_out[i], sin_out[i] of theta_i for the n_rot /
 // 2 pairs (n_rot <= 1024). Returns n_rot / 2. Shared with the SIMD rope, which rotates with them.

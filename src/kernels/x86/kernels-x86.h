@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/ops.h"
+#include "kernels/ref/ops-ref.h"
 
 namespace td::kernels::avx2 {
 
@@ -46,6 +47,11 @@ void gemm_q4_0x16_q8_0(int64_t n, const void *w, size_t w_stride, const void *x,
 void attention_group(const float *q, int32_t n_q, const void *k, const void *v, bool kv_f16,
                      int64_t kv_stride, int32_t head_dim, int32_t n_kv, float scale, float softcap,
                      float *scores, float *out);
+// kernels/ops.h attention_group_typed, reading K and V of other types than f16 and f32 through `rd`:
+// bit-identical to ref::attention_head_typed per head given readers that agree with the reference's.
+void attention_group_typed(const float *q, int32_t n_q, const KvRows &k, const KvRows &v,
+                           const ref::KvReaders &rd, int32_t head_dim, int32_t n_kv, float scale,
+                           float softcap, float *scores, float *out);
 // kernels/ops.h rmsnorm, rope, add_inplace and store_row, bit-identical to the reference (ops-avx2.cpp).
 void rmsnorm(const float *x, const float *w, float *y, int64_t n, float eps);
 void rope(float *x, int32_t n_head, int32_t head_dim, int32_t pos, const RopeParams &p);

@@ -108,17 +108,30 @@ inline __m256 expf_poly8(__m256 x) {
 void attention_group(const float *q, int32_t n_q, const void *k, const void *v, bool kv_f16,
                      int64_t kv_stride, int32_t head_dim, int32_t n_kv, float scale, float softcap,
                      float *scores, float *out) {
-    // The reference's flash-attention arithmetic (ref/ops-ref.cpp), with the work moved around: all scores
-    // first, then the softmax's scalar side (ref::softmax_weights), then the weighted sum of V rows with the
-    // head dimension across lanes, kG heads interleaved (their update chains are independent).
+    const DType type = kv_f16 ? DType::f16 : DType::f32;
+    const size_t row_bytes = static_cast<size_t>(kv_stride) * (kv_f16 ? sizeof(uint16_t) : sizeof(float));
+    attention_group_typed(q, n_q, {k, type, row_bytes}, {v, type, row_bytes}, ref::KvReaders{}, head_dim,
+                          n_kv, scale, softcap, scores, out);
+}
+
+void attention_group_typed(const float *q, int32_t n_q, const KvRows &k, const KvRows &v,
+                           const ref::KvReaders &rd, int32_t head_dim, int32_t n_kv, float scale,
+                           float softcap, float *scores, float *out) {
+    // The reference's flash-attention arithmetic (ref/ops-ref.cpp attention_head_typed), with the work moved
+    // around: all scores first, then the softmax's scalar side (ref::softmax_weights), then the weighted sum
+    // of V rows with the head dimension across lanes, kG heads interleaved (their update chains are
+    // independent); a V row of a block type is dequantized once for all of them.
     constexpr int kG = 4;
-    alignas(32) float qr[kG][1024];   // [head_dim] the queries at the cache's precision
-    alignas(32) float acc[kG][1024];  // [head_dim] running weighted sums of V rows
-    const size_t elt = kv_f16 ? sizeof(uint16_t) : sizeof(float);
-    const uint8_t *kb = static_cast<const uint8_t *>(k);
-    const uint8_t *vb = static_cast<const uint8_t *>(v);
-    const size_t row_bytes = static_cast<size_t>(kv_stride) * elt;
-    const size_t head_bytes = static_cast<size_t>(head_dim) * elt;
+    alignas(32) float qr[kG][1024];        // [head_dim] the queries at an f16 or f32 K's precision
+    alignas(32) uint8_t qk[kG][4 * 1024];  // the queries in K's vec_dot_type (other K types)
+    alignas(32) float acc[kG][1024];       // [head_dim] running weighted sums of V rows
+    alignas(32) float vrow[1024];          // [head_dim] a dequantized V row
+    const bool k_f16 = k.type == DType::f16, k_f32 = k.type == DType::f32;
+    const bool v_f16 = v.type == DType::f16, v_f32 = v.type == DType::f32;
+    const uint8_t *kb = static_cast<const uint8_t *>(k.data);
+    const uint8_t *vb = static_cast<const uint8_t *>(v.data);
+    const size_t k_head_bytes = dtype_row_bytes(k.type, head_dim),
+                 v_head_bytes = dtype_row_bytes(v.type, head_dim);
     if (softcap != 0.0f) scale /= softcap;
     for (int32_t g0 = 0; g0 < n_q; g0 += kG) {
         const int n_g = n_q - g0 < kG ? n_q - g0 : kG;
@@ -126,7 +139,8 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
         float *rescale = scores + static_cast<size_t>(n_g) * n_kv;  // [n_g][n_kv]
         for (int g = 0; g < n_g; ++g) {
             const float *qg = q + static_cast<size_t>(g0 + g) * head_dim;
-            for (int32_t d = 0; d < head_dim; ++d) qr[g][d] = kv_f16 ? round_f16(qg[d]) : qg[d];
+            for (int32_t d = 0; d < head_dim; ++d) qr[g][d] = k_f16 ? round_f16(qg[d]) : qg[d];
+            if (!k_f16 && !k_f32) rd.q_to_k(qg, qk[g], head_dim);
             for (int32_t d = 0; d < head_dim; ++d) acc[g][d] = 0.0f;
         }
 
@@ -135,21 +149,23 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
         constexpr int32_t kAhead = 8;
         if (g0 == 0)
             for (int32_t j = 0; j < kAhead && j < n_kv; ++j)
-                prefetch_bytes(kb + static_cast<size_t>(j) * row_bytes, head_bytes);
+                prefetch_bytes(kb + static_cast<size_t>(j) * k.row_bytes, k_head_bytes);
         for (int g = 0; g < n_g; ++g) {
             float *wg = w + static_cast<size_t>(g) * n_kv;
             for (int32_t j = 0; j < n_kv; ++j) {
-                const void *kj = kb + static_cast<size_t>(j) * row_bytes;
+                const void *kj = kb + static_cast<size_t>(j) * k.row_bytes;
                 if (g0 + g == 0) {
                     if (j + kAhead < n_kv)
-                        prefetch_bytes(kb + static_cast<size_t>(j + kAhead) * row_bytes, head_bytes);
-                    prefetch_bytes(vb + static_cast<size_t>(j) * row_bytes, head_bytes);
+                        prefetch_bytes(kb + static_cast<size_t>(j + kAhead) * k.row_bytes, k_head_bytes);
+                    prefetch_bytes(vb + static_cast<size_t>(j) * v.row_bytes, v_head_bytes);
                 }
                 float dot;
-                if (kv_f16) {
+                if (k_f16) {
                     dot = dot_f16_q(qr[g], static_cast<const uint16_t *>(kj), head_dim);
-                } else {
+                } else if (k_f32) {
                     vec_dot_f32_f32(head_dim, &dot, kj, qr[g]);
+                } else {
+                    rd.k_dot(head_dim, &dot, kj, qk[g]);
                 }
                 wg[j] = dot * scale;
             }
@@ -160,10 +176,14 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
                                           w + static_cast<size_t>(g) * n_kv,
                                           rescale + static_cast<size_t>(g) * n_kv);
 
-        // acc = acc * ms (rounded to f16 with an f16 cache) when the max grew; ms == 1 leaves the accumulator
-        // as it is, so it is skipped. Then acc = v_j * vs + acc (rounded likewise).
+        // acc = acc * ms (rounded to f16 with an f16 V) when the max grew; ms == 1 leaves the accumulator as
+        // it is, so it is skipped. Then acc = v_j * vs + acc (rounded likewise).
         for (int32_t j = 0; j < n_kv; ++j) {
-            const void *vj = vb + static_cast<size_t>(j) * row_bytes;
+            const void *vj = vb + static_cast<size_t>(j) * v.row_bytes;
+            if (!v_f16 && !v_f32) {
+                rd.v_to_float(vj, vrow, head_dim);
+                vj = vrow;
+            }
             for (int g = 0; g < n_g; ++g) {
                 float *ag = acc[g];
                 const float ms = rescale[static_cast<size_t>(g) * n_kv + j];
@@ -172,20 +192,20 @@ void attention_group(const float *q, int32_t n_q, const void *k, const void *v, 
                     int32_t d = 0;
                     for (; d + 8 <= head_dim; d += 8) {
                         const __m256 a = _mm256_mul_ps(_mm256_load_ps(ag + d), vms);
-                        _mm256_store_ps(ag + d, kv_f16 ? round_f16(a) : a);
+                        _mm256_store_ps(ag + d, v_f16 ? round_f16(a) : a);
                     }
-                    for (; d < head_dim; ++d) ag[d] = kv_f16 ? round_f16(ag[d] * ms) : ag[d] * ms;
+                    for (; d < head_dim; ++d) ag[d] = v_f16 ? round_f16(ag[d] * ms) : ag[d] * ms;
                 }
                 const float vs = w[static_cast<size_t>(g) * n_kv + j];
                 const __m256 vvs = _mm256_set1_ps(vs);
                 int32_t d = 0;
                 for (; d + 8 <= head_dim; d += 8) {
-                    const __m256 a = _mm256_fmadd_ps(load8(vj, d, kv_f16), vvs, _mm256_load_ps(ag + d));
-                    _mm256_store_ps(ag + d, kv_f16 ? round_f16(a) : a);
+                    const __m256 a = _mm256_fmadd_ps(load8(vj, d, v_f16), vvs, _mm256_load_ps(ag + d));
+                    _mm256_store_ps(ag + d, v_f16 ? round_f16(a) : a);
                 }
                 for (; d < head_dim; ++d) {
-                    const float a = fma1(load1(vj, d, kv_f16), vs, ag[d]);
-                    ag[d] = kv_f16 ? round_f16(a) : a;
+                    const float a = fma1(load1(vj, d, v_f16), vs, ag[d]);
+                    ag[d] = v_f16 ? round_f16(a) : a;
                 }
             }
         }
