@@ -2,11 +2,12 @@
 """The KV cache's type (`--kv-type`, llama.cpp's -ctk/-ctv) against generation speed deep into a context,
 `tandem bench` side by side with a plain memory read.
 
-    bench/kv-types.py --model M [--types f16,q8_0,q4_0] [--depths 0,1024,4096] [--gen 32] [--rounds 3]
+    bench/kv-types.py --model M [--types f16,q8_0,q4_0] [--depths 0,2048] [--gen 32] [--rounds 3]
                       [--threads 2] [--tandem PATH] [--membw PATH]
 
 Each round first measures a plain read (bench/membw, one buffer per thread), then runs
-`tandem bench -p 0 -n GEN -d DEPTHS --kv-type T` once per type, the order rotating between rounds. The table
+`tandem bench -p 0 -n GEN -d DEPTHS --kv-type T --no-warmup` once per type (filling the context to a depth
+warms the weights), the order rotating between rounds. The table
 gives per type and depth the median tokens/s, the median of the paired ratios against the first type, the KV
 cache a sequence holds at that depth, and the bytes a token reads (the model file plus the K and V rows of every
 earlier position, both halves of every layer) times tokens/s against the same round's plain read. Python 3
@@ -45,7 +46,7 @@ def plain_read(membw, threads):
 
 def bench(tandem, model, kv, depths, gen, threads):
     args = [tandem, "bench", "-m", model, "-p", "0", "-n", str(gen), "-d", depths, "--kv-type", kv, "-r", "1",
-            "-t", str(threads), "-o", "jsonl"]
+            "-t", str(threads), "--no-warmup", "-o", "jsonl"]
     p = subprocess.run(args, capture_output=True, text=True, check=False)
     if p.returncode != 0:
         sys.exit(f"{' '.join(args)}: {p.stderr}")
@@ -60,7 +61,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--types", default="f16,q8_0,q4_0")
-    ap.add_argument("--depths", default="0,1024,4096")
+    ap.add_argument("--depths", default="0,2048")
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)

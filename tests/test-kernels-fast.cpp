@@ -435,6 +435,22 @@ TEST_P(KernelsFast, AttentionOverAQuantizedCacheIsAttentionOverItsValues) {
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
 }
 
+// Dequantizing a row (a quantized cache's V, embedding rows) gives the reference's floats on every ISA.
+TEST_P(KernelsFast, ToFloatEqualsReferenceBitForBit) {
+    for (DType t :
+         {DType::q8_0, DType::q4_0, DType::q4_1, DType::q5_0, DType::q5_1, DType::bf16, DType::f16}) {
+        for (int64_t n : {32, 64, 96, 4096}) {
+            const std::vector<uint8_t> q =
+                quantize_rows(t, randn(n, static_cast<uint32_t>(n + 3), 2.0f), 1, n);
+            std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), NAN);
+            kernels::type_kernels_ref(t)->to_float(q.data(), want.data(), n);
+            kernels::type_kernels(t)->to_float(q.data(), got.data(), n);
+            ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+                << dtype_name(t) << " n " << n;
+        }
+    }
+}
+
 // Rows stored into a cache of a block type are the reference quantizer's bytes on every ISA.
 TEST_P(KernelsFast, StoringACacheRowWritesTheReferencesBytes) {
     for (DType t :

@@ -14,6 +14,8 @@ namespace td::kernels::avx2 {
 void from_float_f16(const float *src, void *dst, int64_t n);
 void from_float_q8_0(const float *src, void *dst, int64_t n);
 void from_float_q8_1(const float *src, void *dst, int64_t n);
+void to_float_q8_0(const void *src, float *dst, int64_t n);
+void to_float_q4_0(const void *src, float *dst, int64_t n);
 
 void vec_dot_f32_f32(int64_t n, float *s, const void *x, const void *y);
 void vec_dot_f16_f16(int64_t n, float *s, const void *x, const void *y);

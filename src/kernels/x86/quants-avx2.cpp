@@ -1,6 +1,6 @@
-// AVX2 (+F16C) quantizers for the activation side of a matmul (f16, q8_0, q8_1). Each writes exactly the
-// reference's bytes. Same linkage rule as vec-dot-avx2.cpp: no inline functions from shared headers in this
-// file.
+// AVX2 (+F16C) quantizers for the activation side of a matmul (f16, q8_0, q8_1), each writing exactly the
+// reference's bytes, and dequantizers for the KV cache's q8_0 and q4_0 rows, each giving the reference's
+// floats. Same linkage rule as vec-dot-avx2.cpp: no inline functions from shared headers in this file.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -89,6 +89,38 @@ void from_float_q8_1(const float *src, void *dst, int64_t n) {
         h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
         y[b].s = _cvtss_sh(static_cast<float>(_mm_cvtsi128_si32(h)) * d, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+// y = d * q, 8 lanes at a time: the reference's one float product per value (the conversions are exact).
+void to_float_q8_0(const void *src, float *dst, int64_t n) {
+    const BlockQ8_0 *x = static_cast<const BlockQ8_0 *>(src);  // [n / 32]
+    for (int64_t b = 0; b < n / kQK; ++b) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[b].d));
+        for (int k = 0; k < 4; ++k) {
+            const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(x[b].qs + 8 * k));
+            _mm256_storeu_ps(dst + b * kQK + 8 * k,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), d));
+        }
+    }
+}
+
+// y = (q - 8) * d: low nibbles are values 0..15 of the block, high nibbles 16..31.
+void to_float_q4_0(const void *src, float *dst, int64_t n) {
+    const BlockQ4_0 *x = static_cast<const BlockQ4_0 *>(src);  // [n / 32]
+    for (int64_t b = 0; b < n / kQK; ++b) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[b].d));
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i *>(x[b].qs));
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(packed, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+        const __m128i hi =
+            _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+        float *y = dst + b * kQK;
+        for (int k = 0; k < 2; ++k) {
+            const __m128i l = k == 0 ? lo : _mm_unpackhi_epi64(lo, lo);
+            const __m128i h = k == 0 ? hi : _mm_unpackhi_epi64(hi, hi);
+            _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(l)), d));
+            _mm256_storeu_ps(y + 16 + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h)), d));
+        }
     }
 }
 
