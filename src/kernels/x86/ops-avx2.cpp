@@ -68,6 +68,53 @@ inline float dot_f16_q(const float *q, const uint16_t *k, int32_t n) {
     return static_cast<float>(sum);
 }
 
+// 32 levels of a q8_0 or q4_0 K block (q4_0: its nibbles minus 8, low ones first) as int8.
+inline __m256i k_levels(const uint8_t *block, bool q4) {
+    if (!q4) return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(block + 2));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(block + 2));
+    const __m256i nibbles =
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+    return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
+}
+
+// The scores q.k of 8 consecutive positions of a q8_0 or q4_0 K (row p at k0 + p * row_bytes) against the
+// query in q8_0 (nb <= 8 blocks at qq), each the reference's vec_dot bit for bit: block b's integer sum, then
+// 0 + (dk * dq) * sumi in lane b, folded as dot_lanes_sum folds. The 8 positions' sums come out of one
+// transposing add instead of a horizontal sum each.
+inline __m256 dot8_q8_0(const uint8_t *k0, size_t row_bytes, const uint8_t *qq, int nb, bool q4) {
+    const size_t k_block = q4 ? 18 : 34, q_block = 34;
+    __m256 a[8];
+    for (__m256 &x : a) x = _mm256_setzero_ps();
+    for (int b = 0; b < nb; ++b) {
+        const uint8_t *qb = qq + static_cast<size_t>(b) * q_block;
+        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qb + 2));
+        uint16_t dq;
+        memcpy(&dq, qb, sizeof dq);
+        alignas(16) uint16_t dk[8];
+        __m256i part[8];
+        for (int p = 0; p < 8; ++p) {
+            const uint8_t *kb = k0 + static_cast<size_t>(p) * row_bytes + static_cast<size_t>(b) * k_block;
+            memcpy(&dk[p], kb, sizeof dk[p]);
+            const __m256i x = k_levels(kb, q4);
+            // |x| * (y * sign(x)), exact: the query's levels are never -128 (from_float never writes it).
+            part[p] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)),
+                                        _mm256_set1_epi16(1));
+        }
+        const __m256i h0 =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(part[0], part[1]), _mm256_hadd_epi32(part[2], part[3]));
+        const __m256i h1 =
+            _mm256_hadd_epi32(_mm256_hadd_epi32(part[4], part[5]), _mm256_hadd_epi32(part[6], part[7]));
+        const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
+                                              _mm256_permute2x128_si256(h0, h1, 0x31));  // [8] positions
+        const __m256 scale =
+            _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i *>(dk))),
+                          _mm256_set1_ps(_cvtsh_ss(dq)));
+        a[b] = _mm256_add_ps(_mm256_setzero_ps(), _mm256_mul_ps(scale, _mm256_cvtepi32_ps(sums)));
+    }
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                         _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+}
+
 // e^x on 8 lanes with the reference's arithmetic (ref/ops-ref.cpp expf_poly); lanes whose 2^n is not a
 // normal float (|n| > 126, NaN) are finished one by one the way the reference does.
 inline __m256 expf_poly8(__m256 x) {
@@ -150,9 +197,25 @@ void attention_group_typed(const float *q, int32_t n_q, const KvRows &k, const K
         if (g0 == 0)
             for (int32_t j = 0; j < kAhead && j < n_kv; ++j)
                 prefetch_bytes(kb + static_cast<size_t>(j) * k.row_bytes, k_head_bytes);
+        // A q8_0 or q4_0 K of up to 8 blocks a head scores 8 positions at a time (dot8_q8_0).
+        const bool k_q8 = (k.type == DType::q8_0 || k.type == DType::q4_0) && head_dim <= 256;
         for (int g = 0; g < n_g; ++g) {
             float *wg = w + static_cast<size_t>(g) * n_kv;
-            for (int32_t j = 0; j < n_kv; ++j) {
+            int32_t j = 0;
+            if (k_q8)
+                for (; j + 8 <= n_kv; j += 8) {
+                    if (g0 + g == 0)
+                        for (int32_t p = j; p < j + 8; ++p) {
+                            if (p + kAhead < n_kv)
+                                prefetch_bytes(kb + static_cast<size_t>(p + kAhead) * k.row_bytes,
+                                               k_head_bytes);
+                            prefetch_bytes(vb + static_cast<size_t>(p) * v.row_bytes, v_head_bytes);
+                        }
+                    const __m256 dot = dot8_q8_0(kb + static_cast<size_t>(j) * k.row_bytes, k.row_bytes,
+                                                 qk[g], head_dim / 32, k.type == DType::q4_0);
+                    _mm256_storeu_ps(wg + j, _mm256_mul_ps(dot, _mm256_set1_ps(scale)));
+                }
+            for (; j < n_kv; ++j) {
                 const void *kj = kb + static_cast<size_t>(j) * k.row_bytes;
                 if (g0 + g == 0) {
                     if (j + kAhead < n_kv)
