@@ -172,6 +172,15 @@ SeqStart sample_seq_start() {
     m.logit_bias = {{2, -std::numeric_limits<float>::infinity()}, {15043, 1.5f}};
     m.keep = 17;
     m.keep_from = 5;
+    m.typical_p = 0.9f;
+    m.top_n_sigma = 1.5f;
+    m.xtc_probability = 0.5f;
+    m.xtc_threshold = 0.15f;
+    m.dry_multiplier = 0.8f;
+    m.dry_base = 1.5f;
+    m.dry_allowed_length = 3;
+    m.dry_penalty_last_n = 256;
+    m.dry_breakers = {{13, {}}, {29901, {1, 2, 3}}};
     return m;
 }
 ProbeCompute sample_probe_compute() {
@@ -496,6 +505,19 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(s->repeat_penalty, 1.1f);
     EXPECT_EQ(s->n_sampled, 300u);
     EXPECT_EQ(s->history, (std::vector<int32_t>{5, 0, 511, 7}));
+    EXPECT_EQ(s->typical_p, 0.9f);
+    EXPECT_EQ(s->top_n_sigma, 1.5f);
+    EXPECT_EQ(s->xtc_probability, 0.5f);
+    EXPECT_EQ(s->xtc_threshold, 0.15f);
+    EXPECT_EQ(s->dry_multiplier, 0.8f);
+    EXPECT_EQ(s->dry_base, 1.5f);
+    EXPECT_EQ(s->dry_allowed_length, 3);
+    EXPECT_EQ(s->dry_penalty_last_n, 256);
+    ASSERT_EQ(s->dry_breakers.size(), 2u);
+    EXPECT_EQ(s->dry_breakers[0].head, 13);
+    EXPECT_TRUE(s->dry_breakers[0].tail.empty());
+    EXPECT_EQ(s->dry_breakers[1].head, 29901);
+    EXPECT_EQ(s->dry_breakers[1].tail, (std::vector<int32_t>{1, 2, 3}));
     ASSERT_EQ(s->logit_bias.size(), 2u);
     EXPECT_EQ(s->logit_bias[0].id, 2);
     EXPECT_EQ(s->logit_bias[0].bias, -std::numeric_limits<float>::infinity());
@@ -794,6 +816,17 @@ TEST(NetCodec, SemanticChecks) {
     EXPECT_EQ(seq_start_error(s), "");
     s.logit_bias.push_back({1, 1.0f});
     EXPECT_NE(seq_start_error(s).find("limit 2048"), std::string::npos) << seq_start_error(s);
+    // DRY's breakers: at most kMaxSeqDryTail tokens a tail, kMaxSeqDryTailTokens in all.
+    s = sample_seq_start();
+    s.dry_breakers[1].tail.assign(kMaxSeqDryTail + 1, 1);
+    EXPECT_NE(seq_start_error(s).find("limit 20"), std::string::npos) << seq_start_error(s);
+    s = sample_seq_start();
+    s.dry_breakers.assign(kMaxSeqDryTailTokens / kMaxSeqDryTail + 1,
+                          SeqDryBreaker{1, std::vector<int32_t>(kMaxSeqDryTail, 1)});
+    EXPECT_NE(seq_start_error(s).find("tails hold"), std::string::npos) << seq_start_error(s);
+    s = sample_seq_start();
+    s.xtc_threshold = NAN;
+    EXPECT_NE(seq_start_error(s).find("xtc_threshold"), std::string::npos) << seq_start_error(s);
     s = sample_seq_start();
     s.keep_from = -1;
     EXPECT_NE(seq_start_error(s).find("keep_from -1 is negative"), std::string::npos) << seq_start_error(s);

@@ -15,7 +15,8 @@ TEST(OllamaParse, ChatTakesMessagesOptionsAndStreamsByDefault) {
     auto r = parse_ollama_chat(
         R"({"model": "stories:latest", "messages": [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"}], "options": {"temperature": 0.2, "top_k": 7, "top_p": 0.5, "min_p": 0.1,
-        "seed": 9, "num_predict": 12, "stop": ["\n\n", "END"], "repeat_penalty": 1.3, "repeat_last_n": -1,
+        "typical_p": 0.7, "seed": 9, "num_predict": 12, "stop": ["\n\n", "END"], "repeat_penalty": 1.3,
+        "repeat_last_n": -1,
         "num_ctx": 8192, "num_thread": 4}, "keep_alive": "5m"})");
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(r->kind, ApiKind::chat);
@@ -27,6 +28,7 @@ TEST(OllamaParse, ChatTakesMessagesOptionsAndStreamsByDefault) {
     EXPECT_EQ(r->sampling.top_k, 7);
     EXPECT_EQ(r->sampling.top_p, 0.5f);
     EXPECT_EQ(r->sampling.min_p, 0.1f);
+    EXPECT_EQ(r->sampling.typical_p, 0.7f);
     EXPECT_EQ(r->sampling.seed, 9u);
     EXPECT_EQ(r->sampling.repeat_penalty, 1.3f);
     EXPECT_EQ(r->sampling.repeat_last_n, -1);
@@ -112,6 +114,8 @@ TEST(OllamaParse, WhatIsNotSupportedIsNamed) {
     EXPECT_NE(error("{" + m + R"(, "options": {"mirostat": 2}})").find("'options.mirostat'"),
               std::string::npos);
     EXPECT_EQ(error("{" + m + R"(, "options": {"mirostat": 0, "typical_p": 1.0}})"), "");
+    EXPECT_NE(error("{" + m + R"(, "options": {"tfs_z": 0.5}})").find("'options.tfs_z'"), std::string::npos);
+    EXPECT_NE(error("{" + m + R"(, "options": {"typical_p": 1.5}})").find("typical_p"), std::string::npos);
     EXPECT_NE(
         error("{" + m + R"(, "options": {"temperature": "hot"}})").find("'temperature' must be a number"),
         std::string::npos);

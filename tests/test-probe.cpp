@@ -298,6 +298,19 @@ TEST(DelayRelay, AddsItsDelayToEveryRoundTrip) {
     EXPECT_LT(link_latency_seconds(*s0), v / 2);
 }
 
+// Whether this build runs under AddressSanitizer (GCC defines the macro; clang answers __has_feature).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 TEST(DelayRelay, AMessageIsPricedAtWhatMessagesNearItsSizeTook) {
     // Through a relay (which moves every piece it reads on its own schedule) a message's time grows with its
     // size at a rate of its own, not at the stream's: the measured link prices a size it did not measure from
@@ -325,6 +338,10 @@ TEST(DelayRelay, AMessageIsPricedAtWhatMessagesNearItsSizeTook) {
     const double measured = (*m)[0].p50 / 2.0, priced = l.seconds(64u << 10);
     EXPECT_GE(priced, l.seconds(16u << 10));
     EXPECT_LE(priced, l.seconds(256u << 10));
+    // Under AddressSanitizer the relay's own instrumented copies and allocations, not the link, set how a
+    // message's time grows with its size: on an Intel host two sanitizer runs in a row priced 64 KiB at 2.1x
+    // its round trip (the release build there: within 20%). The pricing is a claim about real builds.
+    if (kAddressSanitizer) return;
     EXPECT_NEAR(priced / measured, 1.0, 0.2)
         << "64 KiB: priced " << priced * 1e6 << " us, its round trip's half " << measured * 1e6
         << " us; at the stream's rate " << (l.latency_s + 65536 / l.bytes_per_s) * 1e6 << " us";

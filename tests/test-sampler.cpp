@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -28,6 +29,15 @@ thread_local long long g_allocations = 0;
     std::free(p);
 }
 [[gnu::noinline]] void operator delete(void *p, std::size_t) noexcept {
+    std::free(p);
+}
+// The nothrow forms too (std::stable_sort's buffer comes from them and goes back through operator delete):
+// otherwise the sanitizer's own nothrow new would meet the free() above.
+[[gnu::noinline]] void *operator new(std::size_t size, const std::nothrow_t &) noexcept {
+    ++g_allocations;
+    return std::malloc(size ? size : 1);
+}
+[[gnu::noinline]] void operator delete(void *p, const std::nothrow_t &) noexcept {
     std::free(p);
 }
 
@@ -122,6 +132,25 @@ TEST(SamplerParams, ValidateNamesTheBadField) {
     EXPECT_FALSE(bad([](SamplerParams &p) { p.frequency_penalty = std::nanf(""); }).ok());
     EXPECT_TRUE(bad([](SamplerParams &p) { p.temperature = -1.0f; }).ok());  // greedy
     EXPECT_TRUE(bad([](SamplerParams &p) { p.top_k = -5; }).ok());           // off
+    EXPECT_NE(bad([](SamplerParams &p) { p.typical_p = 1.5f; }).message().find("typical_p"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.top_n_sigma = k_inf; }).message().find("top_n_sigma"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.xtc_probability = -0.1f; }).message().find("xtc_probability"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.xtc_threshold = std::nanf(""); }).message().find("xtc_threshold"),
+              std::string::npos);
+    EXPECT_TRUE(bad([](SamplerParams &p) { p.top_n_sigma = -3.0f; }).ok());   // off
+    EXPECT_TRUE(bad([](SamplerParams &p) { p.xtc_threshold = 0.9f; }).ok());  // off
+    EXPECT_NE(bad([](SamplerParams &p) { p.dry_multiplier = -1.0f; }).message().find("dry_multiplier"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.dry_base = 0.5f; }).message().find("dry_base"), std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.dry_allowed_length = -1; }).message().find("dry_allowed_length"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.dry_penalty_last_n = -2; }).message().find("dry_penalty_last_n"),
+              std::string::npos);
+    EXPECT_FALSE(bad([](SamplerParams &p) { p.dry_breakers = {{1, std::vector<int32_t>(21, 2)}}; }).ok());
+    EXPECT_FALSE(bad([](SamplerParams &p) { p.dry_breakers = {{-1, {}}}; }).ok());
 }
 
 TEST(Sampler, GreedyPicksMax) {
@@ -296,6 +325,286 @@ TEST(Sampler, FiltersRunInLlamaCppOrder) {
     const auto counts = histogram(h, logits3, 4000);
     EXPECT_EQ(support(counts), (std::set<int>{0, 1}));
     EXPECT_NEAR(counts[0] / 4000.0, 0.5, 0.04);
+}
+
+// llama.cpp's locally typical filter written out plainly over doubles: the set it keeps.
+std::set<int> typical_set(const std::vector<float> &logits, double mass) {
+    const auto p = softmax(logits, 1.0);
+    double entropy = 0.0;
+    for (double x : p)
+        if (x > 0.0) entropy -= x * std::log(x);
+    std::vector<int> order(p.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return std::fabs(-std::log(p[size_t(a)]) - entropy) < std::fabs(-std::log(p[size_t(b)]) - entropy);
+    });
+    std::set<int> keep;
+    double cum = 0.0;
+    for (int id : order) {
+        keep.insert(id);
+        if ((cum += p[size_t(id)]) > mass) break;
+    }
+    return keep;
+}
+
+TEST(Sampler, TypicalPKeepsTheTokensNearestTheEntropy) {
+    // p = {0.15, 0.5, 0.05, 0.2, 0.1}: H = 1.333 nats; |-log p - H| is 0.564, 0.640, 1.663, 0.276, 0.970.
+    // By that distance: 3 (0.2), 0 (0.15), 1 (0.5), 4, 2. typical_p 0.3 stops once the mass passes 0.3:
+    // {3, 0}, and the most likely token is gone.
+    const auto logits = logits_from_probs({0.15, 0.5, 0.05, 0.2, 0.1});
+    SamplerParams p = plain(1.0f);
+    p.typical_p = 0.3f;
+    Sampler s(p, 5);
+    const auto counts = histogram(s, logits, 4000);
+    EXPECT_EQ(support(counts), (std::set<int>{0, 3}));
+    EXPECT_NEAR(counts[3] / 4000.0, 0.2 / 0.35, 0.03);  // renormalised over what it kept
+    p.typical_p = 0.5f;
+    Sampler wider(p, 5);
+    EXPECT_EQ(support(histogram(wider, logits, 4000)), (std::set<int>{0, 1, 3}));
+    p.typical_p = 0.0f;  // at least one token: the most typical
+    Sampler one(p, 5);
+    EXPECT_EQ(support(histogram(one, logits, 200)), std::set<int>{3});
+
+    // The filters after it measure from the best survivor, token 3's 0.2 (measured from the dropped 0.5, no
+    // survivor would pass). min_p 0.7 keeps p >= 0.14: {0, 3}; min_p 0.8 keeps p >= 0.16: {3}.
+    p.typical_p = 0.3f;
+    p.min_p = 0.7f;
+    Sampler with_min_p(p, 5);
+    EXPECT_EQ(support(histogram(with_min_p, logits, 2000)), (std::set<int>{0, 3}));
+    p.min_p = 0.8f;
+    Sampler stricter(p, 5);
+    EXPECT_EQ(support(histogram(stricter, logits, 2000)), std::set<int>{3});
+
+    // Against the plain implementation on wider rows, after top_k and without it. A hot temperature makes
+    // the draw nearly uniform over the kept set, so a few thousand draws see all of it.
+    for (uint64_t seed = 0; seed < 4; ++seed) {
+        SCOPED_TRACE(::testing::Message() << "row " << seed);
+        const auto row = random_logits(300, 40 + seed, 6.0f);
+        SamplerParams q = plain(200.0f, seed);
+        q.typical_p = 0.25f;
+        Sampler all(q, 300);
+        EXPECT_EQ(support(histogram(all, row, 6000)), typical_set(row, 0.25));
+        q.top_k = 30;
+        std::vector<int> order(300);
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(), [&](int a, int b) { return row[size_t(a)] > row[size_t(b)]; });
+        std::vector<float> top(300, -k_inf);
+        for (int i = 0; i < 30; ++i) top[size_t(order[size_t(i)])] = row[size_t(order[size_t(i)])];
+        Sampler after_top_k(q, 300);
+        EXPECT_EQ(support(histogram(after_top_k, row, 6000)), typical_set(top, 0.25));
+    }
+}
+
+TEST(Sampler, TopNSigmaKeepsLogitsNearTheBest) {
+    // Logits {0, 10, 0, 9, 0, 0, 0, 0}: mean 2.375, standard deviation 4.12. One sigma keeps logits >= 5.88
+    // ({1, 3}); three keep everything above -2.0 (all of them).
+    std::vector<float> logits(8, 0.0f);
+    logits[1] = 10.0f;
+    logits[3] = 9.0f;
+    SamplerParams p = plain(100.0f);
+    p.top_n_sigma = 1.0f;
+    Sampler one(p, 8);
+    EXPECT_EQ(support(histogram(one, logits, 2000)), (std::set<int>{1, 3}));
+    p.top_n_sigma = 3.0f;
+    Sampler three(p, 8);
+    EXPECT_EQ(support(histogram(three, logits, 4000)).size(), 8u);
+
+    // Against the formula on a wider row; a -inf (banned) token is not part of the spread.
+    auto row = random_logits(500, 3, 4.0f);
+    row[7] = -k_inf;
+    double mean = 0.0, var = 0.0, max = -1e9;
+    for (float x : row)
+        if (x > -k_inf) mean += x, max = std::max(max, double(x));
+    mean /= 499.0;
+    for (float x : row)
+        if (x > -k_inf) var += (x - mean) * (x - mean);
+    const double cut = max - 0.3 * std::sqrt(var / 499.0);
+    std::set<int> want;
+    for (size_t i = 0; i < row.size(); ++i)
+        if (row[i] > -k_inf && row[i] >= cut) want.insert(int(i));
+    ASSERT_GT(want.size(), 5u);
+    ASSERT_LT(want.size(), 100u);
+    p.top_n_sigma = 0.3f;
+    Sampler wide(p, 500);
+    EXPECT_EQ(support(histogram(wide, row, 8000)), want);
+}
+
+TEST(Sampler, XtcDropsTheTopChoicesButTheLeastLikelyOfThem) {
+    // p = {0.4, 0.3, 0.2, 0.1}, threshold 0.25: tokens 0 and 1 reach it, all but the least likely (1) go.
+    const auto logits = logits_from_probs({0.4, 0.3, 0.2, 0.1});
+    SamplerParams p = plain(1.0f);
+    p.xtc_probability = 1.0f;
+    p.xtc_threshold = 0.25f;
+    Sampler always(p, 4);
+    const auto counts = histogram(always, logits, 4000);
+    EXPECT_EQ(support(counts), (std::set<int>{1, 2, 3}));
+    EXPECT_NEAR(counts[1] / 4000.0, 0.5, 0.03);
+    // Half the time: token 0 comes only from the draws XTC left alone, 0.5 * 0.4.
+    p.xtc_probability = 0.5f;
+    Sampler half(p, 4);
+    EXPECT_NEAR(histogram(half, logits, 8000)[0] / 8000.0, 0.2, 0.02);
+    // Only one token reaches the threshold: nothing goes (XTC never leaves no top choice).
+    p.xtc_probability = 1.0f;
+    p.xtc_threshold = 0.35f;
+    Sampler lone(p, 4);
+    EXPECT_EQ(support(histogram(lone, logits, 4000)), (std::set<int>{0, 1, 2, 3}));
+
+    // XTC's coin is its own generator: where it removes nothing the tokens are the plain sampler's, and a
+    // threshold above 0.5 turns it off.
+    p.xtc_probability = 0.7f;
+    p.xtc_threshold = 0.45f;
+    Sampler plain_s(plain(1.0f), 4), coin(p, 4);
+    for (int i = 0; i < 500; ++i) ASSERT_EQ(coin.sample(logits.data()), plain_s.sample(logits.data())) << i;
+    p.xtc_threshold = 0.6f;
+    const auto one_top = logits_from_probs({0.65, 0.2, 0.1, 0.05});
+    Sampler off(p, 4), plain_again(plain(1.0f), 4);
+    for (int i = 0; i < 500; ++i)
+        ASSERT_EQ(off.sample(one_top.data()), plain_again.sample(one_top.data())) << i;
+}
+
+// The logit DRY takes off each token after `history` was accepted: the sampler's final distribution over
+// flat logits at temperature 1 with no filters, read back as logprob differences against token `reference`
+// (one DRY leaves alone).
+std::vector<double> dry_penalties(const SamplerParams &dry, const std::vector<int32_t> &history,
+                                  int32_t n_vocab, int32_t reference) {
+    SamplerParams p = plain(1.0f);
+    p.dry_multiplier = dry.dry_multiplier;
+    p.dry_base = dry.dry_base;
+    p.dry_allowed_length = dry.dry_allowed_length;
+    p.dry_penalty_last_n = dry.dry_penalty_last_n;
+    p.dry_breakers = dry.dry_breakers;
+    Sampler s(p, n_vocab);
+    for (int32_t t : history) s.accept(t);
+    const std::vector<float> flat(size_t(n_vocab), 0.0f);
+    s.sample(flat.data());
+    std::vector<double> logprob(static_cast<size_t>(n_vocab), 0.0);
+    for (const TokenProb &tp : s.last_top_logprobs(n_vocab)) logprob[size_t(tp.id)] = tp.logprob;
+    std::vector<double> out(static_cast<size_t>(n_vocab));
+    for (int32_t t = 0; t < n_vocab; ++t) out[size_t(t)] = logprob[size_t(reference)] - logprob[size_t(t)];
+    return out;
+}
+
+// DRY written out plainly: for each earlier position, how many of the latest tokens repeat up to it (no
+// Z-function), capped at the latest breaker.
+std::vector<double> dry_reference(const SamplerParams &p, const std::vector<int32_t> &all, int32_t n_vocab) {
+    std::vector<double> pen(size_t(n_vocab), 0.0);
+    std::vector<int32_t> h = all;
+    if (p.dry_penalty_last_n > 0 && h.size() > size_t(p.dry_penalty_last_n))
+        h.erase(h.begin(), h.end() - p.dry_penalty_last_n);
+    const size_t n = h.size(), allowed = size_t(p.dry_allowed_length);
+    if (n <= allowed) return pen;
+    size_t limit = n;
+    for (size_t i = 0; i < n && limit == n; ++i) {  // i tokens back from the latest
+        const int32_t token = h[n - 1 - i];
+        long longest = -1;
+        for (const DryBreaker &b : p.dry_breakers) {
+            if (b.head != token || b.tail.size() > i) continue;
+            bool match = true;
+            for (size_t k = 0; k < b.tail.size(); ++k) match = match && b.tail[k] == h[n - i + k];
+            if (match) longest = std::max(longest, long(b.tail.size()));
+        }
+        if (longest >= 0) limit = i - size_t(longest);
+    }
+    if (limit < allowed) return pen;
+    std::vector<size_t> best(size_t(n_vocab), 0);
+    std::vector<bool> hit(size_t(n_vocab), false);
+    for (size_t j = 0; j + 1 < n; ++j) {  // the repeat ends at h[j]; h[j + 1] would extend it
+        size_t len = 0;
+        while (len <= j && h[j - len] == h[n - 1 - len]) ++len;
+        len = std::min(len, limit);
+        if (len < allowed) continue;
+        const size_t t = size_t(h[j + 1]);
+        best[t] = hit[t] ? std::max(best[t], len) : len;
+        hit[t] = true;
+    }
+    // llama.cpp caps the exponent where base^exponent would pass a float's range.
+    const double max_exponent = std::floor(88.7228391 / std::log(double(p.dry_base)));
+    for (int32_t t = 0; t < n_vocab; ++t) {
+        bool alone = false;
+        for (const DryBreaker &b : p.dry_breakers) alone = alone || (b.head == t && b.tail.empty());
+        if (hit[size_t(t)] && !alone)
+            pen[size_t(t)] =
+                p.dry_multiplier *
+                std::pow(double(p.dry_base), std::min(double(best[size_t(t)] - allowed), max_exponent));
+    }
+    return pen;
+}
+
+TEST(Sampler, DryPenalizesTheTokenThatWouldExtendARepeat) {
+    // llama.cpp's example: a b c c b c y a b c. The latest "a b c" was seen before, followed by c (3 long);
+    // "b c" by y (2 long); "c" by b (1 long). With 2 allowed: c loses 0.8 * 1.75, y 0.8, b nothing.
+    SamplerParams p;
+    p.dry_multiplier = 0.8f;
+    p.dry_base = 1.75f;
+    p.dry_allowed_length = 2;
+    const int32_t a = 1, b = 2, c = 3, y = 4;
+    const std::vector<int32_t> history = {a, b, c, c, b, c, y, a, b, c};
+    const auto pen = dry_penalties(p, history, 6, /*reference=*/0);
+    EXPECT_NEAR(pen[size_t(c)], 0.8 * 1.75, 1e-5);
+    EXPECT_NEAR(pen[size_t(y)], 0.8, 1e-5);
+    EXPECT_NEAR(pen[size_t(b)], 0.0, 1e-5);
+    EXPECT_NEAR(pen[size_t(a)], 0.0, 1e-5);
+    // With a as a breaker, a repeat reaches back no further than the latest a: "b c" (2), so c loses 0.8 ...
+    p.dry_breakers = {{a, {}}};
+    EXPECT_NEAR(dry_penalties(p, history, 6, 0)[size_t(c)], 0.8, 1e-5);
+    // ... and with y, 3 tokens back, all of "a b c" still counts.
+    p.dry_breakers = {{y, {}}};
+    EXPECT_NEAR(dry_penalties(p, history, 6, 0)[size_t(c)], 0.8 * 1.75, 1e-5);
+    // ... and a breaker is never penalized itself.
+    p.dry_breakers = {{c, {}}};
+    EXPECT_NEAR(dry_penalties(p, history, 6, 0)[size_t(c)], 0.0, 1e-5);
+
+    // Against the plain reference: random histories over a few tokens, with one-token and two-token breakers,
+    // windows and allowed lengths, and a base whose power would overflow (capped, not inf).
+    std::mt19937_64 rng(3);
+    for (int trial = 0; trial < 300; ++trial) {
+        SCOPED_TRACE(::testing::Message() << "trial " << trial);
+        const int32_t n_vocab = 7;
+        std::vector<int32_t> h(size_t(5 + rng() % 60));
+        for (int32_t &t : h) t = int32_t(rng() % 5);  // tokens 5 and 6 never appear: 6 is the reference
+        if (trial % 3 == 0)                           // long repeats
+            for (size_t i = 12; i < h.size(); ++i) h[i] = h[i - 12];
+        SamplerParams q;
+        q.dry_multiplier = 0.5f;
+        q.dry_base = trial % 10 == 0 ? 400.0f : 1.75f;
+        q.dry_allowed_length = int32_t(rng() % 4);
+        q.dry_penalty_last_n = std::array<int32_t, 3>{-1, 20, 7}[size_t(trial) % 3];
+        if (trial % 4 == 1) q.dry_breakers = {{4, {}}};
+        if (trial % 4 == 2) q.dry_breakers = {{3, {0}}, {3, {0, 1}}, {2, {}}};
+        const auto got = dry_penalties(q, h, n_vocab, 6);
+        const auto want = dry_reference(q, h, n_vocab);
+        for (int32_t t = 0; t < n_vocab; ++t) {
+            ASSERT_TRUE(std::isfinite(got[size_t(t)])) << "token " << t;
+            ASSERT_NEAR(got[size_t(t)], want[size_t(t)], 1e-3 * std::max(1.0, want[size_t(t)]))
+                << "token " << t;
+        }
+    }
+}
+
+TEST(Sampler, DrysLongerWindowLeavesThePenaltiesWindowAlone) {
+    // DRY looks back 50 tokens, the repeat penalty 8: the history keeps 50, the penalty still reads 8. DRY
+    // is on but allows repeats longer than its window, so it never moves a logit: the tokens equal the
+    // sampler's without DRY.
+    SamplerParams with = plain(1.0f, 21);
+    with.repeat_penalty = 1.5f;
+    with.repeat_last_n = 8;
+    SamplerParams without = with;
+    with.dry_multiplier = 1.0f;
+    with.dry_penalty_last_n = 50;
+    with.dry_allowed_length = 60;
+    Sampler a(with, 16), b(without, 16);
+    for (int i = 0; i < 300; ++i) {
+        const auto logits = random_logits(16, 500 + uint64_t(i), 2.0f);
+        const int32_t ta = a.sample(logits.data()), tb = b.sample(logits.data());
+        ASSERT_EQ(ta, tb) << "step " << i;
+        a.accept(ta);
+        b.accept(tb);
+    }
+    EXPECT_EQ(sampler_history_tail(with, std::vector<int32_t>(100, 1)).size(), 50u);
+    with.dry_penalty_last_n = -1;
+    EXPECT_EQ(sampler_history_tail(with, std::vector<int32_t>(100, 1)).size(), 100u);
+    with.dry_multiplier = 0.0f;  // off: only the penalty's window
+    EXPECT_EQ(sampler_history_tail(with, std::vector<int32_t>(100, 1)).size(), 8u);
 }
 
 TEST(Sampler, TemperatureOneMatchesSoftmax) {
@@ -504,10 +813,19 @@ TEST(Sampler, ResetRestoresSequenceAndClearsHistory) {
 // exactly what the uninterrupted one draws next, with penalties over a window and over the whole history.
 TEST(Sampler, RestoreContinuesTheUninterruptedStream) {
     for (int32_t window : {64, 8, -1, 0}) {
-        for (float temperature : {0.9f, 0.0f}) {
+        for (float temperature : {0.9f, 0.0f, 1.1f}) {
             SCOPED_TRACE(::testing::Message()
                          << "repeat_last_n " << window << ", temperature " << temperature);
             SamplerParams p = plain(temperature, 77);
+            if (temperature > 1.0f) {  // with typical_p, XTC's own generator, and DRY's longer window
+                p.typical_p = 0.9f;
+                p.xtc_probability = 0.5f;
+                p.xtc_threshold = 0.05f;
+                p.dry_multiplier = 0.7f;
+                p.dry_allowed_length = 1;
+                p.dry_penalty_last_n = window == 0 ? 12 : -1;
+                p.dry_breakers = {{5, {}}, {6, {7}}};
+            }
             p.repeat_penalty = 1.4f;
             p.frequency_penalty = 0.3f;
             p.repeat_last_n = window;
@@ -664,6 +982,75 @@ TEST(Sampler, NoAllocationPerTokenAfterFirstCall) {
         for (int i = 0; i < 200; ++i) s.accept(s.sample(logits.data()));
         EXPECT_EQ(g_allocations - before, 0) << "top_k " << p.top_k << " top_p " << p.top_p;
         EXPECT_EQ(s.last_top_logprobs(0).size(), 0u);  // keeps s and the loop observable
+    }
+}
+
+void expect_same_draw(Sampler &a, Sampler &b, int row) {
+    ASSERT_EQ(a.last_logprob(), b.last_logprob()) << "row " << row;
+    const auto ta = a.last_top_logprobs(5), tb = b.last_top_logprobs(5);
+    ASSERT_EQ(ta.size(), tb.size()) << "row " << row;
+    for (size_t j = 0; j < ta.size(); ++j) {
+        ASSERT_EQ(ta[j].id, tb[j].id) << "row " << row;
+        ASSERT_EQ(ta[j].logprob, tb[j].logprob) << "row " << row;
+    }
+}
+
+TEST(Sampler, ReadingTheRowAsGivenDrawsWhatTheGeneralPathDraws) {
+    // top_n_sigma 1e30 keeps every token that can occur but sends each call down the general path (a copy
+    // of the row, then the filters). Against it: the row read as given (no bias), and read as given with the
+    // few tokens a bias moves (a bias of 0 here) set aside and offered at their moved logits. The same tokens
+    // and final distributions, on rows with NaN, -inf and +inf in them and with fewer tokens that can occur
+    // than top_k keeps.
+    for (const int32_t top_k : {40, 1, 512}) {
+        for (const float temperature : {0.8f, 0.0f}) {
+            SCOPED_TRACE(::testing::Message() << "top_k " << top_k << ", temperature " << temperature);
+            SamplerParams p = plain(temperature, 99);
+            p.top_k = top_k;
+            p.top_p = top_k == 40 ? 0.9f : 1.0f;  // without top_p, only top_k orders the walk
+            p.min_p = 0.02f;
+            SamplerParams general = p, moved = p;
+            general.top_n_sigma = 1e30f;
+            moved.logit_bias = {{7, 0.0f}, {2999, 0.0f}};
+            Sampler fast(p, 3000), slow(general, 3000), sparse(moved, 3000);
+            for (int i = 0; i < 200; ++i) {
+                auto row = random_logits(3000, 900 + uint64_t(i), 4.0f);
+                if (i % 5 == 1) row[size_t(i)] = std::nanf("");
+                if (i % 7 == 2)  // only 20 tokens can occur
+                    for (size_t t = 20; t < row.size(); ++t) row[t] = -k_inf;
+                if (i % 11 == 3) row[size_t(i * 3)] = k_inf;
+                if (i == 4) std::fill(row.begin(), row.end(), -k_inf);
+                const int32_t a = fast.sample(row.data()), b = slow.sample(row.data()),
+                              c = sparse.sample(row.data());
+                ASSERT_EQ(a, b) << "row " << i;
+                ASSERT_EQ(c, b) << "row " << i;
+                expect_same_draw(fast, slow, i);
+                expect_same_draw(sparse, slow, i);
+            }
+        }
+    }
+    // The penalties and DRY move the tokens of the history: the same, set aside, against the general path.
+    SamplerParams p = plain(0.9f, 5);
+    p.top_k = 40;
+    p.top_p = 0.95f;
+    p.repeat_penalty = 1.3f;
+    p.frequency_penalty = 0.2f;
+    p.presence_penalty = 0.1f;
+    p.repeat_last_n = 32;
+    p.dry_multiplier = 0.6f;
+    p.dry_allowed_length = 1;
+    p.dry_breakers = {{3, {}}};
+    p.logit_bias = {{10, 2.0f}, {11, -k_inf}, {10, -0.5f}};
+    SamplerParams general = p;
+    general.top_n_sigma = 1e30f;
+    Sampler sparse(p, 300), slow(general, 300);
+    for (int i = 0; i < 400; ++i) {
+        auto row = random_logits(300, 7000 + uint64_t(i), 3.0f);
+        if (i % 9 == 4) row[size_t(i % 300)] = std::nanf("");
+        const int32_t a = sparse.sample(row.data()), b = slow.sample(row.data());
+        ASSERT_EQ(a, b) << "row " << i;
+        expect_same_draw(sparse, slow, i);
+        sparse.accept(a);
+        slow.accept(b);
     }
 }
 

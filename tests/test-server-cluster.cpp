@@ -128,12 +128,21 @@ TEST_F(ServerCluster, AWorkerAnsweringGarbageEndsStreamsAndServingResumes) {
     EXPECT_TRUE(s.workers().second().running());
 }
 
-// Streams that must continue across a fault exactly as undisturbed: greedy, and seeded with a repeat penalty
-// (the resumed sampler skips the draws it made and holds the tokens the penalty sees). 80 tokens at 20 ms a
-// step: the fault lands mid-stream.
+// Streams that must continue across a fault exactly as undisturbed: greedy, and seeded with a repeat penalty,
+// DRY, typical-p and XTC (the resumed sampler skips the draws it made, XTC's too, and holds the tokens the
+// penalty and DRY see). 80 tokens at 20 ms a step: the fault lands mid-stream.
 const std::vector<json> k_resumed = {
     {{"prompt", "Once upon a time"}, {"max_tokens", 80}, {"temperature", 0}, {"stop", "never stops"}},
-    {{"prompt", "The cat"}, {"max_tokens", 80}, {"temperature", 0.9}, {"seed", 11}, {"repeat_penalty", 1.2}}};
+    {{"prompt", "The cat"},
+     {"max_tokens", 80},
+     {"temperature", 0.9},
+     {"seed", 11},
+     {"repeat_penalty", 1.2},
+     {"dry_multiplier", 0.8},
+     {"dry_allowed_length", 1},
+     {"typical_p", 0.95},
+     {"xtc_probability", 0.5},
+     {"xtc_threshold", 0.05}}};
 
 // --max-resumes: the link to the second worker is cut mid-stream; the head reconnects through it and replays
 // each stream's prompt and tokens, so the client sees a pause and then exactly the undisturbed text.

@@ -13,7 +13,10 @@
 #include <cctype>
 #include <set>
 
+#include "gguf/gguf.h"
+#include "server/dry-breakers.h"
 #include "test-server-util.h"
+#include "text/vocab.h"
 
 namespace td::server {
 namespace {
@@ -1893,6 +1896,194 @@ TEST(GrammarOutput, RepliesAreSentencesOfTheGrammar) {
     auto none = post(c, "/completion", {{"prompt", "Once upon a time"}, {"n_predict", 8}, {"grammar", ""}});
     ASSERT_TRUE(none);
     EXPECT_EQ(none->status, 200) << none->body;
+}
+
+// llama-server's further filters (typical_p, top_n_sigma, XTC) on both completion endpoints draw what
+// `tandem run` draws with llama.cpp's flags for them, for the same seed; they change the text; bad values are
+// refused naming the field; /completion echoes them in its generation_settings. On one machine, a pipeline
+// and --tp 2 (the fields travel to the sampling node).
+TEST_P(ServerTest, LlamaServersFiltersDrawWhatTandemRunDraws) {
+    ServerOptions o = opts();
+    o.n_ctx_slot = 256;
+    TestServer s(o);
+    auto c = s.client();
+    const json filters = {
+        {"typical_p", 0.8}, {"top_n_sigma", 1.5}, {"xtc_probability", 0.5}, {"xtc_threshold", 0.05}};
+    for (uint64_t seed : {3u, 8u}) {
+        json body = {{"prompt", "Once upon a time"}, {"n_predict", 48}, {"seed", seed}, {"temperature", 1.0}};
+        auto plain = post(c, "/completion", body);
+        ASSERT_TRUE(plain);
+        ASSERT_EQ(plain->status, 200) << plain->body;
+        body.update(filters);
+        auto r = post(c, "/completion", body);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json j = json::parse(r->body);
+        test::ProcessResult run =
+            test::run_tandem({"run", "-m", test::shared_path(k_model), "-p", "Once upon a time", "-n", "48",
+                              "-s", std::to_string(seed), "--temp", "1.0", "--typical", "0.8", "--top-nsigma",
+                              "1.5", "--xtc-probability", "0.5", "--xtc-threshold", "0.05"});
+        ASSERT_EQ(run.exit_code, 0) << run.err;
+        EXPECT_EQ(run.out, j["content"].get<std::string>() + "\n");
+        EXPECT_NE(j["content"], json::parse(plain->body)["content"]) << "seed " << seed;
+        const json &settings = j["generation_settings"];
+        EXPECT_FLOAT_EQ(settings["typical_p"].get<float>(), 0.8f);
+        EXPECT_FLOAT_EQ(settings["top_n_sigma"].get<float>(), 1.5f);
+        EXPECT_FLOAT_EQ(settings["xtc_probability"].get<float>(), 0.5f);
+        EXPECT_FLOAT_EQ(settings["xtc_threshold"].get<float>(), 0.05f);
+        // The OpenAI endpoint takes the same fields (as llama-server's does).
+        json oai = {{"prompt", "Once upon a time"}, {"max_tokens", 48}, {"seed", seed}, {"temperature", 1.0}};
+        oai.update(filters);
+        auto v1 = post(c, "/v1/completions", oai);
+        ASSERT_TRUE(v1);
+        ASSERT_EQ(v1->status, 200) << v1->body;
+        EXPECT_EQ(json::parse(v1->body)["choices"][0]["text"], j["content"]);
+    }
+    for (const auto &[key, value] : std::vector<std::pair<std::string, json>>{
+             {"typical_p", 1.5}, {"xtc_probability", -1}, {"xtc_threshold", "high"}, {"top_n_sigma", "x"}}) {
+        auto e = post(c, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}, {key, value}});
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->status, 400) << key;
+        EXPECT_NE(e->body.find(key), std::string::npos) << e->body;
+    }
+    test::ProcessResult bad = test::run_tandem({"run", "-m", test::shared_path(k_model), "--typical", "2"});
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("typical_p must be in [0, 1]"), std::string::npos) << bad.err;
+}
+
+// DRY's breakers as token sequences, over llama's 32,000-token vocabulary: every token whose text holds a
+// breaker is one by itself; every token whose text ends with a start of it heads the rest, tokenized; the
+// limits are refused with a message.
+TEST(DryBreakers, TokensThatHoldOrStartEachBreaker) {
+    const std::string path = "vocab/ggml-vocab-llama-spm.gguf";
+    if (!test::shared_exists(path)) GTEST_SKIP() << "missing " << path;
+    auto file = gguf::File::open(test::shared_path(path));
+    ASSERT_TRUE(file.ok()) << file.status().message();
+    auto vocab = Vocab::from_gguf(*file);
+    ASSERT_TRUE(vocab.ok()) << vocab.status().message();
+    auto made = Tokenizer::create(std::make_shared<const Vocab>(std::move(*vocab)));
+    ASSERT_TRUE(made.ok()) << made.status().message();
+    const Tokenizer &tok = **made;
+    const int32_t n = tok.vocab().n_tokens();
+
+    auto defaults = dry_breakers_for(tok, dry_default_breakers());
+    ASSERT_TRUE(defaults.ok()) << defaults.status().message();
+    std::set<int32_t> alone;
+    for (const DryBreaker &b : *defaults) {
+        EXPECT_TRUE(b.tail.empty()) << "a one-byte breaker is whole or absent in a token";
+        alone.insert(b.head);
+    }
+    std::set<int32_t> want;
+    for (int32_t id = 0; id < n; ++id) {
+        const std::string &text = tok.token_to_piece(id, true);
+        for (const std::string &b : dry_default_breakers())
+            if (text.find(b) != std::string::npos) want.insert(id);
+    }
+    EXPECT_EQ(alone, want);
+    EXPECT_TRUE(alone.count(13)) << "<0x0A>, the new line";
+    EXPECT_GT(alone.size(), 20u);
+
+    // A longer breaker: the tokens that hold it, and those ending with a start of it, each with the rest.
+    const std::string breaker = "Question:";
+    auto seqs = dry_breakers_for(tok, std::vector<std::string>{breaker});
+    ASSERT_TRUE(seqs.ok()) << seqs.status().message();
+    size_t partial = 0;
+    for (const DryBreaker &b : *seqs) {
+        const std::string &text = tok.token_to_piece(b.head, true);
+        if (b.tail.empty()) {
+            EXPECT_NE(text.find(breaker), std::string::npos) << text;
+            continue;
+        }
+        ++partial;
+        bool starts = false;  // some end of the text is a proper start of the breaker, and the tail the rest
+        for (size_t have = 1; have < breaker.size() && have <= text.size(); ++have)
+            if (text.compare(text.size() - have, have, breaker, 0, have) == 0 &&
+                b.tail == tok.encode(breaker.substr(have), false, false))
+                starts = true;
+        EXPECT_TRUE(starts) << "token " << b.head << " '" << text << "'";
+    }
+    EXPECT_GT(partial, 10u);  // "Q", "Qu", "Question", ... and every token ending with them
+
+    EXPECT_NE(dry_breakers_for(tok, std::vector<std::string>{""}).status().message().find("empty"),
+              std::string::npos);
+    EXPECT_FALSE(dry_breakers_for(tok, std::vector<std::string>(65, "x")).ok());
+    auto letters = dry_breakers_for(tok, std::vector<std::string>{"e", "a", "o", "i", "n", "t", "s", "r"});
+    ASSERT_FALSE(letters.ok());
+    EXPECT_NE(letters.status().message().find("token sequences"), std::string::npos)
+        << letters.status().message();
+}
+
+// DRY through both endpoints and `tandem run`: the same text for the same request; it changes greedy text
+// that repeats; its fields are checked. On one machine, a pipeline and --tp 2.
+TEST_P(ServerTest, DryDrawsWhatTandemRunDraws) {
+    ServerOptions o = opts();
+    o.n_ctx_slot = 256;
+    TestServer s(o);
+    auto c = s.client();
+    json body = {{"prompt", "Once upon a time"}, {"n_predict", 64}, {"temperature", 0}};
+    auto plain = post(c, "/completion", body);
+    ASSERT_TRUE(plain);
+    ASSERT_EQ(plain->status, 200) << plain->body;
+    const std::string model = test::shared_path(k_model);
+    for (const bool default_breakers : {true, false}) {
+        SCOPED_TRACE(default_breakers ? "default breakers" : "the breaker '.'");
+        json dry = body;
+        dry.update({{"dry_multiplier", 2.0}, {"dry_allowed_length", 1}, {"dry_base", 1.5}});
+        std::vector<std::string> args = {"run",
+                                         "-m",
+                                         model,
+                                         "-p",
+                                         "Once upon a time",
+                                         "-n",
+                                         "64",
+                                         "--temp",
+                                         "0",
+                                         "--dry-multiplier",
+                                         "2",
+                                         "--dry-allowed-length",
+                                         "1",
+                                         "--dry-base",
+                                         "1.5"};
+        if (!default_breakers) {
+            dry["dry_sequence_breakers"] = {"."};
+            args.insert(args.end(), {"--dry-sequence-breaker", "."});
+        }
+        auto r = post(c, "/completion", dry);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json j = json::parse(r->body);
+        EXPECT_NE(j["content"], json::parse(plain->body)["content"]);
+        EXPECT_FLOAT_EQ(j["generation_settings"]["dry_multiplier"].get<float>(), 2.0f);
+        EXPECT_EQ(j["generation_settings"]["dry_allowed_length"], 1);
+        test::ProcessResult run = test::run_tandem(args);
+        ASSERT_EQ(run.exit_code, 0) << run.err;
+        EXPECT_EQ(run.out, j["content"].get<std::string>() + "\n");
+        json chat = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 8}};
+        chat.update({{"dry_multiplier", 2.0}, {"dry_sequence_breakers", {"\n", "."}}});
+        auto v1 = post(c, "/v1/chat/completions", chat);
+        ASSERT_TRUE(v1);
+        EXPECT_EQ(v1->status, 200) << v1->body;
+    }
+    for (const auto &[key, value] :
+         std::vector<std::pair<std::string, json>>{{"dry_multiplier", -1},
+                                                   {"dry_base", 0.5},
+                                                   {"dry_allowed_length", -2},
+                                                   {"dry_penalty_last_n", -5},
+                                                   {"dry_sequence_breakers", json::array()},
+                                                   {"dry_sequence_breakers", 3}}) {
+        json bad = {{"prompt", "x"}, {"max_tokens", 2}, {"dry_multiplier", 1.0}};
+        bad[key] = value;
+        auto e = post(c, "/v1/completions", bad);
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->status, 400) << key << " " << value.dump();
+        EXPECT_NE(e->body.find(key), std::string::npos) << e->body;
+    }
+    auto empty =
+        post(c, "/v1/completions",
+             {{"prompt", "x"}, {"max_tokens", 2}, {"dry_multiplier", 1.0}, {"dry_sequence_breakers", {""}}});
+    ASSERT_TRUE(empty);
+    EXPECT_EQ(empty->status, 400);
+    EXPECT_NE(empty->body.find("a breaker is empty"), std::string::npos) << empty->body;
 }
 
 // vLLM's guided decoding fields: guided_choice, guided_regex, guided_json, guided_grammar and

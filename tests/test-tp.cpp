@@ -400,7 +400,18 @@ TEST(TpForward, StoriesSeededSamplingEqualsOneMachine) {
     SamplerParams penalties = seeded(9);
     penalties.repeat_penalty = 1.3f;
     penalties.frequency_penalty = 0.2f;
-    for (const SamplerParams &sp : {seeded(1234), seeded(5), no_top_k, penalties}) {
+    // typical_p and XTC act on the global top_k the ranks send; top_n_sigma reads every logit (whole slices).
+    SamplerParams typical_xtc = seeded(11);
+    typical_xtc.typical_p = 0.8f;
+    typical_xtc.xtc_probability = 0.5f;
+    typical_xtc.xtc_threshold = 0.05f;
+    SamplerParams sigma = seeded(13);
+    sigma.top_n_sigma = 1.0f;
+    SamplerParams dry = seeded(17);  // DRY moves tokens before top-k: whole slices
+    dry.dry_multiplier = 1.5f;
+    dry.dry_allowed_length = 1;
+    dry.dry_breakers = {{13, {}}};
+    for (const SamplerParams &sp : {seeded(1234), seeded(5), no_top_k, penalties, typical_xtc, sigma, dry}) {
         const Generated ref = one_machine(stories(), kStoriesPrompt, 48, sp, false);
         for (const std::vector<double> &shares : {std::vector<double>{1, 1}, std::vector<double>{1, 1, 1}}) {
             const Generated tp = tensor_parallel(stories(), {{0, -1, shares}}, kStoriesPrompt, 48, sp, false);

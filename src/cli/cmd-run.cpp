@@ -19,6 +19,7 @@
 #include "model/model.h"
 #include "model/sampler.h"
 #include "server/constrained.h"
+#include "server/dry-breakers.h"
 #include "text/detokenizer.h"
 #include "text/json-schema-grammar.h"
 #include "text/tokenizer.h"
@@ -39,6 +40,8 @@ struct RunOptions {
     KvTypeFlags kv_type;  // --kv-type, --cache-type-k, --cache-type-v
     SamplerParams sampling;
     std::vector<std::string> logit_bias;  // --logit-bias TOKEN_ID+BIAS, repeatable
+    std::vector<std::string>
+        dry_breakers;  // --dry-sequence-breaker, repeatable ("none": none); none: defaults
     bool ignore_eos = false;
     int64_t seed = -1;
     bool chat = false;
@@ -120,6 +123,14 @@ int run_main(const RunOptions &opt) {
         for (int32_t id : vocab->eog_ids())
             if (id < (*model)->hparams().n_vocab)
                 sp.logit_bias.push_back({id, -std::numeric_limits<float>::infinity()});
+    if (sp.dry_multiplier > 0.0f && sp.dry_penalty_last_n != 0) {
+        std::vector<std::string> strings =
+            opt.dry_breakers.empty() ? server::dry_default_breakers() : opt.dry_breakers;
+        std::erase(strings, std::string("none"));  // llama.cpp's word for no breakers
+        auto breakers = server::dry_breakers_for(**tokenizer, strings);
+        if (!breakers.ok()) return fail(breakers.status());
+        sp.dry_breakers = std::move(*breakers);
+    }
     if (Status s = sampler_params_validate(sp); !s.ok()) return fail(s);
     if (Status s = logit_bias_validate(sp, (*model)->hparams().n_vocab); !s.ok()) return fail(s);
 
@@ -222,6 +233,32 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_option("--top-k", opt->sampling.top_k, "Top-k (0: off)")->default_val(40);
     cmd->add_option("--top-p", opt->sampling.top_p, "Top-p (1: off)")->default_val(0.95f);
     cmd->add_option("--min-p", opt->sampling.min_p, "Min-p (0: off)")->default_val(0.05f);
+    cmd->add_option("--typical,--typical-p", opt->sampling.typical_p,
+                    "Locally typical sampling's mass (1: off)")
+        ->default_val(1.0f);
+    cmd->add_option("--top-nsigma,--top-n-sigma", opt->sampling.top_n_sigma,
+                    "Keep logits within N standard deviations of the best (<= 0: off)")
+        ->default_val(-1.0f);
+    cmd->add_option("--xtc-probability", opt->sampling.xtc_probability,
+                    "XTC: chance per token of dropping the top choices (0: off)")
+        ->default_val(0.0f);
+    cmd->add_option("--xtc-threshold", opt->sampling.xtc_threshold,
+                    "XTC: the probability a top choice must reach to be dropped (> 0.5: off)")
+        ->default_val(0.1f);
+    cmd->add_option("--dry-multiplier", opt->sampling.dry_multiplier,
+                    "DRY: the penalty of a token that extends a repeat (0: off)")
+        ->default_val(0.0f);
+    cmd->add_option("--dry-base", opt->sampling.dry_base, "DRY: the penalty grows by this per repeated token")
+        ->default_val(1.75f);
+    cmd->add_option("--dry-allowed-length", opt->sampling.dry_allowed_length,
+                    "DRY: repeats this long go unpenalized")
+        ->default_val(2);
+    cmd->add_option("--dry-penalty-last-n", opt->sampling.dry_penalty_last_n,
+                    "DRY: tokens it looks back (-1: all, 0: off)")
+        ->default_val(-1);
+    cmd->add_option("--dry-sequence-breaker", opt->dry_breakers,
+                    "DRY: text a repeat does not reach across; repeatable, replaces the defaults "
+                    "(newline, ':', '\"', '*'); 'none' for none");
     cmd->add_option("--repeat-penalty", opt->sampling.repeat_penalty, "Repetition penalty (1: off)")
         ->default_val(1.0f);
     cmd->add_option("--repeat-last-n", opt->sampling.repeat_last_n, "Tokens the penalty looks back")

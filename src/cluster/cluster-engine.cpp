@@ -94,6 +94,17 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     m.repeat_last_n = params.repeat_last_n;
     m.presence_penalty = params.presence_penalty;
     m.frequency_penalty = params.frequency_penalty;
+    m.typical_p = params.typical_p;
+    m.top_n_sigma = params.top_n_sigma;
+    m.xtc_probability = params.xtc_probability;
+    m.xtc_threshold = params.xtc_threshold;
+    m.dry_multiplier = params.dry_multiplier;
+    m.dry_base = params.dry_base;
+    m.dry_allowed_length = params.dry_allowed_length;
+    m.dry_penalty_last_n = params.dry_penalty_last_n;
+    static_assert(net::kMaxSeqDryBreakers >= kMaxDryBreakers && net::kMaxSeqDryTail >= kMaxDryTail &&
+                  net::kMaxSeqDryTailTokens >= kMaxDryTailTokens);
+    for (const DryBreaker &b : params.dry_breakers) m.dry_breakers.push_back({b.head, b.tail});
     m.seed = params.seed;
     static_assert(net::kMaxSeqLogitBias >= kMaxLogitBias);
     for (const LogitBias &b : params.logit_bias) m.logit_bias.push_back({b.id, b.bias});

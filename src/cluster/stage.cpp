@@ -242,6 +242,15 @@ Status Stage::handle_seq_start(Frame &f) {
     sp.repeat_last_n = m.repeat_last_n;
     sp.presence_penalty = m.presence_penalty;
     sp.frequency_penalty = m.frequency_penalty;
+    sp.typical_p = m.typical_p;
+    sp.top_n_sigma = m.top_n_sigma;
+    sp.xtc_probability = m.xtc_probability;
+    sp.xtc_threshold = m.xtc_threshold;
+    sp.dry_multiplier = m.dry_multiplier;
+    sp.dry_base = m.dry_base;
+    sp.dry_allowed_length = m.dry_allowed_length;
+    sp.dry_penalty_last_n = m.dry_penalty_last_n;
+    for (net::SeqDryBreaker &b : m.dry_breakers) sp.dry_breakers.push_back({b.head, std::move(b.tail)});
     sp.seed = m.seed;
     for (const net::SeqLogitBias &b : m.logit_bias) sp.logit_bias.push_back({b.id, b.bias});
     TD_TRY(sampler_params_validate(sp));

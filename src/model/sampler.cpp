@@ -76,6 +76,21 @@ std::vector<Scored> select_best(size_t count, int n, ItemAt item) {
     return heap;
 }
 
+bool dry_on(const SamplerParams &p) {
+    return p.dry_multiplier > 0.0f && p.dry_penalty_last_n != 0;
+}
+
+// Tokens the history keeps: the longer of the penalties' window and DRY's; -1: every accepted token.
+int64_t history_window(const SamplerParams &p) {
+    if (p.repeat_last_n < 0) return -1;
+    int64_t w = p.repeat_last_n;
+    if (dry_on(p)) {
+        if (p.dry_penalty_last_n < 0) return -1;
+        w = std::max<int64_t>(w, p.dry_penalty_last_n);
+    }
+    return w;
+}
+
 float sanitize(float x) {
     return std::isnan(x) ? -k_inf : x;
 }
@@ -125,6 +140,39 @@ Status sampler_params_validate(const SamplerParams &p) {
         return invalid_input("presence_penalty must be a finite number, got {}", p.presence_penalty);
     if (!std::isfinite(p.frequency_penalty))
         return invalid_input("frequency_penalty must be a finite number, got {}", p.frequency_penalty);
+    if (!(p.typical_p >= 0.0f && p.typical_p <= 1.0f))
+        return invalid_input("typical_p must be in [0, 1] (1 turns it off), got {}", p.typical_p);
+    if (!std::isfinite(p.top_n_sigma))
+        return invalid_input("top_n_sigma must be a finite number (<= 0 turns it off), got {}",
+                             p.top_n_sigma);
+    if (!(p.xtc_probability >= 0.0f && p.xtc_probability <= 1.0f))
+        return invalid_input("xtc_probability must be in [0, 1] (0 turns it off), got {}", p.xtc_probability);
+    if (!(p.xtc_threshold >= 0.0f && p.xtc_threshold <= 1.0f))
+        return invalid_input("xtc_threshold must be in [0, 1] (above 0.5 turns it off), got {}",
+                             p.xtc_threshold);
+    if (!(std::isfinite(p.dry_multiplier) && p.dry_multiplier >= 0.0f))
+        return invalid_input("dry_multiplier must be >= 0 (0 turns DRY off), got {}", p.dry_multiplier);
+    if (!(std::isfinite(p.dry_base) && p.dry_base >= 1.0f))
+        return invalid_input("dry_base must be >= 1, got {}", p.dry_base);
+    if (p.dry_allowed_length < 0)
+        return invalid_input("dry_allowed_length must be >= 0, got {}", p.dry_allowed_length);
+    if (p.dry_penalty_last_n < -1)
+        return invalid_input("dry_penalty_last_n must be >= -1 (0: off, -1: whole history), got {}",
+                             p.dry_penalty_last_n);
+    if (p.dry_breakers.size() > kMaxDryBreakers)
+        return invalid_input("DRY's sequence breakers are spelled by {} token sequences, at most {}",
+                             p.dry_breakers.size(), kMaxDryBreakers);
+    size_t tail_tokens = 0;
+    for (const DryBreaker &b : p.dry_breakers) {
+        if (b.head < 0 || b.tail.size() > kMaxDryTail ||
+            std::any_of(b.tail.begin(), b.tail.end(), [](int32_t t) { return t < 0; }))
+            return invalid_input("a DRY sequence breaker has a negative token or a tail over {} tokens",
+                                 kMaxDryTail);
+        tail_tokens += b.tail.size();
+    }
+    if (tail_tokens > kMaxDryTailTokens)
+        return invalid_input("DRY's sequence breakers' tails hold {} tokens, at most {}", tail_tokens,
+                             kMaxDryTailTokens);
     if (p.logit_bias.size() > kMaxLogitBias)
         return invalid_input("logit_bias has {} entries, at most {}", p.logit_bias.size(), kMaxLogitBias);
     for (const LogitBias &b : p.logit_bias) {
@@ -173,6 +221,16 @@ Sampler::Sampler(const SamplerParams &params, int32_t n_vocab) : params_(params)
     Status status = sampler_params_validate(params);
     if (status.ok()) status = logit_bias_validate(params, n_vocab);
     TD_ASSERT(status.ok(), "unvalidated sampler params: {}", status.message());
+    window_ = history_window(params_);
+    if (dry_on(params_)) {
+        for (size_t i = 0; i < params_.dry_breakers.size(); ++i) {
+            const DryBreaker &b = params_.dry_breakers[i];
+            dry_by_head_.push_back({b.head, uint32_t(i)});
+            if (b.tail.empty()) dry_single_.push_back(b.head);
+        }
+        std::sort(dry_by_head_.begin(), dry_by_head_.end());
+        std::sort(dry_single_.begin(), dry_single_.end());
+    }
     reseed();
 }
 
@@ -186,6 +244,7 @@ void Sampler::reseed() {
         if (seed_ == SamplerParams::seed_random) seed_ = 0;  // seed() must be reusable as a fixed seed
     }
     rng_.seed(seed_);
+    xtc_rng_.seed(seed_ ^ 0x5854432D53454544ull);  // its own stream, from the same seed
 }
 
 void Sampler::reset() {
@@ -200,25 +259,29 @@ void Sampler::reset() {
 
 void Sampler::restore(uint64_t n_sampled, std::span<const int32_t> history) {
     reset();
-    if (params_.temperature > 0.0f) rng_.discard(n_sampled);  // sample() draws exactly once when not greedy
+    if (params_.temperature > 0.0f) {
+        rng_.discard(n_sampled);  // sample() draws exactly once when not greedy
+        if (xtc_on()) xtc_rng_.discard(n_sampled);
+    }
     for (int32_t t : history) accept(t);
 }
 
 std::span<const int32_t> sampler_history_tail(const SamplerParams &params, std::span<const int32_t> sampled,
                                               size_t cap) {
-    size_t keep = params.repeat_last_n < 0 ? sampled.size() : static_cast<size_t>(params.repeat_last_n);
+    const int64_t window = history_window(params);
+    size_t keep = window < 0 ? sampled.size() : static_cast<size_t>(window);
     keep = std::min({keep, sampled.size(), cap});
     return sampled.subspan(sampled.size() - keep);
 }
 
 void Sampler::accept(int32_t token) {
     TD_ASSERT(token >= 0 && token < n_vocab_, "token {} outside the vocabulary [0, {})", token, n_vocab_);
-    const int32_t window = params_.repeat_last_n;
+    const int64_t window = window_;
     if (window == 0) return;  // nothing reads the history
     if (history_.capacity() == 0) {
         // Room for the whole window up front (capped: the window size may come from a request), so a
         // sequence does not allocate per token while its window fills.
-        const size_t reserve = std::min<size_t>(window < 0 ? 256 : size_t(window), k_history_reserve_max);
+        const size_t reserve = size_t(std::min<int64_t>(window < 0 ? 256 : window, k_history_reserve_max));
         history_.reserve(reserve);
         penalty_ids_.reserve(reserve);
     }
@@ -230,29 +293,63 @@ void Sampler::accept(int32_t token) {
     }
 }
 
+int32_t Sampler::recent(size_t i) const {
+    const size_t n = history_.size();
+    if (window_ < 0 || n < size_t(window_)) return history_[n - 1 - i];
+    return history_[(history_next_ + n - 1 - i) % n];  // a full ring: the newest is just before next
+}
+
 void Sampler::load_logits(const float *logits) {
     cand_.resize(size_t(n_vocab_));  // allocates on the first call only
     for (int32_t i = 0; i < n_vocab_; ++i) cand_[size_t(i)] = {i, sanitize(logits[i])};
-    for (const LogitBias &b : params_.logit_bias) {
-        float &logit = cand_[size_t(b.id)].logit;
-        logit = b.bias == -k_inf ? -k_inf : logit + b.bias;  // a ban holds even over a +inf logit
-    }
-    apply_penalties();
+    adjust([this](int32_t id) -> float & { return cand_[size_t(id)].logit; });  // cand_ is in id order
 }
 
-void Sampler::apply_penalties() {
+template <typename LogitOf>
+void Sampler::adjust(LogitOf &&logit_of) {
+    for (const LogitBias &b : params_.logit_bias) {
+        float &logit = logit_of(b.id);
+        logit = b.bias == -k_inf ? -k_inf : logit + b.bias;  // a ban holds even over a +inf logit
+    }
+    apply_penalties(logit_of);
+    apply_dry(logit_of);
+}
+
+void Sampler::adjust_sparse(const float *logits) {
+    for (const Candidate &e : sparse_) sparse_index_[size_t(e.id)] = -1;
+    sparse_.clear();
+    adjust([&](int32_t id) -> float & {
+        int32_t &at = sparse_index_[size_t(id)];
+        if (at < 0) {
+            at = int32_t(sparse_.size());
+            sparse_.push_back({id, sanitize(logits[id])});
+        }
+        return sparse_[size_t(at)].logit;
+    });
+}
+
+template <typename LogitOf>
+void Sampler::apply_penalties(LogitOf &&logit_of) {
     const SamplerParams &p = params_;
-    if (history_.empty()) return;
+    if (history_.empty() || p.repeat_last_n == 0) return;
     if (p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
 
-    // Each distinct token of the window once, with its count: sort a copy and walk the runs.
-    penalty_ids_.assign(history_.begin(), history_.end());
+    // Each distinct token of the window once, with its count: sort a copy and walk the runs. The history
+    // may be longer than the window (DRY's is): then only its latest repeat_last_n.
+    const size_t n =
+        p.repeat_last_n < 0 ? history_.size() : std::min(history_.size(), size_t(p.repeat_last_n));
+    if (n == history_.size()) {
+        penalty_ids_.assign(history_.begin(), history_.end());
+    } else {
+        penalty_ids_.resize(n);
+        for (size_t i = 0; i < n; ++i) penalty_ids_[i] = recent(i);
+    }
     std::sort(penalty_ids_.begin(), penalty_ids_.end());
     for (size_t i = 0; i < penalty_ids_.size();) {
         size_t j = i;
         while (j < penalty_ids_.size() && penalty_ids_[j] == penalty_ids_[i]) ++j;
         const float count = float(j - i);
-        float &logit = cand_[size_t(penalty_ids_[i])].logit;  // cand_ is still in id order
+        float &logit = logit_of(penalty_ids_[i]);
         // Dividing a negative logit would make the token more likely; multiply it instead (llama.cpp).
         logit = logit <= 0.0f ? logit * p.repeat_penalty : logit / p.repeat_penalty;
         logit -= count * p.frequency_penalty + p.presence_penalty;
@@ -260,24 +357,192 @@ void Sampler::apply_penalties() {
     }
 }
 
+template <typename LogitOf>
+void Sampler::apply_dry(LogitOf &&logit_of) {
+    const SamplerParams &p = params_;
+    if (!dry_on(p)) return;
+    size_t n = history_.size();
+    if (p.dry_penalty_last_n > 0) n = std::min(n, size_t(p.dry_penalty_last_n));
+    const size_t allowed = size_t(p.dry_allowed_length);
+    if (n <= allowed) return;
+    dry_recent_.resize(n);
+    int32_t *r = dry_recent_.data();  // [n] latest first
+    for (size_t i = 0; i < n; ++i) r[i] = recent(i);
+
+    // A repeat reaches back no further than the latest breaker: the nearest position i whose token heads
+    // a breaker whose tail is the i' < i tokens after it. The longest such tail at that position counts.
+    size_t limit = n;
+    for (size_t i = 0; i < n && limit == n; ++i) {
+        auto it =
+            std::lower_bound(dry_by_head_.begin(), dry_by_head_.end(), std::pair<int32_t, uint32_t>{r[i], 0});
+        ptrdiff_t longest = -1;
+        for (; it != dry_by_head_.end() && it->first == r[i]; ++it) {
+            const std::vector<int32_t> &tail = p.dry_breakers[it->second].tail;
+            if (ptrdiff_t(tail.size()) <= longest || tail.size() > i) continue;
+            bool match = true;
+            for (size_t k = 0; k < tail.size() && match; ++k) match = tail[k] == r[i - 1 - k];
+            if (match) longest = ptrdiff_t(tail.size());
+        }
+        if (longest >= 0) limit = i - size_t(longest);
+    }
+    if (limit < allowed) return;
+
+    // z[k]: how many of the latest tokens repeat, in order, ending k tokens back (the Z-function of the
+    // reversed history). The token after that earlier occurrence, r[k - 1], would extend the repeat.
+    dry_z_.assign(n, 0);
+    uint32_t *z = dry_z_.data();
+    size_t left = 0, right = 0;  // the rightmost match found so far: r[left, right) equals r[0, right - left)
+    for (size_t k = 1; k < n; ++k) {
+        size_t len = k < right ? std::min(right - k, size_t(z[k - left])) : 0;
+        while (k + len < n && r[len] == r[k + len]) ++len;
+        if (k + len > right) left = k, right = k + len;
+        z[k] = uint32_t(len);
+    }
+    dry_hits_.clear();
+    for (size_t k = 1; k < n; ++k) {
+        const size_t len = std::min(size_t(z[k]), limit);
+        if (len >= allowed) dry_hits_.push_back({r[k - 1], uint32_t(len)});
+    }
+    if (dry_hits_.empty()) return;
+    std::sort(dry_hits_.begin(), dry_hits_.end());  // per token, its longest repeat last
+
+    // multiplier * base^(len - allowed), the exponent capped where the power would overflow a float.
+    const int max_exponent = p.dry_base > 1.000001f ? int(88.7228391f / std::log(p.dry_base)) : 0;
+    for (size_t i = 0; i < dry_hits_.size(); ++i) {
+        if (i + 1 < dry_hits_.size() && dry_hits_[i + 1].first == dry_hits_[i].first) continue;
+        const int32_t token = dry_hits_[i].first;
+        if (token >= n_vocab_ || std::binary_search(dry_single_.begin(), dry_single_.end(), token)) continue;
+        int exponent = int(dry_hits_[i].second - allowed);
+        if (max_exponent > 0 && exponent > max_exponent) exponent = max_exponent;
+        logit_of(token) -= p.dry_multiplier * std::pow(p.dry_base, float(exponent));
+    }
+}
+
+bool Sampler::logits_as_given() const {
+    const SamplerParams &p = params_;
+    const bool penalties =
+        p.repeat_last_n != 0 && !history_.empty() &&
+        (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
+    return p.logit_bias.empty() && !penalties && !(dry_on(p) && !history_.empty());
+}
+
+bool Sampler::top_k_of_raw(const float *logits, size_t &m, bool adjusted) {
+    // One pass over the row with a heap of the k best (worst on top) in cand_[0, k): for logits in no
+    // particular order almost every token costs one comparison, and nothing is copied but the k best.
+    // `adjusted`: the tokens in sparse_ (what the bias, penalties and DRY moved) are offered with their
+    // moved logits instead, after the pass.
+    const size_t k = size_t(params_.top_k);
+    cand_.resize(size_t(n_vocab_));  // allocates on the first call only
+    Candidate *c = cand_.data();
+    auto cmp = [](const Candidate &a, const Candidate &b) { return better(a, b); };
+    auto moved = [&](size_t i) { return adjusted && sparse_index_[i] >= 0; };
+    size_t h = 0;  // the heap's size until it holds k
+    size_t i = 0;
+    for (; i < size_t(n_vocab_) && h < k; ++i)
+        if (!moved(i)) c[h++] = {int32_t(i), sanitize(logits[i])};
+    std::make_heap(c, c + h, cmp);
+    float worst = h > 0 ? c[0].logit : k_inf;  // the heap's top: a token must beat it
+    for (; i < size_t(n_vocab_); ++i) {
+        const float x = logits[i];
+        if (!(x > worst)) continue;  // NaN and ties fail too: a tie's later id loses
+        if (moved(i)) continue;
+        std::pop_heap(c, c + k, cmp);
+        c[k - 1] = {int32_t(i), x};
+        std::push_heap(c, c + k, cmp);
+        worst = c[0].logit;
+    }
+    if (adjusted) {
+        for (const Candidate &e : sparse_) {  // out of id order: the full comparison
+            if (h < k) {
+                c[h++] = e;
+                std::push_heap(c, c + h, cmp);
+            } else if (better(e, c[0])) {
+                std::pop_heap(c, c + k, cmp);
+                c[k - 1] = e;
+                std::push_heap(c, c + k, cmp);
+            }
+        }
+    }
+    if (h < k) return false;  // fewer tokens than k: the general path
+    std::sort_heap(c, c + k, cmp);
+    if (c[0].logit == k_inf || c[0].logit == -k_inf) return false;  // the general path handles the limits
+    m = k;
+    while (c[m - 1].logit == -k_inf) --m;  // fewer than k tokens can occur
+    return true;
+}
+
 int32_t Sampler::sample(const float *logits) {
-    load_logits(logits);
-    Candidate *c = cand_.data();  // [n_vocab], id order
-
-    // Strict > in id order: ties go to the lowest id, a +inf beats everything, all -inf gives token 0.
-    size_t best = 0;
-    for (size_t i = 1; i < cand_.size(); ++i)
-        if (c[i].logit > c[best].logit) best = i;
-    float max = c[best].logit;
-
     const bool greedy = params_.temperature <= 0.0f;
-    if (greedy || max == -k_inf) {
-        if (!greedy) rng_();  // keep "one number per non-greedy call" even when nothing can be drawn
+    const bool as_given = logits_as_given();
+    if (greedy && as_given) {
+        // What the general path below picks (the lowest id of the largest logit, NaN as -inf, 0 if none is
+        // above -inf) without copying the row: the max in independent lanes (no chain of dependent
+        // compares), then the first token that holds it.
+        cand_.resize(size_t(n_vocab_));  // allocated on the first call, for when penalties start to apply
+        const size_t n = size_t(n_vocab_);
+        constexpr size_t kLanes = 16;
+        std::array<float, kLanes> lane;
+        lane.fill(-k_inf);
+        size_t i = 0;
+        for (; i + kLanes <= n; i += kLanes)
+            for (size_t l = 0; l < kLanes; ++l) lane[l] = lane[l] < logits[i + l] ? logits[i + l] : lane[l];
+        for (; i < n; ++i) lane[0] = lane[0] < logits[i] ? logits[i] : lane[0];  // NaN never replaces
+        const float max = *std::max_element(lane.begin(), lane.end());
+        size_t best = 0;
+        if (max > -k_inf)
+            while (logits[best] != max) ++best;
         n_final_ = 0;
         last_greedy_ = true;
         last_token_ = int32_t(best);
         last_token_logprob_ = 0.0f;
         return last_token_;
+    }
+    Candidate *c = nullptr;
+    size_t m = 0;
+    float max = 0.0f;
+    bool sorted = false;  // c[0, m) sorted by cmp; otherwise in id order
+    const bool top_k_first = !greedy && params_.top_n_sigma <= 0.0f && params_.top_k > 0 &&
+                             size_t(params_.top_k) <= k_heap_top_k_max && params_.top_k < n_vocab_;
+    if (top_k_first && sparse_index_.empty()) {      // the first call: room for every token the bias and the
+        sparse_index_.assign(size_t(n_vocab_), -1);  // history can move, whether or not they move yet
+        sparse_.reserve(params_.logit_bias.size() +
+                        size_t(std::min<int64_t>(window_ < 0 ? 256 : window_, k_history_reserve_max)));
+    }
+    if (top_k_first && !as_given) adjust_sparse(logits);  // the few tokens the bias, penalties and DRY move
+    if (top_k_first && top_k_of_raw(logits, m, !as_given)) {
+        c = cand_.data();
+        max = c[0].logit;
+        sorted = true;
+    } else {
+        sample_prefilter(logits, c, m, max, sorted);
+        if (c == nullptr) return last_token_;  // greedy, or nothing can be drawn
+    }
+    return sample_filtered(c, m, max, sorted);
+}
+
+void Sampler::sample_prefilter(const float *logits, Candidate *&c, size_t &m, float &max, bool &sorted) {
+    load_logits(logits);
+    c = cand_.data();  // [n_vocab], id order
+    auto cmp = [](const Candidate &a, const Candidate &b) { return better(a, b); };
+
+    // Strict > in id order: ties go to the lowest id, a +inf beats everything, all -inf gives token 0.
+    size_t best = 0;
+    for (size_t i = 1; i < cand_.size(); ++i)
+        if (c[i].logit > c[best].logit) best = i;
+    max = c[best].logit;
+
+    const bool greedy = params_.temperature <= 0.0f;
+    if (greedy || max == -k_inf) {
+        if (!greedy) {  // keep "one number per non-greedy call" even when nothing can be drawn
+            rng_();
+            if (xtc_on()) xtc_rng_();
+        }
+        n_final_ = 0;
+        last_greedy_ = true;
+        last_token_ = int32_t(best);
+        last_token_logprob_ = 0.0f;
+        c = nullptr;
+        return;
     }
     if (max == k_inf) {
         // The limit of the softmax: uniform over the +inf tokens, zero elsewhere.
@@ -287,10 +552,20 @@ int32_t Sampler::sample(const float *logits) {
 
     // -inf tokens have probability 0 whatever the filters do; dropping them keeps the sorts short.
     // remove_if keeps the survivors in id order.
-    size_t m =
-        size_t(std::remove_if(c, c + cand_.size(), [](const Candidate &x) { return x.logit == -k_inf; }) - c);
-    auto cmp = [](const Candidate &a, const Candidate &b) { return better(a, b); };
-    bool sorted = false;  // [0, m) sorted by cmp; otherwise in id order
+    m = size_t(std::remove_if(c, c + cand_.size(), [](const Candidate &x) { return x.logit == -k_inf; }) - c);
+    sorted = false;
+
+    // top_n_sigma: over every token that can still occur (a +inf row is all 0 here: std 0 keeps them all).
+    if (params_.top_n_sigma > 0.0f && m > 1) {
+        double mean = 0.0;
+        for (size_t i = 0; i < m; ++i) mean += c[i].logit;
+        mean /= double(m);
+        double var = 0.0;
+        for (size_t i = 0; i < m; ++i) var += (c[i].logit - mean) * (c[i].logit - mean);
+        const double threshold = double(max) - double(params_.top_n_sigma) * std::sqrt(var / double(m));
+        m = size_t(std::remove_if(c, c + m, [&](const Candidate &x) { return double(x.logit) < threshold; }) -
+                   c);
+    }
 
     if (params_.top_k > 0 && size_t(params_.top_k) < m) {
         const size_t k = size_t(params_.top_k);
@@ -311,11 +586,25 @@ int32_t Sampler::sample(const float *logits) {
         }
         m = k;
         sorted = true;
+    } else if (params_.top_k > 0 && params_.top_k < n_vocab_) {
+        // Fewer tokens can occur than top_k keeps (m <= k): they are still walked best first, as when top_k
+        // cut.
+        std::sort(c, c + m, cmp);
+        sorted = true;
+    }
+}
+
+int32_t Sampler::sample_filtered(Candidate *c, size_t m, float max, bool sorted) {
+    auto cmp = [](const Candidate &a, const Candidate &b) { return better(a, b); };
+    if (params_.typical_p < 1.0f && m > 1) {
+        m = apply_typical(c, m, max);  // leaves the survivors sorted
+        sorted = true;
+        max = c[0].logit;
     }
 
-    // top_p sees the distribution after top_k (temperature 1). Its normaliser is taken now, before min_p.
-    // Unless the set is already sorted, the same pass fills a histogram of probability mass over the
-    // logits, so the nucleus can be cut out with one partition instead of sorting the vocabulary.
+    // top_p sees the distribution after top_k and typical_p (temperature 1). Its normaliser is taken now,
+    // before min_p. Unless the set is already sorted, the same pass fills a histogram of probability mass
+    // over the logits, so the nucleus can be cut out with one partition instead of sorting the vocabulary.
     const bool use_top_p = params_.top_p < 1.0f;
     double sum_t1 = 0.0;
     std::array<double, k_top_p_buckets> bucket_mass{};  // [k_top_p_buckets] mass per logit bucket
@@ -372,6 +661,17 @@ int32_t Sampler::sample(const float *logits) {
     }
     TD_ASSERT(m >= 1, "the max-logit token survives every filter");
 
+    if (xtc_on()) {
+        // One draw whatever the set (restore() counts on it); llama.cpp's test is chance <= probability.
+        const bool hit = uniform01(xtc_rng_) <= double(params_.xtc_probability);
+        if (hit && m > 1) {
+            if (!sorted) std::sort(c, c + m, cmp);
+            sorted = true;
+            m = apply_xtc(c, m);
+            max = c[0].logit;
+        }
+    }
+
     // Temperature, softmax, draw. (x - max) / t rather than x * (1 / t): no inf * 0 for a tiny t.
     const float temperature = params_.temperature;
     weight_.resize(cand_.size());  // allocates on the first call only
@@ -383,7 +683,7 @@ int32_t Sampler::sample(const float *logits) {
     }
     const double r = uniform01(rng_) * sum;
     double cum = 0.0;
-    size_t pick = 0;  // the max token has weight 1, so a positive-weight candidate exists
+    size_t pick = 0;  // the best survivor has weight 1, so a positive-weight candidate exists
     for (size_t i = 0; i < m; ++i) {
         if (w[i] <= 0.0f) continue;
         pick = i;
@@ -399,6 +699,57 @@ int32_t Sampler::sample(const float *logits) {
     last_token_ = c[pick].id;
     last_token_logprob_ = float(double(c[pick].logit - max) / temperature - final_log_sum_);
     return last_token_;
+}
+
+size_t Sampler::apply_typical(Candidate *c, size_t m, float max) {
+    // With p_i = e^(l_i - max) / S, -log p_i - H = E[l] - l_i, where E[l] = sum p_j l_j: a token's distance
+    // from the entropy is its logit's distance from the mean logit. One pass of exp gives S and E[l].
+    double sum = 0.0, weighted = 0.0;
+    for (size_t i = 0; i < m; ++i) {
+        const double d = double(c[i].logit) - max;
+        const double e = std::exp(d);
+        sum += e;
+        weighted += e * d;
+    }
+    const double mean = double(max) + weighted / sum;
+    auto score = [&](const Candidate &x) { return std::fabs(double(x.logit) - mean); };
+    // Ties go to the sorted order (logit descending, id ascending): a total order, whatever the sort.
+    auto closer = [&](const Candidate &a, const Candidate &b) {
+        const double sa = score(a), sb = score(b);
+        return sa < sb || (sa == sb && better(a, b));
+    };
+    // The kept tokens are the fewest closest whose mass passes typical_p, usually a few dozen: select them in
+    // growing chunks (nth_element over what is left, then sort the chunk) rather than sorting everything.
+    double cum = 0.0;
+    size_t done = 0;
+    bool reached = false;
+    for (size_t chunk = 64; done < m && !reached; chunk *= 8) {
+        const size_t end = std::min(m, done + chunk);
+        if (end < m) std::nth_element(c + done, c + end, c + m, closer);
+        std::sort(c + done, c + end, closer);
+        while (done < end && !reached) {
+            cum += std::exp(double(c[done++].logit) - max) / sum;
+            reached = cum > double(params_.typical_p);
+        }
+    }
+    const size_t keep = done;  // all of them if rounding kept the mass from passing typical_p
+    std::sort(c, c + keep, [](const Candidate &a, const Candidate &b) { return better(a, b); });
+    return keep;
+}
+
+size_t Sampler::apply_xtc(Candidate *c, size_t m) {
+    const float top = c[0].logit;
+    double sum = 0.0;
+    for (size_t i = 0; i < m; ++i) sum += std::exp(double(c[i].logit) - top);
+    // The tokens at or above the threshold are a prefix of the sorted order; all but its last go.
+    size_t last = 0;
+    for (size_t i = 0; i < m; ++i) {
+        if (std::exp(double(c[i].logit) - top) / sum < double(params_.xtc_threshold)) break;
+        last = i;
+    }
+    if (last == 0) return m;
+    std::move(c + last, c + m, c);
+    return m - last;
 }
 
 float Sampler::last_logprob() const {

@@ -617,7 +617,20 @@ Status seq_start_fields(Io &io, M &m) {
         TD_TRY(io.field(b.id, "logit_bias id"));
         return io.field(b.bias, "logit_bias bias");
     }));
-    return io.field(m.keep_from, "keep_from");
+    TD_TRY(io.field(m.keep_from, "keep_from"));
+    TD_TRY(io.finite(m.typical_p, "typical_p"));
+    TD_TRY(io.finite(m.top_n_sigma, "top_n_sigma"));
+    TD_TRY(io.finite(m.xtc_probability, "xtc_probability"));
+    TD_TRY(io.finite(m.xtc_threshold, "xtc_threshold"));
+    TD_TRY(io.finite(m.dry_multiplier, "dry_multiplier"));
+    TD_TRY(io.finite(m.dry_base, "dry_base"));
+    TD_TRY(io.field(m.dry_allowed_length, "dry_allowed_length"));
+    TD_TRY(io.field(m.dry_penalty_last_n, "dry_penalty_last_n"));
+    return io.list(m.dry_breakers, kMaxSeqDryBreakers, "dry_breakers", [&](auto &b) -> Status {
+        TD_TRY(io.field(b.head, "dry_breakers head"));
+        return io.list(b.tail, kMaxSeqDryTail, "dry_breakers tail",
+                       [&](auto &t) { return io.field(t, "tail"); });
+    });
 }
 
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {
@@ -644,6 +657,11 @@ Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
         if (std::isnan(b.bias) || b.bias == std::numeric_limits<float>::infinity())
             return invalid_input("seq_start: logit_bias of token {} is {} (finite or -inf)", b.id, b.bias);
     }
+    size_t tail_tokens = 0;
+    for (const SeqDryBreaker &b : m.dry_breakers) tail_tokens += b.tail.size();
+    if (tail_tokens > kMaxSeqDryTailTokens)
+        return invalid_input("seq_start: the DRY breakers' tails hold {} tokens, limit {}", tail_tokens,
+                             kMaxSeqDryTailTokens);
     return m;
 }
 

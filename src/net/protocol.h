@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 13;
+inline constexpr uint16_t kProtocolVersion = 14;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -46,6 +46,9 @@ inline constexpr size_t kMaxNextHops = 64;                           // destinat
 inline constexpr size_t kMaxTpSize = 64;                             // ranks in a tensor-parallel group
 inline constexpr size_t kMaxSeqHistory = 65536;                      // sampled tokens one SeqStart restores
 inline constexpr size_t kMaxSeqLogitBias = 2048;                     // logit-bias entries of one SeqStart
+inline constexpr size_t kMaxSeqDryBreakers = 32768;                  // DRY breaker sequences of one SeqStart
+inline constexpr size_t kMaxSeqDryTail = 20;                         // tokens in one breaker's tail
+inline constexpr size_t kMaxSeqDryTailTokens = 32768;                // tail tokens of one SeqStart, in all
 inline constexpr size_t kMaxEchoPayload = 64u << 20;                 // one echo (netbench's largest message)
 inline constexpr size_t kMaxProbeMatrices = 128;                     // shapes in one ProbeCompute
 inline constexpr size_t kMaxProbeRows = 16;                          // row counts in one ProbeCompute
@@ -318,6 +321,11 @@ struct SeqLogitBias {  // i32 id, f32 bias
     float bias = 0.0f;
 };
 
+struct SeqDryBreaker {  // i32 head, u32 n, i32[n] tail
+    int32_t head = 0;
+    std::vector<int32_t> tail;  // [<= kMaxSeqDryTail]
+};
+
 struct SeqStart {  // sampling parameters, applied on the last stage; clears the sequence everywhere
     int32_t seq = 0;
     uint32_t want_logits = 0;
@@ -341,6 +349,17 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     // v10: the sequence whose first `keep` positions are kept (>= 0): seq itself, or another one whose are
     // copied (a prompt that starts with the tokens it was fed).
     int32_t keep_from = 0;
+    // v14: llama.cpp's further filters (SamplerParams: 1, <= 0, 0 turn them off).
+    float typical_p = 1.0f;
+    float top_n_sigma = -1.0f;
+    float xtc_probability = 0.0f;
+    float xtc_threshold = 0.1f;
+    // v14: DRY (SamplerParams' fields; its breakers as token sequences).
+    float dry_multiplier = 0.0f;
+    float dry_base = 1.75f;
+    int32_t dry_allowed_length = 2;
+    int32_t dry_penalty_last_n = -1;
+    std::vector<SeqDryBreaker> dry_breakers;  // [<= kMaxSeqDryBreakers]
 };
 
 struct SeqClear {

@@ -14,6 +14,7 @@
 #include "core/build-id.h"
 #include "core/log.h"
 #include "net/auth.h"
+#include "server/dry-breakers.h"
 #include "server/http-impl.h"
 #include "server/http-tls.h"
 #include "server/llamacpp.h"
@@ -271,6 +272,15 @@ std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest 
         return nullptr;
     }
     job.sampling = r.sampling;
+    if (job.sampling.dry_multiplier > 0.0f && job.sampling.dry_penalty_last_n != 0) {
+        auto breakers = dry_breakers_for(
+            tok, r.dry_sequence_breakers ? *r.dry_sequence_breakers : dry_default_breakers());
+        if (!breakers.ok()) {
+            err(res, 400, breakers.status().message());
+            return nullptr;
+        }
+        job.sampling.dry_breakers = std::move(*breakers);
+    }
     // As llama.cpp does it: a bias of -inf on every end-of-generation token (one the model has no output row
     // for, in a tokenizer longer than the model, can never be drawn anyway).
     if (r.ignore_eos)

@@ -21,7 +21,7 @@ struct Unsupported {
     const char *key;
     double off;
 };
-constexpr Unsupported unsupported_options[] = {{"mirostat", 0.0}, {"typical_p", 1.0}, {"tfs_z", 1.0}};
+constexpr Unsupported unsupported_options[] = {{"mirostat", 0.0}, {"tfs_z", 1.0}};
 
 // `options` (Ollama's defaults first) and the fields both endpoints share.
 Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
@@ -62,6 +62,7 @@ Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
     TD_TRY(get_number(*o, "temperature", sp.temperature));
     TD_TRY(get_number(*o, "top_p", sp.top_p));
     TD_TRY(get_number(*o, "min_p", sp.min_p));
+    TD_TRY(get_number(*o, "typical_p", sp.typical_p));
     TD_TRY(get_number(*o, "repeat_penalty", sp.repeat_penalty));
     TD_TRY(get_number(*o, "presence_penalty", sp.presence_penalty));
     TD_TRY(get_number(*o, "frequency_penalty", sp.frequency_penalty));

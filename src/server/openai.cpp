@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/printable.h"
+#include "server/dry-breakers.h"
 #include "server/json-fields.h"
 #include "text/json-schema-grammar.h"
 #include "text/regex-grammar.h"
@@ -212,6 +213,32 @@ Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
     TD_TRY(get_number(j, "presence_penalty", sp.presence_penalty));
     TD_TRY(get_number(j, "frequency_penalty", sp.frequency_penalty));
     TD_TRY(get_number(j, "repeat_penalty", sp.repeat_penalty));
+    // llama-server's further filters (not OpenAI's): typical_p, top_n_sigma, XTC.
+    TD_TRY(get_number(j, "typical_p", sp.typical_p));
+    TD_TRY(get_number(j, "top_n_sigma", sp.top_n_sigma));
+    TD_TRY(get_number(j, "xtc_probability", sp.xtc_probability));
+    TD_TRY(get_number(j, "xtc_threshold", sp.xtc_threshold));
+    TD_TRY(get_number(j, "dry_multiplier", sp.dry_multiplier));
+    TD_TRY(get_number(j, "dry_base", sp.dry_base));
+    TD_TRY(get_int(j, "dry_allowed_length", n, has));
+    if (has) {
+        if (n < 0 || n > std::numeric_limits<int32_t>::max())
+            return invalid_input("'dry_allowed_length' must be >= 0, got {}", n);
+        sp.dry_allowed_length = static_cast<int32_t>(n);
+    }
+    TD_TRY(get_int(j, "dry_penalty_last_n", n, has));
+    if (has) {
+        if (n < -1 || n > std::numeric_limits<int32_t>::max())
+            return invalid_input("'dry_penalty_last_n' must be -1 (all), 0 (off) or more, got {}", n);
+        sp.dry_penalty_last_n = static_cast<int32_t>(n);
+    }
+    if (field(j, "dry_sequence_breakers") != nullptr) {
+        std::vector<std::string> breakers;
+        TD_TRY(get_strings(j, "dry_sequence_breakers", kMaxDryBreakerStrings, breakers));
+        if (breakers.empty())
+            return invalid_input("'dry_sequence_breakers' must be a non-empty array of strings");
+        r.dry_sequence_breakers = std::move(breakers);
+    }
     if (sp.temperature < 0.0f || sp.temperature > 2.0f)
         return invalid_input("'temperature' must be in [0, 2], got {}", sp.temperature);
     if (std::fabs(sp.presence_penalty) > 2.0f)

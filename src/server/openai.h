@@ -39,6 +39,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -69,6 +70,9 @@ struct ApiRequest {
     };
     std::vector<Prompt> prompts;
     SamplerParams sampling;
+    // DRY's sequence breakers as given (llama-server's dry_sequence_breakers); none: its defaults. The
+    // server turns them into sampling.dry_breakers with the model's tokenizer when DRY is on.
+    std::optional<std::vector<std::string>> dry_sequence_breakers;
     int32_t max_tokens = -1;  // -1: not given
     std::vector<std::string> stop;
     int32_t n_choices = 1;  // n
