@@ -413,16 +413,28 @@ TEST_F(ChatRepl, TwoTurnsThenEndOfInput) {
 }
 
 TEST_F(ChatRepl, FirstReplyEqualsRunOnTheFormattedPrompt) {
-    // The REPL's first turn is `tandem run` on the chatml text of that turn.
-    test::ProcessResult chat = test::run_tandem_stdin(args({"--system", "Be brief."}), "Hi\n");
-    ASSERT_EQ(chat.exit_code, 0) << chat.err;
-    const std::vector<std::string> got = replies(chat.out);
-    ASSERT_EQ(got.size(), 1u) << chat.out;
-    const std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
-    test::ProcessResult run = test::run_tandem({"run", "-m", stories, "-p", chat_apply(K::chatml, msgs, true),
-                                                "--temp", "0", "-n", "16", "-t", "1"});
-    ASSERT_EQ(run.exit_code, 0) << run.err;
-    EXPECT_EQ(got[0] + "\n", run.out);
+    // The REPL's first turn is `tandem run` on the chatml text of that turn; with penalties over the whole
+    // history too (both samplers see the prompt, as llama.cpp's do).
+    const std::vector<std::string> penalties = {"--repeat-penalty", "3", "--repeat-last-n", "-1"};
+    std::vector<std::string> replies_seen;
+    for (const auto &extra : {std::vector<std::string>{}, penalties}) {
+        std::vector<std::string> chat_args = {"--system", "Be brief."};
+        chat_args.insert(chat_args.end(), extra.begin(), extra.end());
+        test::ProcessResult chat = test::run_tandem_stdin(args(chat_args), "Hi\n");
+        ASSERT_EQ(chat.exit_code, 0) << chat.err;
+        const std::vector<std::string> got = replies(chat.out);
+        ASSERT_EQ(got.size(), 1u) << chat.out;
+        const std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
+        std::vector<std::string> run_args = {"run",    "-m", stories, "-p", chat_apply(K::chatml, msgs, true),
+                                             "--temp", "0",  "-n",    "16", "-t",
+                                             "1"};
+        run_args.insert(run_args.end(), extra.begin(), extra.end());
+        test::ProcessResult run = test::run_tandem(run_args);
+        ASSERT_EQ(run.exit_code, 0) << run.err;
+        EXPECT_EQ(got[0] + "\n", run.out);
+        replies_seen.push_back(got[0]);
+    }
+    EXPECT_NE(replies_seen[0], replies_seen[1]);  // the penalties moved the reply
 }
 
 TEST_F(ChatRepl, ResetStartsOverAndExitEnds) {

@@ -220,8 +220,14 @@ TEST_F(OllamaServer, ChatIsTheChatCompletionStreamedOrNot) {
     auto c = s.client();
     const json messages = json::array({{{"role", "system"}, {"content", "You tell stories."}},
                                        {{"role", "user"}, {"content", "A story about a cat."}}});
-    auto o =
-        post(c, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 16}, {"temperature", 0}});
+    // Ollama's default repeat penalty (1.1 over the last 64 tokens, the prompt's included, as Ollama's runner
+    // feeds it) given to the OpenAI endpoint as llama-server's fields: the same draws.
+    auto o = post(c, "/v1/chat/completions",
+                  {{"messages", messages},
+                   {"max_tokens", 16},
+                   {"temperature", 0},
+                   {"repeat_penalty", 1.1},
+                   {"repeat_last_n", 64}});
     ASSERT_TRUE(o);
     ASSERT_EQ(o->status, 200) << o->body;
     const std::string openai = json::parse(o->body)["choices"][0]["message"]["content"];

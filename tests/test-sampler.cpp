@@ -809,8 +809,9 @@ TEST(Sampler, ResetRestoresSequenceAndClearsHistory) {
     EXPECT_EQ(gs.sample(l.data()), 0);
 }
 
-// A stream resumed elsewhere (a lost node): a fresh sampler restored with the tokens sampled so far draws
-// exactly what the uninterrupted one draws next, with penalties over a window and over the whole history.
+// A stream resumed elsewhere (a lost node): a fresh sampler restored with the tokens it has seen (its prompt,
+// then those it sampled) draws exactly what the uninterrupted one draws next, with penalties over a window
+// and over the whole history.
 TEST(Sampler, RestoreContinuesTheUninterruptedStream) {
     for (int32_t window : {64, 8, -1, 0}) {
         for (float temperature : {0.9f, 0.0f, 1.1f}) {
@@ -834,6 +835,9 @@ TEST(Sampler, RestoreContinuesTheUninterruptedStream) {
             std::vector<std::vector<float>> steps;
             for (int i = 0; i < 90; ++i) steps.push_back(random_logits(64, 100 + i, 2.0f));
             Sampler whole(p, 64);
+            std::vector<int32_t> prompt;
+            for (int32_t i = 0; i < 20; ++i) prompt.push_back((i * 7) % 64);
+            for (int32_t t : prompt) whole.accept(t);
             std::vector<int32_t> tokens;
             for (const auto &l : steps) {
                 tokens.push_back(whole.sample(l.data()));
@@ -841,8 +845,9 @@ TEST(Sampler, RestoreContinuesTheUninterruptedStream) {
             }
             for (size_t cut : {size_t(1), size_t(30), size_t(89)}) {
                 Sampler resumed(p, 64);
-                const std::span<const int32_t> sampled(tokens.data(), cut);
-                resumed.restore(cut, sampler_history_tail(p, sampled));
+                std::vector<int32_t> seen = prompt;
+                seen.insert(seen.end(), tokens.begin(), tokens.begin() + std::ptrdiff_t(cut));
+                resumed.restore(cut, sampler_history_tail(p, seen));
                 for (size_t i = cut; i < steps.size(); ++i) {
                     const int32_t t = resumed.sample(steps[i].data());
                     ASSERT_EQ(t, tokens[i]) << "cut at " << cut << ", step " << i;
@@ -854,6 +859,10 @@ TEST(Sampler, RestoreContinuesTheUninterruptedStream) {
     const std::vector<int32_t> sampled = {1, 2, 3, 4, 5};
     SamplerParams p;
     p.repeat_last_n = 2;
+    EXPECT_TRUE(sampler_history_tail(p, sampled).empty());  // no penalty and no DRY: nothing reads it
+    EXPECT_FALSE(sampler_reads_history(p));
+    p.repeat_penalty = 1.1f;
+    EXPECT_TRUE(sampler_reads_history(p));
     EXPECT_EQ(sampler_history_tail(p, sampled).size(), 2u);
     EXPECT_EQ(sampler_history_tail(p, sampled)[0], 4);
     p.repeat_last_n = -1;

@@ -33,9 +33,9 @@ public:
     int32_t n_seq() const override { return inner_->n_seq(); }
     int32_t n_vocab() const override { return inner_->n_vocab(); }
     int max_in_flight() const override { return inner_->max_in_flight(); }
-    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits, std::span<const int32_t> sampled,
+    Status seq_start(int32_t seq, const SamplerParams &p, bool want_logits, const SamplerHistory &history,
                      int32_t keep, int32_t keep_from) override {
-        return inner_->seq_start(seq, p, want_logits, sampled, keep, keep_from);
+        return inner_->seq_start(seq, p, want_logits, history, keep, keep_from);
     }
     int32_t seq_cached(int32_t seq) const override { return inner_->seq_cached(seq); }
     Status seq_clear(int32_t seq) override { return inner_->seq_clear(seq); }

@@ -1951,6 +1951,52 @@ TEST_P(ServerTest, LlamaServersFiltersDrawWhatTandemRunDraws) {
     EXPECT_NE(bad.err.find("typical_p must be in [0, 1]"), std::string::npos) << bad.err;
 }
 
+// llama-server's sampler sees the prompt before it draws (its repeat penalties and DRY read it), and so does
+// tandem's, on every engine and in `tandem run`. Plain greedy's first token here is a token of the prompt;
+// with a repeat penalty over the whole history that pushes every token seen below every token not seen,
+// greedy draws another one, then no token of the prompt and none twice.
+TEST_P(ServerTest, ThePenaltiesSeeThePromptAsLlamaServersDo) {
+    TestServer s(opts());
+    auto c = s.client();
+    const std::string prompt =
+        "Once upon a time, there was a little girl. Once upon a time, there was a little";
+    const auto drawn = [&](const json &body, std::string *content) {
+        std::vector<int32_t> ids;
+        auto r = post(c, "/completion", body);
+        EXPECT_TRUE(r && r->status == 200) << (r ? r->body : "no reply");
+        if (!r || r->status != 200) return ids;
+        const json j = json::parse(r->body);
+        for (const json &p : j["completion_probabilities"]) ids.push_back(p["id"].get<int32_t>());
+        if (content != nullptr) *content = j["content"].get<std::string>();
+        return ids;
+    };
+    json body = {{"prompt", prompt}, {"n_predict", 12}, {"temperature", 0}, {"n_probs", 1}};
+    const std::vector<int32_t> plain = drawn(body, nullptr);
+    const std::vector<int32_t> prompt_tokens = tokens_of(c, prompt);
+    ASSERT_FALSE(plain.empty());
+    ASSERT_NE(std::find(prompt_tokens.begin(), prompt_tokens.end(), plain[0]), prompt_tokens.end())
+        << "plain greedy's first token should be one of the prompt's for this test to tell";
+    body["repeat_penalty"] = 1e6;
+    body["repeat_last_n"] = -1;
+    body["presence_penalty"] = 2.0;
+    std::string content;
+    const std::vector<int32_t> penalized = drawn(body, &content);
+    ASSERT_EQ(penalized.size(), 12u) << content;
+    EXPECT_NE(penalized[0], plain[0]);
+    for (size_t i = 0; i < penalized.size(); ++i) {
+        EXPECT_EQ(std::find(prompt_tokens.begin(), prompt_tokens.end(), penalized[i]), prompt_tokens.end())
+            << "token " << i << " (" << penalized[i] << ") is the prompt's";
+        EXPECT_EQ(std::find(penalized.begin(), penalized.begin() + std::ptrdiff_t(i), penalized[i]),
+                  penalized.begin() + std::ptrdiff_t(i))
+            << "token " << i << " (" << penalized[i] << ") was drawn before";
+    }
+    test::ProcessResult run =
+        test::run_tandem({"run", "-m", test::shared_path(k_model), "-p", prompt, "-n", "12", "--temp", "0",
+                          "--repeat-penalty", "1e6", "--repeat-last-n", "-1", "--presence-penalty", "2"});
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    EXPECT_EQ(run.out, content + "\n");
+}
+
 // DRY's breakers as token sequences, over llama's 32,000-token vocabulary: every token whose text holds a
 // breaker is one by itself; every token whose text ends with a start of it heads the rest, tokenized; the
 // limits are refused with a message.

@@ -40,6 +40,7 @@ public:
         kv_tokens_.clear();
         kv_text_.clear();
         kv_text_known_ = true;
+        n_drawn_ = 0;
         return engine_.seq_start(kSeq, sampling_);
     }
 
@@ -58,7 +59,9 @@ public:
         std::vector<int32_t> fresh;
         const bool add_bos = vocab_.add_bos() && vocab_.bos() >= 0;
         size_t n_keep = 0;
-        if (kv_text_known_ && full.starts_with(kv_text_)) {
+        // A cache that lost its positions (a cluster that failed over) is decoded again from the start.
+        const bool cached = engine_.seq_cached(kSeq) >= static_cast<int32_t>(kv_tokens_.size());
+        if (kv_text_known_ && cached && full.starts_with(kv_text_)) {
             if (kv_tokens_.empty() && add_bos) fresh.push_back(vocab_.bos());
             const std::vector<int32_t> delta =
                 tokenizer_.encode(std::string_view(full).substr(kv_text_.size()),
@@ -81,11 +84,14 @@ public:
             return st;
         }
 
+        // The sampler sees the conversation as the cache will hold it, this turn's new part included, as
+        // llama-cli's sees every token it feeds (repeat penalties and DRY read them); a seeded conversation
+        // goes on with the draws it would have made. The cache keeps its first n_keep positions.
+        kv_tokens_.resize(n_keep);
+        kv_tokens_.insert(kv_tokens_.end(), fresh.begin(), fresh.end());
+        TD_TRY(
+            engine_.seq_start(kSeq, sampling_, false, {kv_tokens_, n_drawn_}, static_cast<int32_t>(n_keep)));
         // Prefill the new part; only its last row wants an output (the reply's first token).
-        if (n_keep == 0 && !kv_tokens_.empty()) {
-            TD_TRY(engine_.seq_clear(kSeq));
-            kv_tokens_.clear();
-        }
         Batch batch;
         std::vector<StepOutput> last;
         const size_t n_batch = static_cast<size_t>(std::max(1, params_.n_batch));
@@ -100,7 +106,7 @@ public:
         if (last.size() != 1)
             return make_error(ErrorKind::failed, "the engine returned {} outputs for the prompt",
                               last.size());
-        kv_tokens_.insert(kv_tokens_.end(), fresh.begin(), fresh.end());
+        ++n_drawn_;
         st.n_cached = static_cast<int32_t>(n_keep);
         st.n_new = static_cast<int32_t>(fresh.size());
 
@@ -145,6 +151,7 @@ public:
             if (last.size() != 1)
                 return make_error(ErrorKind::failed, "the engine returned {} outputs for one token",
                                   last.size());
+            ++n_drawn_;
             kv_tokens_.push_back(token);
             raw += tokenizer_.token_to_piece(token);
             if (vocab_.is_control(token)) text_known = false;  // renders as "" but sits in the cache
@@ -176,6 +183,7 @@ private:
     std::vector<int32_t> kv_tokens_;  // [cached] the tokens in the cache of slot kSeq
     std::string kv_text_;             // the text kv_tokens_ came from, when kv_text_known_
     bool kv_text_known_ = true;
+    uint64_t n_drawn_ = 0;  // tokens the conversation's sampler has drawn (SamplerHistory::n_drawn)
 };
 
 // One input line, without its end of line; false at end of input (a partial last line still counts).

@@ -170,7 +170,8 @@ int run_main(const RunOptions &opt) {
     std::unique_ptr<server::ConstrainedSampler> constrained;
     if (grammar || schema) {
         constraint_vocab = std::make_unique<server::ConstraintVocab>(**tokenizer, (*engine)->n_vocab());
-        constrained = std::make_unique<server::ConstrainedSampler>(*constraint_vocab, schema, grammar, sp);
+        constrained =
+            std::make_unique<server::ConstrainedSampler>(*constraint_vocab, schema, grammar, sp, tokens);
         gp.pick = [&](const float *logits) { return constrained->sample(logits); };
     }
     auto stats = generate(

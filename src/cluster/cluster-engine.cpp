@@ -72,7 +72,7 @@ int32_t ClusterEngine::seq_cached(int32_t seq) const {
 }
 
 Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits,
-                                std::span<const int32_t> sampled, int32_t keep, int32_t keep_from) {
+                                const SamplerHistory &history, int32_t keep, int32_t keep_from) {
     if (seq < 0 || seq >= n_seq())
         return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(sampler_params_validate(params));
@@ -86,33 +86,10 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     m.keep_from = from;
     m.seq = seq;
     m.want_logits = want_logits ? 1 : 0;
-    m.temperature = params.temperature;
-    m.top_k = params.top_k;
-    m.top_p = params.top_p;
-    m.min_p = params.min_p;
-    m.repeat_penalty = params.repeat_penalty;
-    m.repeat_last_n = params.repeat_last_n;
-    m.presence_penalty = params.presence_penalty;
-    m.frequency_penalty = params.frequency_penalty;
-    m.typical_p = params.typical_p;
-    m.top_n_sigma = params.top_n_sigma;
-    m.xtc_probability = params.xtc_probability;
-    m.xtc_threshold = params.xtc_threshold;
-    m.dry_multiplier = params.dry_multiplier;
-    m.dry_base = params.dry_base;
-    m.dry_allowed_length = params.dry_allowed_length;
-    m.dry_penalty_last_n = params.dry_penalty_last_n;
-    static_assert(net::kMaxSeqDryBreakers >= kMaxDryBreakers && net::kMaxSeqDryTail >= kMaxDryTail &&
-                  net::kMaxSeqDryTailTokens >= kMaxDryTailTokens);
-    for (const DryBreaker &b : params.dry_breakers) m.dry_breakers.push_back({b.head, b.tail});
-    m.seed = params.seed;
-    static_assert(net::kMaxSeqLogitBias >= kMaxLogitBias);
-    for (const LogitBias &b : params.logit_bias) m.logit_bias.push_back({b.id, b.bias});
-    for (int32_t t : sampled)
-        if (t < 0 || t >= n_vocab())
-            return invalid_input("sampled token {} is out of range (vocabulary has {} tokens)", t, n_vocab());
-    m.n_sampled = sampled.size();
-    const auto tail = sampler_history_tail(params, sampled, net::kMaxSeqHistory);
+    put_sampling(params, m);
+    TD_TRY(sampler_history_validate(history, n_vocab()));
+    m.n_sampled = history.n_drawn;
+    const auto tail = sampler_history_tail(params, history.tokens, net::kMaxSeqHistory);
     m.history.assign(tail.begin(), tail.end());
     buf_.clear();
     net::encode(m, buf_);

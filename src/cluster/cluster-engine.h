@@ -149,8 +149,7 @@ public:
     // Nodes per stage (tensor-parallel group sizes), workers only.
     std::vector<size_t> stage_sizes() const;
     Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
-                     std::span<const int32_t> sampled = {}, int32_t keep = 0,
-                     int32_t keep_from = -1) override;
+                     const SamplerHistory &history = {}, int32_t keep = 0, int32_t keep_from = -1) override;
     int32_t seq_cached(int32_t seq) const override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;

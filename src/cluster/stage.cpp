@@ -233,26 +233,7 @@ Status Stage::handle_seq_start(Frame &f) {
     // check, naming both, rather than computing on missing rows.
     ctx_->seq_copy(m.keep_from, m.seq, static_cast<int32_t>(std::min<uint32_t>(m.keep, INT32_MAX)));
     if (!is_last_) return send_down(net::MsgType::seq_start, f.header.request_id, f.payload);
-    SamplerParams sp;
-    sp.temperature = m.temperature;
-    sp.top_k = m.top_k;
-    sp.top_p = m.top_p;
-    sp.min_p = m.min_p;
-    sp.repeat_penalty = m.repeat_penalty;
-    sp.repeat_last_n = m.repeat_last_n;
-    sp.presence_penalty = m.presence_penalty;
-    sp.frequency_penalty = m.frequency_penalty;
-    sp.typical_p = m.typical_p;
-    sp.top_n_sigma = m.top_n_sigma;
-    sp.xtc_probability = m.xtc_probability;
-    sp.xtc_threshold = m.xtc_threshold;
-    sp.dry_multiplier = m.dry_multiplier;
-    sp.dry_base = m.dry_base;
-    sp.dry_allowed_length = m.dry_allowed_length;
-    sp.dry_penalty_last_n = m.dry_penalty_last_n;
-    for (net::SeqDryBreaker &b : m.dry_breakers) sp.dry_breakers.push_back({b.head, std::move(b.tail)});
-    sp.seed = m.seed;
-    for (const net::SeqLogitBias &b : m.logit_bias) sp.logit_bias.push_back({b.id, b.bias});
+    const SamplerParams sp = take_sampling(m);
     TD_TRY(sampler_params_validate(sp));
     const int32_t n_vocab = model_->hparams().n_vocab;
     TD_TRY(logit_bias_validate(sp, n_vocab));
@@ -260,7 +241,7 @@ Status Stage::handle_seq_start(Frame &f) {
         if (t >= n_vocab)
             return invalid_input("seq_start: history token {} is outside the vocabulary of {}", t, n_vocab);
     samplers_[m.seq] = std::make_unique<Sampler>(sp, n_vocab);
-    if (m.n_sampled > 0) samplers_[m.seq]->restore(m.n_sampled, m.history);
+    if (m.n_sampled > 0 || !m.history.empty()) samplers_[m.seq]->restore(m.n_sampled, m.history);
     sampler_ptrs_[m.seq] = samplers_[m.seq].get();
     want_logits_[m.seq] = m.want_logits != 0;
     return {};

@@ -45,4 +45,49 @@ Status recv_expect(net::Connection &conn, net::MsgType want, std::vector<uint8_t
     return {};
 }
 
+namespace {
+
+// The SeqStart fields that are SamplerParams' own, listed once for both directions: f(params', message's).
+template <typename Params, typename Msg, typename F>
+void sampling_fields(Params &p, Msg &m, F &&f) {
+    f(p.temperature, m.temperature);
+    f(p.top_k, m.top_k);
+    f(p.top_p, m.top_p);
+    f(p.min_p, m.min_p);
+    f(p.repeat_penalty, m.repeat_penalty);
+    f(p.repeat_last_n, m.repeat_last_n);
+    f(p.presence_penalty, m.presence_penalty);
+    f(p.frequency_penalty, m.frequency_penalty);
+    f(p.typical_p, m.typical_p);
+    f(p.top_n_sigma, m.top_n_sigma);
+    f(p.xtc_probability, m.xtc_probability);
+    f(p.xtc_threshold, m.xtc_threshold);
+    f(p.dry_multiplier, m.dry_multiplier);
+    f(p.dry_base, m.dry_base);
+    f(p.dry_allowed_length, m.dry_allowed_length);
+    f(p.dry_penalty_last_n, m.dry_penalty_last_n);
+    f(p.seed, m.seed);
+}
+
+}  // namespace
+
+void put_sampling(const SamplerParams &params, net::SeqStart &m) {
+    sampling_fields(params, m, [](const auto &p, auto &field) { field = p; });
+    static_assert(net::kMaxSeqDryBreakers >= kMaxDryBreakers && net::kMaxSeqDryTail >= kMaxDryTail &&
+                  net::kMaxSeqDryTailTokens >= kMaxDryTailTokens);
+    m.dry_breakers.clear();
+    for (const DryBreaker &b : params.dry_breakers) m.dry_breakers.push_back({b.head, b.tail});
+    static_assert(net::kMaxSeqLogitBias >= kMaxLogitBias);
+    m.logit_bias.clear();
+    for (const LogitBias &b : params.logit_bias) m.logit_bias.push_back({b.id, b.bias});
+}
+
+SamplerParams take_sampling(net::SeqStart &m) {
+    SamplerParams params;
+    sampling_fields(params, m, [](auto &p, const auto &field) { p = field; });
+    for (net::SeqDryBreaker &b : m.dry_breakers) params.dry_breakers.push_back({b.head, std::move(b.tail)});
+    for (const net::SeqLogitBias &b : m.logit_bias) params.logit_bias.push_back({b.id, b.bias});
+    return params;
+}
+
 }  // namespace td::cluster

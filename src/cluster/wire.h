@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/sampler.h"
 #include "net/codec.h"
 #include "net/transport.h"
 
@@ -34,5 +35,10 @@ Status recv_frame(net::Connection &conn, net::FrameHeader &header, std::vector<u
 // Receives one frame and checks it is `want` (anything else is invalid_input naming both types).
 Status recv_expect(net::Connection &conn, net::MsgType want, std::vector<uint8_t> &payload, int timeout_ms,
                    const std::string &peer_name);
+
+// The sampler's parameters in a SeqStart (the head sends them; the last stage builds its sampler from them),
+// and back. take_sampling moves the breakers out of `m`; sampler_params_validate still checks the result.
+void put_sampling(const SamplerParams &params, net::SeqStart &m);
+SamplerParams take_sampling(net::SeqStart &m);
 
 }  // namespace td::cluster

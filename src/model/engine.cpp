@@ -72,18 +72,24 @@ int32_t LocalEngine::seq_cached(int32_t seq) const {
 }
 
 Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool want_logits,
-                              std::span<const int32_t> sampled, int32_t keep, int32_t keep_from) {
+                              const SamplerHistory &history, int32_t keep, int32_t keep_from) {
     if (seq < 0 || seq >= n_seq()) return invalid_input("sequence {} is out of range (0..{})", seq, n_seq() - 1);
     TD_TRY(seq_keep_validate(seq, keep, keep_from, n_seq(), [&](int32_t s) { return seq_cached(s); }));
     TD_TRY(sampler_params_validate(params));
     TD_TRY(logit_bias_validate(params, n_vocab()));
-    for (int32_t t : sampled)
-        if (t < 0 || t >= n_vocab())
-            return invalid_input("sampled token {} is out of range (vocabulary has {} tokens)", t, n_vocab());
+    TD_TRY(sampler_history_validate(history, n_vocab()));
     slots_[seq].sampler = std::make_unique<Sampler>(params, n_vocab());
-    if (!sampled.empty()) slots_[seq].sampler->restore(sampled.size(), sampler_history_tail(params, sampled));
+    const auto tail = sampler_history_tail(params, history.tokens);
+    if (history.n_drawn > 0 || !tail.empty()) slots_[seq].sampler->restore(history.n_drawn, tail);
     slots_[seq].want_logits = want_logits;
     ctx_->seq_copy(keep_from < 0 ? seq : keep_from, seq, keep);
+    return {};
+}
+
+Status sampler_history_validate(const SamplerHistory &history, int32_t n_vocab) {
+    for (int32_t t : history.tokens)
+        if (t < 0 || t >= n_vocab)
+            return invalid_input("history token {} is out of range (vocabulary has {} tokens)", t, n_vocab);
     return {};
 }
 

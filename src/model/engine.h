@@ -33,6 +33,16 @@ struct StepOutput {
     std::vector<float> embedding;  // [n_embd], the row's final-normed hidden state (kOutEmbedding rows)
 };
 
+// What a sequence's sampler has seen before its first sample(). llama.cpp feeds the prompt to the penalties
+// and DRY, and so do the engines: `tokens` is the prompt, then (a stream resumed after a lost node, or a
+// chat's later turn) what the stream sampled and what came after; the sampler keeps the tail its windows
+// read (sampler_history_tail). n_drawn: how many of the stream's tokens were sampled, each one generator
+// draw (Sampler::restore), so a seeded stream goes on with the draws it would have made.
+struct SamplerHistory {
+    std::span<const int32_t> tokens;  // each in [0, n_vocab)
+    uint64_t n_drawn = 0;
+};
+
 class Engine {
 public:
     virtual ~Engine() = default;
@@ -44,16 +54,14 @@ public:
 
     // Starts (or restarts) a sequence slot with its sampling parameters; clears its cache.
     // want_logits: StepOutput carries the full logits row (tests, logprobs); costly across a cluster.
-    // sampled: a stream that continues (resumed after a lost node): the tokens it has sampled so far, which
-    // its sampler counts as drawn and accepted (Sampler::restore), so a seeded stream goes on with the draws
-    // it would have made. Empty: a new stream.
+    // history: what the sampler has seen (SamplerHistory); empty: nothing yet.
     // keep: the first `keep` positions the slot holds stay (its new prompt starts with the tokens they were
     // computed from: a prefix-cache hit), at most seq_cached(seq); 0 clears the slot.
     // keep_from: the slot those positions come from; another slot's first `keep` (at most its seq_cached) are
     // copied into this one (its prompt starts with the tokens that slot was fed, e.g. the other choices of
     // one request). -1: this slot's own. Steps already submitted for keep_from are ordered before the copy.
     virtual Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
-                             std::span<const int32_t> sampled = {}, int32_t keep = 0,
+                             const SamplerHistory &history = {}, int32_t keep = 0,
                              int32_t keep_from = -1) = 0;
     // Positions the slot holds now (what seq_start may keep): 0 after seq_clear, or when the engine lost its
     // state (a cluster that reconnected).
@@ -79,8 +87,7 @@ public:
     int32_t n_vocab() const override { return ctx_->model().hparams().n_vocab; }
     int max_in_flight() const override { return 1; }
     Status seq_start(int32_t seq, const SamplerParams &params, bool want_logits = false,
-                     std::span<const int32_t> sampled = {}, int32_t keep = 0,
-                     int32_t keep_from = -1) override;
+                     const SamplerHistory &history = {}, int32_t keep = 0, int32_t keep_from = -1) override;
     int32_t seq_cached(int32_t seq) const override;
     Status seq_clear(int32_t seq) override;
     Status submit(const Batch &batch) override;
@@ -99,6 +106,8 @@ private:
     std::vector<StepOutput> pending_;
 };
 
+// seq_start's check of the history's tokens against the vocabulary.
+Status sampler_history_validate(const SamplerHistory &history, int32_t n_vocab);
 // seq_start's checks of keep and keep_from against the positions the slots hold (`cached`: seq_cached).
 Status seq_keep_validate(int32_t seq, int32_t keep, int32_t keep_from, int32_t n_seq,
                          const std::function<int32_t(int32_t)> &cached);

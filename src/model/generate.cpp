@@ -27,8 +27,11 @@ Result<GenerateStats> generate(Engine &engine, const SamplerParams &sampling, co
                              engine.n_ctx());
     const int32_t n_batch = std::max(1, params.n_batch);
     const int32_t seq = params.seq;
+    // The sampler sees the prompt first, as llama.cpp's does (repeat penalties and DRY read it). With
+    // `pick`, the caller's sampler draws and has seen it (its own accept()).
     TD_TRY(engine.seq_start(seq, params.pick ? SamplerParams::plain_greedy() : sampling,
-                            params.want_logits || params.pick != nullptr));
+                            params.want_logits || params.pick != nullptr,
+                            SamplerHistory{params.pick ? std::span<const int32_t>() : prompt, 0}));
     stats.n_prompt = n_prompt;
 
     // Prompt chunks go out back to back, up to the engine's depth, so pipeline stages overlap them.

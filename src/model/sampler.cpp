@@ -42,6 +42,17 @@ bool better(const T &a, const T &b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+// A heap of the k best items seen so far in c[0, k), the worst on top (c[0]): replaces the worst with e,
+// which the caller found better than it. One pass that offers many items so costs most of them one
+// comparison.
+template <typename T>
+void replace_worst(T *c, size_t k, const T &e) {
+    auto cmp = [](const T &a, const T &b) { return better(a, b); };
+    std::pop_heap(c, c + k, cmp);
+    c[k - 1] = e;
+    std::push_heap(c, c + k, cmp);
+}
+
 // A double in [0, 1) from the top 53 bits: exact, and the same on every platform.
 double uniform01(std::mt19937_64 &rng) {
     return double(rng() >> 11) * 0x1.0p-53;
@@ -67,9 +78,7 @@ std::vector<Scored> select_best(size_t count, int n, ItemAt item) {
             heap.push_back(s);
             std::push_heap(heap.begin(), heap.end(), cmp);
         } else if (better(s, heap.front())) {
-            std::pop_heap(heap.begin(), heap.end(), cmp);
-            heap.back() = s;
-            std::push_heap(heap.begin(), heap.end(), cmp);
+            replace_worst(heap.data(), keep, s);
         }
     }
     std::sort_heap(heap.begin(), heap.end(), cmp);
@@ -80,10 +89,19 @@ bool dry_on(const SamplerParams &p) {
     return p.dry_multiplier > 0.0f && p.dry_penalty_last_n != 0;
 }
 
-// Tokens the history keeps: the longer of the penalties' window and DRY's; -1: every accepted token.
+bool penalties_on(const SamplerParams &p) {
+    return p.repeat_last_n != 0 &&
+           (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
+}
+
+// Tokens the history keeps: the longer of the penalties' window and DRY's, of those that are on; -1: every
+// accepted token; 0: nothing reads the history.
 int64_t history_window(const SamplerParams &p) {
-    if (p.repeat_last_n < 0) return -1;
-    int64_t w = p.repeat_last_n;
+    int64_t w = 0;
+    if (penalties_on(p)) {
+        if (p.repeat_last_n < 0) return -1;
+        w = p.repeat_last_n;
+    }
     if (dry_on(p)) {
         if (p.dry_penalty_last_n < 0) return -1;
         w = std::max<int64_t>(w, p.dry_penalty_last_n);
@@ -266,12 +284,16 @@ void Sampler::restore(uint64_t n_sampled, std::span<const int32_t> history) {
     for (int32_t t : history) accept(t);
 }
 
-std::span<const int32_t> sampler_history_tail(const SamplerParams &params, std::span<const int32_t> sampled,
+bool sampler_reads_history(const SamplerParams &params) {
+    return history_window(params) != 0;
+}
+
+std::span<const int32_t> sampler_history_tail(const SamplerParams &params, std::span<const int32_t> tokens,
                                               size_t cap) {
     const int64_t window = history_window(params);
-    size_t keep = window < 0 ? sampled.size() : static_cast<size_t>(window);
-    keep = std::min({keep, sampled.size(), cap});
-    return sampled.subspan(sampled.size() - keep);
+    size_t keep = window < 0 ? tokens.size() : static_cast<size_t>(window);
+    keep = std::min({keep, tokens.size(), cap});
+    return tokens.subspan(tokens.size() - keep);
 }
 
 void Sampler::accept(int32_t token) {
@@ -331,8 +353,7 @@ void Sampler::adjust_sparse(const float *logits) {
 template <typename LogitOf>
 void Sampler::apply_penalties(LogitOf &&logit_of) {
     const SamplerParams &p = params_;
-    if (history_.empty() || p.repeat_last_n == 0) return;
-    if (p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
+    if (history_.empty() || !penalties_on(p)) return;
 
     // Each distinct token of the window once, with its count: sort a copy and walk the runs. The history
     // may be longer than the window (DRY's is): then only its latest repeat_last_n.
@@ -420,10 +441,7 @@ void Sampler::apply_dry(LogitOf &&logit_of) {
 
 bool Sampler::logits_as_given() const {
     const SamplerParams &p = params_;
-    const bool penalties =
-        p.repeat_last_n != 0 && !history_.empty() &&
-        (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f);
-    return p.logit_bias.empty() && !penalties && !(dry_on(p) && !history_.empty());
+    return p.logit_bias.empty() && (history_.empty() || history_window(p) == 0);
 }
 
 bool Sampler::top_k_of_raw(const float *logits, size_t &m, bool adjusted) {
@@ -446,9 +464,7 @@ bool Sampler::top_k_of_raw(const float *logits, size_t &m, bool adjusted) {
         const float x = logits[i];
         if (!(x > worst)) continue;  // NaN and ties fail too: a tie's later id loses
         if (moved(i)) continue;
-        std::pop_heap(c, c + k, cmp);
-        c[k - 1] = {int32_t(i), x};
-        std::push_heap(c, c + k, cmp);
+        replace_worst(c, k, Candidate{int32_t(i), x});
         worst = c[0].logit;
     }
     if (adjusted) {
@@ -457,9 +473,7 @@ bool Sampler::top_k_of_raw(const float *logits, size_t &m, bool adjusted) {
                 c[h++] = e;
                 std::push_heap(c, c + h, cmp);
             } else if (better(e, c[0])) {
-                std::pop_heap(c, c + k, cmp);
-                c[k - 1] = e;
-                std::push_heap(c, c + k, cmp);
+                replace_worst(c, k, e);
             }
         }
     }
@@ -573,12 +587,8 @@ void Sampler::sample_prefilter(const float *logits, Candidate *&c, size_t &m, fl
             // One pass with a heap of the k best (worst on top) in c[0, k): for logits in no particular
             // order almost every candidate costs one comparison. c[k, m) is left as garbage.
             std::make_heap(c, c + k, cmp);
-            for (size_t i = k; i < m; ++i) {
-                if (!better(c[i], c[0])) continue;
-                std::pop_heap(c, c + k, cmp);
-                c[k - 1] = c[i];
-                std::push_heap(c, c + k, cmp);
-            }
+            for (size_t i = k; i < m; ++i)
+                if (better(c[i], c[0])) replace_worst(c, k, c[i]);
             std::sort_heap(c, c + k, cmp);
         } else {
             std::nth_element(c, c + k, c + m, cmp);

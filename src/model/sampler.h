@@ -135,10 +135,13 @@ struct SamplerParams {
     }
 };
 
-// The tail of a stream's sampled tokens that the penalties and DRY can still see: the last repeat_last_n
-// or dry_penalty_last_n, whichever is longer (all with -1, none with 0), at most `cap`. What
-// Sampler::restore needs as history.
-std::span<const int32_t> sampler_history_tail(const SamplerParams &params, std::span<const int32_t> sampled,
+// Whether the penalties or DRY are on, the only parts of the chain that read the accepted tokens.
+bool sampler_reads_history(const SamplerParams &params);
+
+// The tail of a stream's tokens (its prompt, then what it sampled) that the penalties and DRY can still see:
+// the last repeat_last_n or dry_penalty_last_n of those that are on, whichever is longer (all with -1, none
+// with 0 or when neither is on), at most `cap`. What Sampler::restore needs as history.
+std::span<const int32_t> sampler_history_tail(const SamplerParams &params, std::span<const int32_t> tokens,
                                               size_t cap = SIZE_MAX);
 
 // Checks parameters that came from a user (CLI flag, HTTP request). Returns invalid_input naming the field,
@@ -167,8 +170,8 @@ public:
     // Each non-greedy call consumes exactly one number from the generator, even when one candidate is left.
     int32_t sample(const float *logits);
 
-    // Appends a token to the history the penalties look at: every sampled token, and prompt tokens if the
-    // penalties should see them (llama.cpp feeds the prompt too). token in [0, n_vocab) (asserted).
+    // Appends a token to the history the penalties and DRY look at: the prompt's tokens first, then every
+    // sampled token (the engines feed both, as llama.cpp does). token in [0, n_vocab) (asserted).
     void accept(int32_t token);
 
     // Clears the history and reseeds: with a fixed seed the next samples repeat the sequence from the start;
@@ -178,8 +181,8 @@ public:
     // Continues a stream as if this sampler had already produced it: reset(), then one generator draw
     // skipped per sampled token (none when greedy: greedy never draws) and `history` accepted. With the
     // same seed the next sample() is what the uninterrupted sampler would have drawn. n_sampled: tokens the
-    // stream has sampled; history: the last of them (at least the window the penalties read, see
-    // sampler_history_tail), each in [0, n_vocab) (asserted).
+    // stream has sampled; history: the last of the tokens it has seen, its prompt and then those it sampled
+    // (at least the window the penalties read, see sampler_history_tail), each in [0, n_vocab) (asserted).
     void restore(uint64_t n_sampled, std::span<const int32_t> history);
 
     // The distribution the last sample() drew from (after penalties, filters and temperature), for

@@ -647,9 +647,6 @@ Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
     if (m.keep_from < 0) return invalid_input("seq_start: keep_from {} is negative", m.keep_from);
     if (m.want_logits > 1)
         return invalid_input("seq_start: want_logits must be 0 or 1, got {}", m.want_logits);
-    if (m.history.size() > m.n_sampled)
-        return invalid_input("seq_start: {} history tokens but only {} sampled", m.history.size(),
-                             m.n_sampled);
     for (int32_t t : m.history)
         if (t < 0) return invalid_input("seq_start: history token {} is negative", t);
     for (const SeqLogitBias &b : m.logit_bias) {

@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 14;
+inline constexpr uint16_t kProtocolVersion = 15;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -339,9 +339,10 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     float frequency_penalty = 0.0f;
     uint64_t seed = 0;
     // A resumed stream (v5): the sampler counts n_sampled tokens as drawn (one generator draw each when not
-    // greedy) and accepts `history` (the last of them, what the penalties read) before its first sample.
+    // greedy) and accepts `history` before its first sample: the last of the tokens the stream has seen, its
+    // prompt and then those it sampled (v15: the prompt too), as far back as the penalties and DRY read.
     uint64_t n_sampled = 0;
-    std::vector<int32_t> history;  // [<= kMaxSeqHistory, <= n_sampled], each >= 0
+    std::vector<int32_t> history;  // [<= kMaxSeqHistory], each >= 0
     // v5: positions of the sequence every stage keeps (a prefix-cache hit); 0 clears it.
     uint32_t keep = 0;
     // v9: added to the listed tokens' logits before sampling (OpenAI logit_bias); -inf bans a token.

@@ -27,10 +27,12 @@ ConstraintVocab::ConstraintVocab(const Tokenizer &tokenizer, int32_t n_vocab_)
 }
 
 ConstrainedSampler::ConstrainedSampler(const ConstraintVocab &vocab, std::shared_ptr<const JsonSchema> schema,
-                                       std::shared_ptr<const Grammar> grammar, const SamplerParams &sampling)
+                                       std::shared_ptr<const Grammar> grammar, const SamplerParams &sampling,
+                                       std::span<const int32_t> prompt)
     : vocab_(vocab), sampler_(sampling, vocab.n_vocab) {
     TD_ASSERT((schema != nullptr) != (grammar != nullptr),
               "a constrained sampler takes a schema or a grammar");
+    for (int32_t t : sampler_history_tail(sampling, prompt)) sampler_.accept(t);
     if (schema) json_.emplace(std::move(schema));
     if (grammar) grammar_.emplace(std::move(grammar));
 }

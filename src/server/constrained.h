@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,9 +33,11 @@ struct ConstraintVocab {
 class ConstrainedSampler {
 public:
     // Exactly one of schema and grammar (asserted); sampling passes sampler_params_validate (asserted by the
-    // Sampler). vocab outlives this.
+    // Sampler). vocab outlives this. The sampler sees `prompt` first (the penalties and DRY read it, as
+    // llama.cpp's do); its tokens are in [0, vocab.n_vocab) (asserted).
     ConstrainedSampler(const ConstraintVocab &vocab, std::shared_ptr<const JsonSchema> schema,
-                       std::shared_ptr<const Grammar> grammar, const SamplerParams &sampling);
+                       std::shared_ptr<const Grammar> grammar, const SamplerParams &sampling,
+                       std::span<const int32_t> prompt);
     // Draws the next token from logits [n_vocab] among the allowed ones and feeds it to the matcher. Error
     // (failed) when no token of the vocabulary continues the document or the sentence.
     Result<int32_t> sample(const float *logits);

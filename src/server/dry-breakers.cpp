@@ -44,8 +44,7 @@ Result<std::vector<DryBreaker>> dry_breakers_for(const Tokenizer &tok,
             if (out.size() > kMaxDryBreakers || tail_tokens > kMaxDryTailTokens)
                 return invalid_input(
                     "dry_sequence_breakers: '{}' and the breakers before it are spelled by more than {} "
-                    "token "
-                    "sequences; give breakers fewer tokens contain",
+                    "token sequences; give breakers that fewer tokens contain",
                     breaker, kMaxDryBreakers);
         }
     }

@@ -378,8 +378,9 @@ void Scheduler::admit() {
             job.job.sampling.seed = Sampler(job.job.sampling, 1).seed();
         // A ClusterEngine that failed reconnects here (seq_start), so the first request after a worker came
         // back pays for the reconnect.
-        if (Status s = engine_.seq_start(slot.seq, engine_sampling(job.job), want_logits, {}, keep,
-                                         from != nullptr ? from->seq : -1);
+        // The sampler sees the prompt first, as llama-server's does (repeat penalties and DRY read it).
+        if (Status s = engine_.seq_start(slot.seq, engine_sampling(job.job), want_logits, {job.job.prompt},
+                                         keep, from != nullptr ? from->seq : -1);
             !s.ok()) {
             StreamEvent ev;
             ev.kind = StreamEvent::Kind::error;
@@ -429,8 +430,8 @@ void Scheduler::admit() {
         if (constrained(slot.job)) {
             if (!constraint_vocab_)
                 constraint_vocab_ = std::make_unique<ConstraintVocab>(tokenizer_, engine_.n_vocab());
-            slot.constrained = std::make_unique<ConstrainedSampler>(*constraint_vocab_, slot.job.schema,
-                                                                    slot.job.grammar, slot.job.sampling);
+            slot.constrained = std::make_unique<ConstrainedSampler>(
+                *constraint_vocab_, slot.job.schema, slot.job.grammar, slot.job.sampling, slot.job.prompt);
         }
         stats_.n_active++;
         stats_.n_prompt_cached += keep;
@@ -699,14 +700,15 @@ int32_t Scheduler::sample_constrained(Slot &slot, const StepOutput &out) {
 }
 
 Status Scheduler::restart(Slot &slot) {
-    // The sampler continues where the old one stopped: a seeded stream makes the draws it would have.
-    TD_TRY(engine_.seq_start(
-        slot.seq, engine_sampling(slot.job), engine_logits(slot.job),
-        constrained(slot.job) ? std::span<const int32_t>() : std::span<const int32_t>(slot.tokens)));
     // The prompt and every token generated so far, as one prompt: the token sampled after it is the stream's
     // next one. The detokenizer and stop matcher keep their state: nothing is sent twice.
     slot.job.prompt.resize(static_cast<size_t>(slot.n_prompt));
     slot.job.prompt.insert(slot.job.prompt.end(), slot.tokens.begin(), slot.tokens.end());
+    // The sampler continues where the old one stopped: it has seen that prompt, and a seeded stream makes
+    // the draws it would have. (A constrained stream's sampler is the head's own and was not lost; the
+    // engine's then draws greedy and reads no history.)
+    TD_TRY(engine_.seq_start(slot.seq, engine_sampling(slot.job), engine_logits(slot.job),
+                             {slot.job.prompt, constrained(slot.job) ? 0 : slot.tokens.size()}));
     slot.n_prefilled = 0;
     slot.n_past = 0;
     slot.n_done = 0;
