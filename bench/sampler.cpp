@@ -44,6 +44,9 @@ std::vector<Chain> chains() {
     p.top_n_sigma = 1.0f;
     out.push_back({"default + top-n-sigma 1", p});
     p = base;
+    p.dynatemp_range = 0.5f;
+    out.push_back({"default + dynamic temperature 0.8 +- 0.5", p});
+    p = base;
     p.repeat_penalty = 1.1f;
     out.push_back({"default + repeat penalty 1.1 (64 tokens)", p});
     p = base;

@@ -181,6 +181,8 @@ SeqStart sample_seq_start() {
     m.dry_allowed_length = 3;
     m.dry_penalty_last_n = 256;
     m.dry_breakers = {{13, {}}, {29901, {1, 2, 3}}};
+    m.dynatemp_range = 0.4f;
+    m.dynatemp_exponent = 1.5f;
     return m;
 }
 ProbeCompute sample_probe_compute() {
@@ -518,6 +520,8 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_TRUE(s->dry_breakers[0].tail.empty());
     EXPECT_EQ(s->dry_breakers[1].head, 29901);
     EXPECT_EQ(s->dry_breakers[1].tail, (std::vector<int32_t>{1, 2, 3}));
+    EXPECT_EQ(s->dynatemp_range, 0.4f);
+    EXPECT_EQ(s->dynatemp_exponent, 1.5f);
     ASSERT_EQ(s->logit_bias.size(), 2u);
     EXPECT_EQ(s->logit_bias[0].id, 2);
     EXPECT_EQ(s->logit_bias[0].bias, -std::numeric_limits<float>::infinity());
@@ -828,6 +832,9 @@ TEST(NetCodec, SemanticChecks) {
     s = sample_seq_start();
     s.xtc_threshold = NAN;
     EXPECT_NE(seq_start_error(s).find("xtc_threshold"), std::string::npos) << seq_start_error(s);
+    s = sample_seq_start();
+    s.dynatemp_exponent = INFINITY;
+    EXPECT_NE(seq_start_error(s).find("dynatemp_exponent"), std::string::npos) << seq_start_error(s);
     s = sample_seq_start();
     s.keep_from = -1;
     EXPECT_NE(seq_start_error(s).find("keep_from -1 is negative"), std::string::npos) << seq_start_error(s);

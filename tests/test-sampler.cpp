@@ -149,6 +149,14 @@ TEST(SamplerParams, ValidateNamesTheBadField) {
               std::string::npos);
     EXPECT_NE(bad([](SamplerParams &p) { p.dry_penalty_last_n = -2; }).message().find("dry_penalty_last_n"),
               std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.dynatemp_range = -0.5f; }).message().find("dynatemp_range"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.dynatemp_exponent = std::nanf(""); })
+                  .message()
+                  .find("dynatemp_exponent"),
+              std::string::npos);
+    EXPECT_FALSE(bad([](SamplerParams &p) { p.dynatemp_exponent = -1.0f; }).ok());
+    EXPECT_FALSE(bad([](SamplerParams &p) { p.dynatemp_range = k_inf; }).ok());
     EXPECT_FALSE(bad([](SamplerParams &p) { p.dry_breakers = {{1, std::vector<int32_t>(21, 2)}}; }).ok());
     EXPECT_FALSE(bad([](SamplerParams &p) { p.dry_breakers = {{-1, {}}}; }).ok());
 }
@@ -624,6 +632,107 @@ TEST(Sampler, TemperatureOneMatchesSoftmax) {
     EXPECT_LT(chi_square(histogram(k3, logits, n), softmax(top3, 0.5), n), 13.8);
 }
 
+// llama.cpp's dynamic temperature (llama_sampler_temp_ext), written from its definition: the entropy of the
+// survivors' softmax at temperature 1, over the largest entropy m survivors can have, to the exponent, mapped
+// onto [max(0, t - r), t + r].
+double dynatemp_reference(const std::vector<float> &survivors, double t, double r, double exponent) {
+    const std::vector<double> p = softmax(survivors, 1.0);
+    double entropy = 0.0;
+    for (double x : p)
+        if (x > 0.0) entropy -= x * std::log(x);
+    const double lo = std::max(0.0, t - r), hi = t + r;
+    return lo + (hi - lo) * std::pow(entropy / std::log(double(survivors.size())), exponent);
+}
+
+// The temperature the last draw used, read back from its distribution: logprobs differ by (l_a - l_b) / t.
+double temperature_of_last_draw(const Sampler &s, const std::vector<float> &logits) {
+    const auto top = s.last_top_logprobs(2);
+    EXPECT_EQ(top.size(), 2u);
+    if (top.size() < 2) return 0.0;
+    return (double(logits[size_t(top[0].id)]) - logits[size_t(top[1].id)]) /
+           (top[0].logprob - top[1].logprob);
+}
+
+TEST(Sampler, DynamicTemperatureFollowsTheEntropy) {
+    // A peaked and a flat row over 16 tokens, all 16 surviving: the peaked one is drawn colder.
+    std::vector<float> peaked(16, 0.0f), flat(16, 0.0f);
+    peaked[3] = 6.0f;
+    for (size_t i = 0; i < flat.size(); ++i) flat[i] = 0.05f * float(i);
+    SamplerParams p = plain(1.0f, 5);
+    p.dynatemp_range = 0.5f;
+    for (float exponent : {1.0f, 0.5f, 2.0f, 0.0f}) {
+        p.dynatemp_exponent = exponent;
+        Sampler s(p, 16);
+        s.sample(peaked.data());
+        const double t_peaked = temperature_of_last_draw(s, peaked);
+        EXPECT_NEAR(t_peaked, dynatemp_reference(peaked, 1.0, 0.5, exponent), 1e-4) << exponent;
+        s.sample(flat.data());
+        const double t_flat = temperature_of_last_draw(s, flat);
+        EXPECT_NEAR(t_flat, dynatemp_reference(flat, 1.0, 0.5, exponent), 1e-4) << exponent;
+        if (exponent == 0.0f) {
+            EXPECT_NEAR(t_peaked, 1.5, 1e-4);  // x^0 = 1: always the top of the range
+        } else {
+            EXPECT_LT(t_peaked, t_flat);
+            EXPECT_GT(t_flat, 1.45);  // nearly uniform: nearly the top of the range
+        }
+    }
+
+    // After the filters: the entropy is of what top_k kept, renormalised (5 survivors, log 5).
+    const auto logits = random_logits(200, 17);
+    p = plain(0.8f, 6);
+    p.top_k = 5;
+    p.dynatemp_range = 0.6f;
+    p.dynatemp_exponent = 1.0f;
+    std::vector<float> sorted = logits;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    const std::vector<float> kept(sorted.begin(), sorted.begin() + 5);
+    const double t = dynatemp_reference(kept, 0.8, 0.6, 1.0);
+    Sampler k5(p, 200);
+    k5.sample(logits.data());
+    EXPECT_NEAR(temperature_of_last_draw(k5, logits), t, 1e-4);
+    // The draws follow softmax(kept / t): 4 degrees of freedom, P(chi2 > 18.5) = 0.001.
+    std::vector<float> top5(200, -k_inf);
+    for (size_t i = 0; i < logits.size(); ++i)
+        if (logits[i] >= kept.back()) top5[i] = logits[i];
+    const int n = 20000;
+    EXPECT_LT(chi_square(histogram(k5, logits, n), softmax(top5, t), n), 18.5);
+
+    // Range 0 is the fixed temperature, draw for draw.
+    SamplerParams off = plain(0.8f, 7);
+    SamplerParams zero = off;
+    zero.dynatemp_range = 0.0f;
+    zero.dynatemp_exponent = 3.0f;
+    Sampler a(off, 200), b(zero, 200);
+    for (int i = 0; i < 50; ++i) ASSERT_EQ(a.sample(logits.data()), b.sample(logits.data()));
+
+    // Greedy stays greedy, as every other filter leaves it.
+    SamplerParams g = greedy();
+    g.dynatemp_range = 2.0f;
+    Sampler gs(g, 200);
+    EXPECT_EQ(gs.sample(logits.data()),
+              int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+}
+
+TEST(Sampler, DynamicTemperatureOfZeroKeepsTheBestAndStillDrawsOnce) {
+    // temperature 0.3, range 0.5: the bottom of the range is 0. A row whose other tokens underflow has
+    // entropy 0, so the temperature is 0 and only the best survivor is left.
+    const std::vector<float> one = {-2000.0f, 0.0f, -1500.0f, -1800.0f};
+    SamplerParams p = plain(0.3f, 9);
+    p.dynatemp_range = 0.5f;
+    Sampler s(p, 4);
+    for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(s.sample(one.data()), 1);
+        EXPECT_EQ(s.last_logprob(), 0.0f);
+        ASSERT_EQ(s.last_top_logprobs(4).size(), 1u);
+    }
+    // Each of those took one generator draw, as every non-greedy sample() does: a sampler restored past
+    // three draws stays in step.
+    Sampler restored(p, 4);
+    restored.restore(3, {});
+    const auto row = random_logits(4, 3);
+    for (int i = 0; i < 30; ++i) ASSERT_EQ(s.sample(row.data()), restored.sample(row.data())) << i;
+}
+
 TEST(Sampler, HighTemperatureFlattens) {
     std::vector<float> logits(50);
     for (size_t i = 0; i < logits.size(); ++i) logits[i] = -0.2f * float(i);
@@ -826,6 +935,7 @@ TEST(Sampler, RestoreContinuesTheUninterruptedStream) {
                 p.dry_allowed_length = 1;
                 p.dry_penalty_last_n = window == 0 ? 12 : -1;
                 p.dry_breakers = {{5, {}}, {6, {7}}};
+                p.dynatemp_range = 0.5f;  // no state of its own: restores as the fixed temperature does
             }
             p.repeat_penalty = 1.4f;
             p.frequency_penalty = 0.3f;

@@ -131,6 +131,12 @@ TEST_F(ServerCluster, AWorkerAnsweringGarbageEndsStreamsAndServingResumes) {
 // Streams that must continue across a fault exactly as undisturbed: greedy, and seeded with a repeat penalty,
 // DRY, typical-p and XTC (the resumed sampler skips the draws it made, XTC's too, and holds the tokens the
 // penalty and DRY see). 80 tokens at 20 ms a step: the fault lands mid-stream.
+// Where the new layout computes the old one's logits bit for bit (the same layout, a spare in a lost node's
+// place), that holds for any seed. A re-planned layout does not: --tp sums its partials in another order than
+// one machine (logits within 1e-4), and an f16 wire rounds at other layer boundaries, so a seeded draw that
+// lands that close to a boundary between tokens can go either way. Measured with this request's filters over
+// 80 tokens: 3 of 20 seeds differ between --tp 2 and one machine (0 of 20 between one machine and a pipeline
+// with --wire f32). Seed 11 is not one of them; the re-plan tests hold it as a fixed input.
 const std::vector<json> k_resumed = {
     {{"prompt", "Once upon a time"}, {"max_tokens", 80}, {"temperature", 0}, {"stop", "never stops"}},
     {{"prompt", "The cat"},

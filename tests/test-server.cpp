@@ -1898,17 +1898,17 @@ TEST(GrammarOutput, RepliesAreSentencesOfTheGrammar) {
     EXPECT_EQ(none->status, 200) << none->body;
 }
 
-// llama-server's further filters (typical_p, top_n_sigma, XTC) on both completion endpoints draw what
-// `tandem run` draws with llama.cpp's flags for them, for the same seed; they change the text; bad values are
-// refused naming the field; /completion echoes them in its generation_settings. On one machine, a pipeline
-// and --tp 2 (the fields travel to the sampling node).
+// llama-server's further filters (typical_p, top_n_sigma, XTC, dynamic temperature) on both completion
+// endpoints draw what `tandem run` draws with llama.cpp's flags for them, for the same seed; they change the
+// text; bad values are refused naming the field; /completion echoes them in its generation_settings. On one
+// machine, a pipeline and --tp 2 (the fields travel to the sampling node).
 TEST_P(ServerTest, LlamaServersFiltersDrawWhatTandemRunDraws) {
     ServerOptions o = opts();
     o.n_ctx_slot = 256;
     TestServer s(o);
     auto c = s.client();
-    const json filters = {
-        {"typical_p", 0.8}, {"top_n_sigma", 1.5}, {"xtc_probability", 0.5}, {"xtc_threshold", 0.05}};
+    const json filters = {{"typical_p", 0.8},      {"top_n_sigma", 1.5},    {"xtc_probability", 0.5},
+                          {"xtc_threshold", 0.05}, {"dynatemp_range", 0.6}, {"dynatemp_exponent", 1.5}};
     for (uint64_t seed : {3u, 8u}) {
         json body = {{"prompt", "Once upon a time"}, {"n_predict", 48}, {"seed", seed}, {"temperature", 1.0}};
         auto plain = post(c, "/completion", body);
@@ -1919,18 +1919,44 @@ TEST_P(ServerTest, LlamaServersFiltersDrawWhatTandemRunDraws) {
         ASSERT_TRUE(r);
         ASSERT_EQ(r->status, 200) << r->body;
         const json j = json::parse(r->body);
-        test::ProcessResult run =
-            test::run_tandem({"run", "-m", test::shared_path(k_model), "-p", "Once upon a time", "-n", "48",
-                              "-s", std::to_string(seed), "--temp", "1.0", "--typical", "0.8", "--top-nsigma",
-                              "1.5", "--xtc-probability", "0.5", "--xtc-threshold", "0.05"});
+        test::ProcessResult run = test::run_tandem({"run",
+                                                    "-m",
+                                                    test::shared_path(k_model),
+                                                    "-p",
+                                                    "Once upon a time",
+                                                    "-n",
+                                                    "48",
+                                                    "-s",
+                                                    std::to_string(seed),
+                                                    "--temp",
+                                                    "1.0",
+                                                    "--typical",
+                                                    "0.8",
+                                                    "--top-nsigma",
+                                                    "1.5",
+                                                    "--xtc-probability",
+                                                    "0.5",
+                                                    "--xtc-threshold",
+                                                    "0.05",
+                                                    "--dynatemp-range",
+                                                    "0.6",
+                                                    "--dynatemp-exp",
+                                                    "1.5"});
         ASSERT_EQ(run.exit_code, 0) << run.err;
         EXPECT_EQ(run.out, j["content"].get<std::string>() + "\n");
         EXPECT_NE(j["content"], json::parse(plain->body)["content"]) << "seed " << seed;
+        body["dynatemp_range"] = 0;  // the dynamic temperature alone moves the text too
+        auto fixed = post(c, "/completion", body);
+        ASSERT_TRUE(fixed);
+        ASSERT_EQ(fixed->status, 200) << fixed->body;
+        EXPECT_NE(j["content"], json::parse(fixed->body)["content"]) << "seed " << seed;
         const json &settings = j["generation_settings"];
         EXPECT_FLOAT_EQ(settings["typical_p"].get<float>(), 0.8f);
         EXPECT_FLOAT_EQ(settings["top_n_sigma"].get<float>(), 1.5f);
         EXPECT_FLOAT_EQ(settings["xtc_probability"].get<float>(), 0.5f);
         EXPECT_FLOAT_EQ(settings["xtc_threshold"].get<float>(), 0.05f);
+        EXPECT_FLOAT_EQ(settings["dynatemp_range"].get<float>(), 0.6f);
+        EXPECT_FLOAT_EQ(settings["dynatemp_exponent"].get<float>(), 1.5f);
         // The OpenAI endpoint takes the same fields (as llama-server's does).
         json oai = {{"prompt", "Once upon a time"}, {"max_tokens", 48}, {"seed", seed}, {"temperature", 1.0}};
         oai.update(filters);
@@ -1939,8 +1965,12 @@ TEST_P(ServerTest, LlamaServersFiltersDrawWhatTandemRunDraws) {
         ASSERT_EQ(v1->status, 200) << v1->body;
         EXPECT_EQ(json::parse(v1->body)["choices"][0]["text"], j["content"]);
     }
-    for (const auto &[key, value] : std::vector<std::pair<std::string, json>>{
-             {"typical_p", 1.5}, {"xtc_probability", -1}, {"xtc_threshold", "high"}, {"top_n_sigma", "x"}}) {
+    for (const auto &[key, value] : std::vector<std::pair<std::string, json>>{{"typical_p", 1.5},
+                                                                              {"xtc_probability", -1},
+                                                                              {"xtc_threshold", "high"},
+                                                                              {"top_n_sigma", "x"},
+                                                                              {"dynatemp_range", -0.5},
+                                                                              {"dynatemp_exponent", -1}}) {
         auto e = post(c, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}, {key, value}});
         ASSERT_TRUE(e);
         EXPECT_EQ(e->status, 400) << key;

@@ -400,11 +400,14 @@ TEST(TpForward, StoriesSeededSamplingEqualsOneMachine) {
     SamplerParams penalties = seeded(9);
     penalties.repeat_penalty = 1.3f;
     penalties.frequency_penalty = 0.2f;
-    // typical_p and XTC act on the global top_k the ranks send; top_n_sigma reads every logit (whole slices).
+    // typical_p, XTC and the dynamic temperature act on the global top_k the ranks send; top_n_sigma reads
+    // every logit (whole slices).
     SamplerParams typical_xtc = seeded(11);
     typical_xtc.typical_p = 0.8f;
     typical_xtc.xtc_probability = 0.5f;
     typical_xtc.xtc_threshold = 0.05f;
+    typical_xtc.dynatemp_range = 0.5f;  // so does the dynamic temperature (the entropy of the top_k)
+    typical_xtc.dynatemp_exponent = 0.7f;
     SamplerParams sigma = seeded(13);
     sigma.top_n_sigma = 1.0f;
     SamplerParams dry = seeded(17);  // DRY moves tokens before top-k: whole slices

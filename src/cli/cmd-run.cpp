@@ -246,6 +246,13 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_option("--xtc-threshold", opt->sampling.xtc_threshold,
                     "XTC: the probability a top choice must reach to be dropped (> 0.5: off)")
         ->default_val(0.1f);
+    cmd->add_option(
+           "--dynatemp-range", opt->sampling.dynatemp_range,
+           "Dynamic temperature: the temperature moves within --temp +- this with the entropy (0: off)")
+        ->default_val(0.0f);
+    cmd->add_option("--dynatemp-exp", opt->sampling.dynatemp_exponent,
+                    "Dynamic temperature: the exponent on the normalised entropy")
+        ->default_val(1.0f);
     cmd->add_option("--dry-multiplier", opt->sampling.dry_multiplier,
                     "DRY: the penalty of a token that extends a repeat (0: off)")
         ->default_val(0.0f);

@@ -66,6 +66,8 @@ void sampling_fields(Params &p, Msg &m, F &&f) {
     f(p.dry_base, m.dry_base);
     f(p.dry_allowed_length, m.dry_allowed_length);
     f(p.dry_penalty_last_n, m.dry_penalty_last_n);
+    f(p.dynatemp_range, m.dynatemp_range);
+    f(p.dynatemp_exponent, m.dynatemp_exponent);
     f(p.seed, m.seed);
 }
 

@@ -168,6 +168,11 @@ Status sampler_params_validate(const SamplerParams &p) {
     if (!(p.xtc_threshold >= 0.0f && p.xtc_threshold <= 1.0f))
         return invalid_input("xtc_threshold must be in [0, 1] (above 0.5 turns it off), got {}",
                              p.xtc_threshold);
+    if (!(std::isfinite(p.dynatemp_range) && p.dynatemp_range >= 0.0f))
+        return invalid_input("dynatemp_range must be >= 0 (0 turns dynamic temperature off), got {}",
+                             p.dynatemp_range);
+    if (!(std::isfinite(p.dynatemp_exponent) && p.dynatemp_exponent >= 0.0f))
+        return invalid_input("dynatemp_exponent must be >= 0, got {}", p.dynatemp_exponent);
     if (!(std::isfinite(p.dry_multiplier) && p.dry_multiplier >= 0.0f))
         return invalid_input("dry_multiplier must be >= 0 (0 turns DRY off), got {}", p.dry_multiplier);
     if (!(std::isfinite(p.dry_base) && p.dry_base >= 1.0f))
@@ -683,7 +688,17 @@ int32_t Sampler::sample_filtered(Candidate *c, size_t m, float max, bool sorted)
     }
 
     // Temperature, softmax, draw. (x - max) / t rather than x * (1 / t): no inf * 0 for a tiny t.
-    const float temperature = params_.temperature;
+    float temperature = params_.temperature;
+    if (params_.dynatemp_range > 0.0f && m > 1) {
+        temperature = dynamic_temperature(c, m, max);
+        if (temperature <= 0.0f) {
+            // llama.cpp's temperature 0: only the best survivor keeps its logit.
+            c[0] = *std::min_element(c, c + m,
+                                     [](const Candidate &a, const Candidate &b) { return better(a, b); });
+            m = 1;
+            temperature = 1.0f;
+        }
+    }
     weight_.resize(cand_.size());  // allocates on the first call only
     float *w = weight_.data();     // [m]
     double sum = 0.0;
@@ -709,6 +724,22 @@ int32_t Sampler::sample_filtered(Candidate *c, size_t m, float max, bool sorted)
     last_token_ = c[pick].id;
     last_token_logprob_ = float(double(c[pick].logit - max) / temperature - final_log_sum_);
     return last_token_;
+}
+
+float Sampler::dynamic_temperature(const Candidate *c, size_t m, float max) const {
+    // H = -sum p_i log p_i with p_i = e^(l_i - max) / S: H = log S - E[l - max], one pass of exp.
+    double sum = 0.0, weighted = 0.0;
+    for (size_t i = 0; i < m; ++i) {
+        const double d = double(c[i].logit) - max;
+        const double e = std::exp(d);
+        sum += e;
+        if (e > 0.0) weighted += e * d;  // a -inf logit adds nothing (not 0 * -inf)
+    }
+    const double entropy = std::max(0.0, std::log(sum) - weighted / sum);
+    const double normalised = std::min(1.0, entropy / std::log(double(m)));
+    const double low = std::max(0.0, double(params_.temperature) - params_.dynatemp_range);
+    const double high = double(params_.temperature) + params_.dynatemp_range;
+    return float(low + (high - low) * std::pow(normalised, double(params_.dynatemp_exponent)));
 }
 
 size_t Sampler::apply_typical(Candidate *c, size_t m, float max) {

@@ -32,10 +32,15 @@
 //
 // Each filter's probabilities are over the tokens that survived the filters before it, and a filter that
 // removes the most likely token (typical_p, xtc) makes the best survivor the reference of those after it.
-//   temperature  divide the surviving logits by temperature, softmax, draw one token.
+//   temperature  divide the surviving logits by temperature, softmax, draw one token. With dynatemp_range
+//                r > 0 (llama.cpp's dynamic temperature) the temperature follows the entropy H of the m
+//                survivors' softmax at temperature 1: t = lo + (hi - lo) * (H / log m)^dynatemp_exponent,
+//                with lo = max(0, temperature - r) and hi = temperature + r. A flat distribution gets hi, a
+//                peaked one nearly lo; a t of 0 keeps only the best survivor. One survivor: nothing to scale.
 //
 // temperature <= 0 is greedy: penalties, then the argmax; ties go to the lowest token id. Greedy never
-// touches the random generator.
+// touches the random generator. (So is temperature <= 0 with a dynatemp_range, where llama.cpp would still
+// draw at up to dynatemp_range.)
 //
 // Determinism: the same seed and the same sequence of logits and accept() calls give the same tokens on
 // every platform. XTC draws from a second generator seeded from the same seed, once per non-greedy sample()
@@ -56,10 +61,11 @@
 // sort: top_k selects with a heap (nth_element for k > 512) and sorts only the k survivors; top_p without
 // top_k cuts the nucleus out with a probability histogram and sorts only the nucleus. typical_p without
 // top_k selects its set in growing chunks; DRY is linear in its window (a Z-function over the history). top_k
-// up to 512 reads the row as given, with no copy of it: the few tokens the bias, penalties and DRY move are set
-// aside at their moved logits and offered after the pass ("the first sample()" above then also allocates an
-// [n_vocab] index). Greedy reads the row as given where nothing moves a logit. However it gets there, top_k
-// leaves its survivors sorted, so the draw walks them best first even when fewer tokens than k can occur.
+// up to 512 reads the row as given, with no copy of it: the few tokens the bias, penalties and DRY move are
+// set aside at their moved logits and offered after the pass ("the first sample()" above then also allocates
+// an [n_vocab] index). Greedy reads the row as given where nothing moves a logit. However it gets there,
+// top_k leaves its survivors sorted, so the draw walks them best first even when fewer tokens than k can
+// occur.
 //
 // Thread safety: a Sampler belongs to one sequence and is used by one thread at a time; the const methods
 // may run concurrently with each other.
@@ -115,6 +121,8 @@ struct SamplerParams {
     float top_n_sigma = -1.0f;        // finite; <= 0: off
     float xtc_probability = 0.0f;     // in [0, 1]; 0: off
     float xtc_threshold = 0.1f;       // in [0, 1]; > 0.5: off
+    float dynatemp_range = 0.0f;      // >= 0; 0: off (the temperature is fixed)
+    float dynatemp_exponent = 1.0f;   // >= 0: how the normalised entropy maps onto the temperature range
     float dry_multiplier = 0.0f;      // >= 0; 0: off
     float dry_base = 1.75f;           // >= 1
     int32_t dry_allowed_length = 2;   // >= 0
@@ -234,6 +242,8 @@ private:
     // The filters after top_k on c[0, m) (xtc: sorted); they return the new m, the survivors sorted at c.
     size_t apply_typical(Candidate *c, size_t m, float max);  // max: the largest logit in c[0, m)
     size_t apply_xtc(Candidate *c, size_t m);
+    // dynatemp: the temperature for the survivors c[0, m), m >= 2 (max: their largest logit).
+    float dynamic_temperature(const Candidate *c, size_t m, float max) const;
 
     SamplerParams params_;
     int32_t n_vocab_ = 0;

@@ -626,11 +626,13 @@ Status seq_start_fields(Io &io, M &m) {
     TD_TRY(io.finite(m.dry_base, "dry_base"));
     TD_TRY(io.field(m.dry_allowed_length, "dry_allowed_length"));
     TD_TRY(io.field(m.dry_penalty_last_n, "dry_penalty_last_n"));
-    return io.list(m.dry_breakers, kMaxSeqDryBreakers, "dry_breakers", [&](auto &b) -> Status {
+    TD_TRY(io.list(m.dry_breakers, kMaxSeqDryBreakers, "dry_breakers", [&](auto &b) -> Status {
         TD_TRY(io.field(b.head, "dry_breakers head"));
         return io.list(b.tail, kMaxSeqDryTail, "dry_breakers tail",
                        [&](auto &t) { return io.field(t, "tail"); });
-    });
+    }));
+    TD_TRY(io.finite(m.dynatemp_range, "dynatemp_range"));
+    return io.finite(m.dynatemp_exponent, "dynatemp_exponent");
 }
 
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {

@@ -32,7 +32,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 15;
+inline constexpr uint16_t kProtocolVersion = 16;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -361,6 +361,9 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     int32_t dry_allowed_length = 2;
     int32_t dry_penalty_last_n = -1;
     std::vector<SeqDryBreaker> dry_breakers;  // [<= kMaxSeqDryBreakers]
+    // v16: llama.cpp's dynamic temperature (SamplerParams' fields; a range of 0 turns it off).
+    float dynatemp_range = 0.0f;
+    float dynatemp_exponent = 1.0f;
 };
 
 struct SeqClear {

@@ -84,6 +84,8 @@ json llama_sampling_json(const SamplerParams &sp, int32_t n_predict) {
             {"top_n_sigma", sp.top_n_sigma},
             {"xtc_probability", sp.xtc_probability},
             {"xtc_threshold", sp.xtc_threshold},
+            {"dynatemp_range", sp.dynatemp_range},
+            {"dynatemp_exponent", sp.dynatemp_exponent},
             {"dry_multiplier", sp.dry_multiplier},
             {"dry_base", sp.dry_base},
             {"dry_allowed_length", sp.dry_allowed_length},

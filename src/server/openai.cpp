@@ -218,6 +218,8 @@ Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
     TD_TRY(get_number(j, "top_n_sigma", sp.top_n_sigma));
     TD_TRY(get_number(j, "xtc_probability", sp.xtc_probability));
     TD_TRY(get_number(j, "xtc_threshold", sp.xtc_threshold));
+    TD_TRY(get_number(j, "dynatemp_range", sp.dynatemp_range));
+    TD_TRY(get_number(j, "dynatemp_exponent", sp.dynatemp_exponent));
     TD_TRY(get_number(j, "dry_multiplier", sp.dry_multiplier));
     TD_TRY(get_number(j, "dry_base", sp.dry_base));
     TD_TRY(get_int(j, "dry_allowed_length", n, has));
