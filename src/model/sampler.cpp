@@ -726,16 +726,23 @@ int32_t Sampler::sample_filtered(Candidate *c, size_t m, float max, bool sorted)
     return last_token_;
 }
 
-float Sampler::dynamic_temperature(const Candidate *c, size_t m, float max) const {
-    // H = -sum p_i log p_i with p_i = e^(l_i - max) / S: H = log S - E[l - max], one pass of exp.
-    double sum = 0.0, weighted = 0.0;
+Sampler::ExpMoments Sampler::exp_moments(const Candidate *c, size_t m, float max) {
+    ExpMoments r;
+    double weighted = 0.0;
     for (size_t i = 0; i < m; ++i) {
         const double d = double(c[i].logit) - max;
         const double e = std::exp(d);
-        sum += e;
+        r.sum += e;
         if (e > 0.0) weighted += e * d;  // a -inf logit adds nothing (not 0 * -inf)
     }
-    const double entropy = std::max(0.0, std::log(sum) - weighted / sum);
+    r.mean = weighted / r.sum;
+    return r;
+}
+
+float Sampler::dynamic_temperature(const Candidate *c, size_t m, float max) const {
+    // H = -sum p_i log p_i with p_i = e^(l_i - max) / S: H = log S - E[l - max].
+    const ExpMoments moments = exp_moments(c, m, max);
+    const double entropy = std::max(0.0, std::log(moments.sum) - moments.mean);
     const double normalised = std::min(1.0, entropy / std::log(double(m)));
     const double low = std::max(0.0, double(params_.temperature) - params_.dynatemp_range);
     const double high = double(params_.temperature) + params_.dynatemp_range;
@@ -745,14 +752,9 @@ float Sampler::dynamic_temperature(const Candidate *c, size_t m, float max) cons
 size_t Sampler::apply_typical(Candidate *c, size_t m, float max) {
     // With p_i = e^(l_i - max) / S, -log p_i - H = E[l] - l_i, where E[l] = sum p_j l_j: a token's distance
     // from the entropy is its logit's distance from the mean logit. One pass of exp gives S and E[l].
-    double sum = 0.0, weighted = 0.0;
-    for (size_t i = 0; i < m; ++i) {
-        const double d = double(c[i].logit) - max;
-        const double e = std::exp(d);
-        sum += e;
-        weighted += e * d;
-    }
-    const double mean = double(max) + weighted / sum;
+    const ExpMoments moments = exp_moments(c, m, max);
+    const double sum = moments.sum;
+    const double mean = double(max) + moments.mean;
     auto score = [&](const Candidate &x) { return std::fabs(double(x.logit) - mean); };
     // Ties go to the sorted order (logit descending, id ascending): a total order, whatever the sort.
     auto closer = [&](const Candidate &a, const Candidate &b) {

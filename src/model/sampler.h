@@ -242,6 +242,13 @@ private:
     // The filters after top_k on c[0, m) (xtc: sorted); they return the new m, the survivors sorted at c.
     size_t apply_typical(Candidate *c, size_t m, float max);  // max: the largest logit in c[0, m)
     size_t apply_xtc(Candidate *c, size_t m);
+    // One pass of exp over c[0, m) (max: their largest logit): S = sum e^(l - max) and E[l - max] under the
+    // softmax, what typical_p's and dynatemp's entropies are made of.
+    struct ExpMoments {
+        double sum = 0.0;
+        double mean = 0.0;
+    };
+    static ExpMoments exp_moments(const Candidate *c, size_t m, float max);
     // dynatemp: the temperature for the survivors c[0, m), m >= 2 (max: their largest logit).
     float dynamic_temperature(const Candidate *c, size_t m, float max) const;
 
