@@ -47,6 +47,12 @@ std::vector<Chain> chains() {
     p.dynatemp_range = 0.5f;
     out.push_back({"default + dynamic temperature 0.8 +- 0.5", p});
     p = base;
+    p.mirostat = 2;  // llama.cpp's defaults: tau 5, eta 0.1; the filters are off while it is on
+    out.push_back({"Mirostat 2.0 (tau 5, eta 0.1) in place of the filters", p});
+    p = base;
+    p.mirostat = 1;
+    out.push_back({"Mirostat (tau 5, eta 0.1) in place of the filters", p});
+    p = base;
     p.repeat_penalty = 1.1f;
     out.push_back({"default + repeat penalty 1.1 (64 tokens)", p});
     p = base;

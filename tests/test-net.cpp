@@ -183,6 +183,10 @@ SeqStart sample_seq_start() {
     m.dry_breakers = {{13, {}}, {29901, {1, 2, 3}}};
     m.dynatemp_range = 0.4f;
     m.dynatemp_exponent = 1.5f;
+    m.mirostat = 2;
+    m.mirostat_tau = 4.5f;
+    m.mirostat_eta = 0.25f;
+    m.mirostat_mu = 7.75f;
     return m;
 }
 ProbeCompute sample_probe_compute() {
@@ -522,6 +526,10 @@ TEST(NetCodec, ControlMessagesRoundTrip) {
     EXPECT_EQ(s->dry_breakers[1].tail, (std::vector<int32_t>{1, 2, 3}));
     EXPECT_EQ(s->dynatemp_range, 0.4f);
     EXPECT_EQ(s->dynatemp_exponent, 1.5f);
+    EXPECT_EQ(s->mirostat, 2);
+    EXPECT_EQ(s->mirostat_tau, 4.5f);
+    EXPECT_EQ(s->mirostat_eta, 0.25f);
+    EXPECT_EQ(s->mirostat_mu, 7.75f);
     ASSERT_EQ(s->logit_bias.size(), 2u);
     EXPECT_EQ(s->logit_bias[0].id, 2);
     EXPECT_EQ(s->logit_bias[0].bias, -std::numeric_limits<float>::infinity());
@@ -836,6 +844,14 @@ TEST(NetCodec, SemanticChecks) {
     s.dynatemp_exponent = INFINITY;
     EXPECT_NE(seq_start_error(s).find("dynatemp_exponent"), std::string::npos) << seq_start_error(s);
     s = sample_seq_start();
+    s.mirostat_eta = NAN;
+    EXPECT_NE(seq_start_error(s).find("mirostat_eta"), std::string::npos) << seq_start_error(s);
+    s = sample_seq_start();
+    s.mirostat_mu = NAN;  // the start value
+    EXPECT_EQ(seq_start_error(s), "");
+    s.mirostat_mu = -INFINITY;
+    EXPECT_NE(seq_start_error(s).find("mirostat_mu"), std::string::npos) << seq_start_error(s);
+    s = sample_seq_start();
     s.keep_from = -1;
     EXPECT_NE(seq_start_error(s).find("keep_from -1 is negative"), std::string::npos) << seq_start_error(s);
     b.clear();
@@ -987,7 +1003,7 @@ TEST(NetCodec, ForwardRejectsMalformedPayloads) {
 }
 
 TEST(NetCodec, ResultRoundTripWithAndWithoutLogits) {
-    const ResultRow rows[3] = {{0, 42, -0.5f}, {1, 7, -1.25f}, {5, 0, 0.0f}};
+    const ResultRow rows[3] = {{0, 42, -0.5f, 9.5f}, {1, 7, -1.25f, -0.75f}, {5, 0, 0.0f, 0.0f}};
     const uint32_t n_vocab = 33;
     const std::vector<float> logits = random_rows(3 * n_vocab, 6);
     Bytes b;
@@ -1001,6 +1017,7 @@ TEST(NetCodec, ResultRoundTripWithAndWithoutLogits) {
         EXPECT_EQ(v->row(i).seq, rows[i].seq);
         EXPECT_EQ(v->row(i).token, rows[i].token);
         EXPECT_EQ(v->row(i).logprob, rows[i].logprob);
+        EXPECT_EQ(v->row(i).mirostat_mu, rows[i].mirostat_mu);
     }
 
     encode_result(rows, logits.data(), n_vocab, nullptr, 0, b);

@@ -16,7 +16,7 @@ TEST(OllamaParse, ChatTakesMessagesOptionsAndStreamsByDefault) {
         R"({"model": "stories:latest", "messages": [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"}], "options": {"temperature": 0.2, "top_k": 7, "top_p": 0.5, "min_p": 0.1,
         "typical_p": 0.7, "seed": 9, "num_predict": 12, "stop": ["\n\n", "END"], "repeat_penalty": 1.3,
-        "repeat_last_n": -1,
+        "repeat_last_n": -1, "mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2,
         "num_ctx": 8192, "num_thread": 4}, "keep_alive": "5m"})");
     ASSERT_TRUE(r.ok()) << r.status().message();
     EXPECT_EQ(r->kind, ApiKind::chat);
@@ -32,6 +32,9 @@ TEST(OllamaParse, ChatTakesMessagesOptionsAndStreamsByDefault) {
     EXPECT_EQ(r->sampling.seed, 9u);
     EXPECT_EQ(r->sampling.repeat_penalty, 1.3f);
     EXPECT_EQ(r->sampling.repeat_last_n, -1);
+    EXPECT_EQ(r->sampling.mirostat, 2);
+    EXPECT_EQ(r->sampling.mirostat_tau, 4.0f);
+    EXPECT_EQ(r->sampling.mirostat_eta, 0.2f);
     EXPECT_EQ(r->max_tokens, 12);
     EXPECT_EQ(r->stop, (std::vector<std::string>{"\n\n", "END"}));
 }
@@ -111,7 +114,9 @@ TEST(OllamaParse, WhatIsNotSupportedIsNamed) {
     EXPECT_EQ(chat->messages[2].name, "f");
     EXPECT_NE(error(R"({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]})").find("images"),
               std::string::npos);
-    EXPECT_NE(error("{" + m + R"(, "options": {"mirostat": 2}})").find("'options.mirostat'"),
+    EXPECT_NE(error("{" + m + R"(, "options": {"mirostat": 3}})").find("'options.mirostat' must be 0"),
+              std::string::npos);
+    EXPECT_NE(error("{" + m + R"(, "options": {"mirostat": 2, "mirostat_eta": -1}})").find("mirostat_eta"),
               std::string::npos);
     EXPECT_EQ(error("{" + m + R"(, "options": {"mirostat": 0, "typical_p": 1.0}})"), "");
     EXPECT_NE(error("{" + m + R"(, "options": {"tfs_z": 0.5}})").find("'options.tfs_z'"), std::string::npos);

@@ -159,6 +159,14 @@ TEST(SamplerParams, ValidateNamesTheBadField) {
     EXPECT_FALSE(bad([](SamplerParams &p) { p.dynatemp_range = k_inf; }).ok());
     EXPECT_FALSE(bad([](SamplerParams &p) { p.dry_breakers = {{1, std::vector<int32_t>(21, 2)}}; }).ok());
     EXPECT_FALSE(bad([](SamplerParams &p) { p.dry_breakers = {{-1, {}}}; }).ok());
+    EXPECT_NE(bad([](SamplerParams &p) { p.mirostat = 3; }).message().find("mirostat must be 0"),
+              std::string::npos);
+    EXPECT_FALSE(bad([](SamplerParams &p) { p.mirostat = -1; }).ok());
+    EXPECT_NE(bad([](SamplerParams &p) { p.mirostat_tau = -1.0f; }).message().find("mirostat_tau"),
+              std::string::npos);
+    EXPECT_NE(bad([](SamplerParams &p) { p.mirostat_eta = std::nanf(""); }).message().find("mirostat_eta"),
+              std::string::npos);
+    EXPECT_TRUE(bad([](SamplerParams &p) { p.mirostat = 2; }).ok());
 }
 
 TEST(Sampler, GreedyPicksMax) {
@@ -1086,13 +1094,224 @@ TEST(Sampler, LastLogprobsDescribeTheFinalDistribution) {
     ASSERT_EQ(g.last_top_logprobs(3).size(), 1u);
 }
 
+// Mirostat as llama.cpp defines it (llama_sampler_mirostat / _v2), written from that definition in doubles:
+// softmax at the temperature, sorted best first; v2 keeps the prefix whose surprise -log2 p is at most mu, v1
+// fits the Zipf exponent s to the 100 most likely tokens and keeps the top k = (e 2^mu / (1 - n^-e))^(1/s),
+// e = s - 1; both keep at least one token and renormalise; mu -= eta * (surprise of the draw - tau).
+struct MirostatReference {
+    int version = 2;
+    double tau = 5.0, eta = 0.1, mu = 10.0;
+    // (id, probability) of the tokens it keeps, best first.
+    std::vector<std::pair<int32_t, double>> keep(const std::vector<float> &logits, double t) const {
+        const std::vector<double> p = softmax(logits, t);
+        std::vector<int32_t> order(logits.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+        size_t k = 0;
+        if (version == 2) {
+            while (k < order.size() && -std::log2(p[size_t(order[k])]) <= mu) ++k;
+        } else {
+            double tb = 0.0, tt = 0.0;
+            for (size_t i = 0; i + 1 < std::min<size_t>(100, order.size()); ++i) {
+                const double ti = std::log(double(i + 2) / double(i + 1));
+                tb += ti * std::log(p[size_t(order[i])] / p[size_t(order[i + 1])]);
+                tt += ti * ti;
+            }
+            const double s = tb / tt, e = s - 1.0;
+            const double kk =
+                std::pow(e * std::pow(2.0, mu) / (1.0 - std::pow(double(logits.size()), -e)), 1 / s);
+            k = std::min(order.size(), size_t(std::max(kk, 1.0)));
+        }
+        k = std::max<size_t>(k, 1);
+        double sum = 0.0;
+        for (size_t i = 0; i < k; ++i) sum += p[size_t(order[i])];
+        std::vector<std::pair<int32_t, double>> kept;
+        for (size_t i = 0; i < k; ++i) kept.push_back({order[i], p[size_t(order[i])] / sum});
+        return kept;
+    }
+    void update(double p_drawn) { mu -= eta * (-std::log2(p_drawn) - tau); }
+};
+
+TEST(Sampler, MirostatKeepsWhatLlamaCppsKeepsAndMovesMuAlike) {
+    for (int version : {1, 2}) {
+        for (float temperature : {1.0f, 0.7f}) {
+            SCOPED_TRACE(::testing::Message() << "mirostat " << version << ", temperature " << temperature);
+            SamplerParams p = plain(temperature, 41);
+            p.mirostat = version;
+            p.mirostat_tau = 4.0f;
+            p.mirostat_eta = 0.2f;
+            Sampler s(p, 500);
+            EXPECT_FLOAT_EQ(s.mirostat_mu(), 8.0f);  // 2 * tau
+            MirostatReference ref;
+            ref.version = version;
+            ref.tau = 4.0;
+            ref.eta = 0.2;
+            ref.mu = 8.0;
+            size_t sizes_seen = 0, last_size = 0;
+            for (int step = 0; step < 260; ++step) {
+                auto logits = random_logits(500, 900 + uint64_t(step), 4.0f);
+                if (step >=
+                    200)  // many tokens share a logit: where the cut falls among equals, lower ids first
+                    for (float &x : logits) x = std::round(x * 2.0f) / 2.0f;
+                const auto kept = ref.keep(logits, temperature);
+                const int32_t token = s.sample(logits.data());
+                const auto top = s.last_top_logprobs(500);
+                ASSERT_EQ(top.size(), kept.size()) << "step " << step;
+                for (size_t i = 0; i < kept.size(); ++i) {
+                    ASSERT_EQ(top[i].id, kept[i].first) << "step " << step;
+                    ASSERT_NEAR(top[i].logprob, std::log(kept[i].second), 1e-4) << "step " << step;
+                }
+                const auto drawn =
+                    std::find_if(kept.begin(), kept.end(), [&](auto &e) { return e.first == token; });
+                ASSERT_NE(drawn, kept.end()) << "step " << step;
+                EXPECT_NEAR(s.last_logprob(), std::log(drawn->second), 1e-4);
+                ref.update(drawn->second);
+                ASSERT_NEAR(s.mirostat_mu(), ref.mu, 1e-3) << "step " << step;
+                ref.mu = s.mirostat_mu();  // no drift between float and double over the steps
+                sizes_seen += kept.size() != last_size;
+                last_size = kept.size();
+            }
+            EXPECT_GT(sizes_seen, 20u);  // the truncation really moved with mu
+        }
+    }
+}
+
+TEST(Sampler, MirostatHoldsTheSurpriseAtTau) {
+    // A Zipf-like row over 2,000 tokens (surprise from ~2 bits up to ~20): over many draws the mean surprise
+    // of what was drawn settles at tau, which is what Mirostat is for. Without it (the plain draw) it does
+    // not.
+    std::vector<float> logits(2000);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = -1.1f * std::log(float(i + 1));
+    std::vector<double> probs = softmax(logits, 1.0);
+    double entropy = 0.0;
+    for (double q : probs) entropy -= q * std::log2(q);
+    for (int version : {1, 2}) {
+        for (float tau : {3.0f, 5.0f}) {
+            SamplerParams p = plain(1.0f, 1000 + uint64_t(version));
+            p.mirostat = version;
+            p.mirostat_tau = tau;
+            Sampler s(p, int32_t(logits.size()));
+            double total = 0.0;
+            int n = 0;
+            for (int i = 0; i < 6000; ++i) {
+                s.sample(logits.data());
+                if (i < 1000) continue;  // mu settles first
+                total += -double(s.last_logprob()) / std::log(2.0);
+                ++n;
+            }
+            EXPECT_NEAR(total / n, tau, 0.25) << "mirostat " << version << ", tau " << tau;
+        }
+    }
+    EXPECT_GT(entropy, 6.0);  // the plain draw's mean surprise, far from both taus
+}
+
+// llama.cpp's Mirostat chain is the bias, the temperature and Mirostat: top-k, top-p, min-p, typical-p, XTC,
+// the penalties and DRY are not in it, so here they change nothing and the history is not kept.
+TEST(Sampler, MirostatReplacesTheFiltersAndPenalties) {
+    const auto logits = random_logits(300, 3, 3.0f);
+    SamplerParams bare = plain(0.9f, 12);
+    bare.mirostat = 2;
+    SamplerParams busy = bare;
+    busy.top_k = 3;
+    busy.top_p = 0.5f;
+    busy.min_p = 0.3f;
+    busy.typical_p = 0.5f;
+    busy.xtc_probability = 1.0f;
+    busy.repeat_penalty = 3.0f;
+    busy.frequency_penalty = 1.0f;
+    busy.dry_multiplier = 2.0f;
+    busy.dry_breakers = {{7, {}}};
+    busy.dynatemp_range = 0.5f;
+    EXPECT_FALSE(sampler_reads_history(busy));
+    EXPECT_TRUE(sampler_history_tail(busy, std::vector<int32_t>{1, 2, 3}).empty());
+    Sampler a(bare, 300), b(busy, 300);
+    for (int i = 0; i < 100; ++i) {
+        const int32_t t = a.sample(logits.data());
+        ASSERT_EQ(b.sample(logits.data()), t) << i;
+        a.accept(t);
+        b.accept(t);
+        ASSERT_EQ(a.mirostat_mu(), b.mirostat_mu());
+    }
+    // The bias still applies before it: a banned token is never drawn.
+    SamplerParams banned = bare;
+    const int32_t best = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    banned.logit_bias = {{best, -k_inf}};
+    Sampler c(banned, 300);
+    for (int i = 0; i < 200; ++i) ASSERT_NE(c.sample(logits.data()), best);
+    // Temperature 0 is greedy with Mirostat too (the argmax after the bias), and leaves mu alone.
+    SamplerParams g = greedy();
+    g.mirostat = 1;
+    g.repeat_penalty = 5.0f;
+    Sampler gs(g, 300);
+    for (int i = 0; i < 3; ++i) {
+        gs.accept(gs.sample(logits.data()));
+        EXPECT_EQ(gs.last_logprob(), 0.0f);
+    }
+    EXPECT_EQ(gs.sample(logits.data()), best);  // the penalty would have moved it
+    EXPECT_EQ(gs.mirostat_mu(), 10.0f);
+}
+
+// Mirostat 1 on an exact Zipf row p_i ~ (i + 1)^-s: the fit finds s, so the tokens kept are the formula's k;
+// the temperature comes first (it divides the exponent).
+TEST(Sampler, MirostatOneKeepsTheZipfFormulasK) {
+    std::vector<float> logits(1000);
+    for (size_t i = 0; i < logits.size(); ++i) logits[i] = -1.2f * std::log(float(i + 1));
+    for (float t : {1.0f, 2.0f}) {
+        SamplerParams p = plain(t, 5);
+        p.mirostat = 1;
+        p.mirostat_tau = 3.0f;  // mu = 6 at the start
+        Sampler s(p, 1000);
+        s.sample(logits.data());
+        const double zipf = 1.2 / t, e = zipf - 1.0;
+        const double k = std::pow(e * 64.0 / (1.0 - std::pow(1000.0, -e)), 1.0 / zipf);
+        EXPECT_EQ(s.last_top_logprobs(1000).size(), size_t(k)) << "temperature " << t << ", k " << k;
+    }
+}
+
+// A Mirostat stream resumed elsewhere needs its mu: restored with the draws and mu it draws what the
+// uninterrupted sampler draws; restored without mu it soon does not.
+TEST(Sampler, MirostatRestoresItsThreshold) {
+    for (int version : {1, 2}) {
+        SamplerParams p = plain(1.0f, 66);
+        p.mirostat = version;
+        p.mirostat_tau = 3.0f;
+        std::vector<std::vector<float>> steps;
+        for (int i = 0; i < 80; ++i) steps.push_back(random_logits(200, 300 + uint64_t(i), 4.0f));
+        Sampler whole(p, 200);
+        std::vector<int32_t> tokens;
+        std::vector<float> mus;
+        for (const auto &l : steps) {
+            tokens.push_back(whole.sample(l.data()));
+            whole.accept(tokens.back());
+            mus.push_back(whole.mirostat_mu());
+        }
+        for (size_t cut : {size_t(1), size_t(40)}) {
+            Sampler resumed(p, 200), forgetful(p, 200);
+            resumed.restore(cut, {}, mus[cut - 1]);
+            forgetful.restore(cut, {});
+            size_t differ = 0;
+            for (size_t i = cut; i < steps.size(); ++i) {
+                ASSERT_EQ(resumed.sample(steps[i].data()), tokens[i])
+                    << "mirostat " << version << ", step " << i;
+                EXPECT_EQ(resumed.mirostat_mu(), mus[i]);
+                differ += forgetful.sample(steps[i].data()) != tokens[i];
+            }
+            EXPECT_GT(differ, 0u) << "mirostat " << version << ", cut " << cut;
+        }
+    }
+}
+
 TEST(Sampler, NoAllocationPerTokenAfterFirstCall) {
     const auto logits = random_logits(5000, 31, 2.0f);
     SamplerParams top_p_only = plain(1.0f);
     top_p_only.top_p = 0.9f;
     SamplerParams big_k = plain(0.9f);
     big_k.top_k = 1000;
-    for (SamplerParams p : {SamplerParams{}, top_p_only, big_k, plain(1.0f), greedy()}) {
+    SamplerParams mirostat1 = plain(1.0f), mirostat2 = plain(1.0f);
+    mirostat1.mirostat = 1;
+    mirostat2.mirostat = 2;
+    for (SamplerParams p :
+         {SamplerParams{}, top_p_only, big_k, plain(1.0f), greedy(), mirostat1, mirostat2}) {
         p.repeat_penalty = 1.1f;
         p.frequency_penalty = 0.1f;
         Sampler s(p, 5000);

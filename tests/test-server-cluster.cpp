@@ -168,6 +168,33 @@ TEST_F(ServerCluster, StreamsCutOffByALostLinkContinueWithTheUndisturbedText) {
     EXPECT_EQ(h->status, 200) << h->body;
 }
 
+// The same for Mirostat streams, whose sampler carries a threshold from draw to draw: the last stage returns
+// it with each token and the head restores it with the replay, so they too go on as if undisturbed.
+TEST_F(ServerCluster, MirostatStreamsContinueWithTheirThreshold) {
+    ServerOptions o = two_stage_options(/*relay_second=*/true);
+    o.max_resumes = 1;
+    TestServer s(o);
+    const std::vector<json> mirostat = {{{"prompt", "Once upon a time"},
+                                         {"max_tokens", 80},
+                                         {"temperature", 1.0},
+                                         {"seed", 5},
+                                         {"mirostat", 2},
+                                         {"mirostat_tau", 1.0},
+                                         {"mirostat_eta", 0.3}},
+                                        {{"prompt", "The cat"},
+                                         {"max_tokens", 80},
+                                         {"temperature", 1.0},
+                                         {"seed", 6},
+                                         {"mirostat", 1},
+                                         {"mirostat_tau", 1.5},
+                                         {"mirostat_eta", 0.3}}};
+    expect_streams_continue(s, mirostat, [&] { s.workers().relay().cut(); });
+    auto c = s.client();
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric(m->body, "tandem_resumed_requests_total"), 2) << m->body;
+}
+
 // --max-resumes with nowhere to go (the worker is dead, no other node holds its layers): the streams still end
 // within 3 s naming it, as without resuming.
 TEST_F(ServerCluster, StreamsThatCannotResumeEndWithTheLostNode) {

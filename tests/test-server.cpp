@@ -1981,6 +1981,72 @@ TEST_P(ServerTest, LlamaServersFiltersDrawWhatTandemRunDraws) {
     EXPECT_NE(bad.err.find("typical_p must be in [0, 1]"), std::string::npos) << bad.err;
 }
 
+// Mirostat (llama-server's mirostat, mirostat_tau, mirostat_eta; Ollama's options of the same names) draws
+// what `tandem run --mirostat` draws for the same seed, on every engine; it changes the text; it replaces the
+// penalties, so Ollama's defaults (repeat_penalty 1.1, top_k 40, ...) leave its draws alone; bad values are
+// refused naming the field; /completion echoes it.
+TEST_P(ServerTest, MirostatDrawsWhatTandemRunDraws) {
+    ServerOptions o = opts();
+    o.n_ctx_slot = 256;
+    TestServer s(o);
+    auto c = s.client();
+    for (int version : {1, 2}) {
+        const uint64_t seed = 4;
+        json body = {{"prompt", "Once upon a time"},
+                     {"n_predict", 40},
+                     {"seed", seed},
+                     {"temperature", 1.0},
+                     {"top_k", 0},
+                     {"top_p", 1.0},
+                     {"min_p", 0.0}};
+        auto plain = post(c, "/completion", body);
+        ASSERT_TRUE(plain);
+        ASSERT_EQ(plain->status, 200) << plain->body;
+        // A low tau: stories260K is sure of most tokens, so the truncation must bite to change the text.
+        body.update({{"mirostat", version}, {"mirostat_tau", 1.5}, {"mirostat_eta", 0.2}});
+        auto r = post(c, "/completion", body);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json j = json::parse(r->body);
+        test::ProcessResult run =
+            test::run_tandem({"run", "-m", test::shared_path(k_model), "-p", "Once upon a time", "-n", "40",
+                              "-s", std::to_string(seed), "--temp", "1.0", "--mirostat",
+                              std::to_string(version), "--mirostat-ent", "1.5", "--mirostat-lr", "0.2"});
+        ASSERT_EQ(run.exit_code, 0) << run.err;
+        EXPECT_EQ(run.out, j["content"].get<std::string>() + "\n") << "mirostat " << version;
+        EXPECT_NE(j["content"], json::parse(plain->body)["content"]) << "mirostat " << version;
+        const json &settings = j["generation_settings"];
+        EXPECT_EQ(settings["mirostat"], version);
+        EXPECT_FLOAT_EQ(settings["mirostat_tau"].get<float>(), 1.5f);
+        EXPECT_FLOAT_EQ(settings["mirostat_eta"].get<float>(), 0.2f);
+        // Ollama's options, its default penalties and filters included: the same draws.
+        auto ol = post(c, "/api/generate",
+                       {{"prompt", "Once upon a time"},
+                        {"raw", true},
+                        {"stream", false},
+                        {"options",
+                         {{"seed", seed},
+                          {"temperature", 1.0},
+                          {"num_predict", 40},
+                          {"mirostat", version},
+                          {"mirostat_tau", 1.5},
+                          {"mirostat_eta", 0.2}}}});
+        ASSERT_TRUE(ol);
+        ASSERT_EQ(ol->status, 200) << ol->body;
+        EXPECT_EQ(json::parse(ol->body)["response"], j["content"]) << "mirostat " << version;
+    }
+    for (const auto &[key, value] : std::vector<std::pair<std::string, json>>{
+             {"mirostat", 3}, {"mirostat", 1.5}, {"mirostat_tau", -1}, {"mirostat_eta", "fast"}}) {
+        auto e = post(c, "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}, {key, value}});
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->status, 400) << key;
+        EXPECT_NE(e->body.find(key), std::string::npos) << e->body;
+    }
+    test::ProcessResult bad = test::run_tandem({"run", "-m", test::shared_path(k_model), "--mirostat", "4"});
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("mirostat must be 0"), std::string::npos) << bad.err;
+}
+
 // llama-server's sampler sees the prompt before it draws (its repeat penalties and DRY read it), and so does
 // tandem's, on every engine and in `tandem run`. Plain greedy's first token here is a token of the prompt;
 // with a repeat penalty over the whole history that pushes every token seen below every token not seen,

@@ -414,7 +414,12 @@ TEST(TpForward, StoriesSeededSamplingEqualsOneMachine) {
     dry.dry_multiplier = 1.5f;
     dry.dry_allowed_length = 1;
     dry.dry_breakers = {{13, {}}};
-    for (const SamplerParams &sp : {seeded(1234), seeded(5), no_top_k, penalties, typical_xtc, sigma, dry}) {
+    SamplerParams mirostat1 = seeded(19), mirostat2 = seeded(23);  // the whole distribution: whole slices
+    mirostat1.mirostat = 1;
+    mirostat2.mirostat = 2;
+    mirostat2.mirostat_tau = 3.0f;
+    for (const SamplerParams &sp :
+         {seeded(1234), seeded(5), no_top_k, penalties, typical_xtc, sigma, dry, mirostat1, mirostat2}) {
         const Generated ref = one_machine(stories(), kStoriesPrompt, 48, sp, false);
         for (const std::vector<double> &shares : {std::vector<double>{1, 1}, std::vector<double>{1, 1, 1}}) {
             const Generated tp = tensor_parallel(stories(), {{0, -1, shares}}, kStoriesPrompt, 48, sp, false);

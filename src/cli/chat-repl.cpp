@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <vector>
 
 #include "cli/common.h"
@@ -41,6 +42,7 @@ public:
         kv_text_.clear();
         kv_text_known_ = true;
         n_drawn_ = 0;
+        mirostat_mu_.reset();
         return engine_.seq_start(kSeq, sampling_);
     }
 
@@ -89,8 +91,8 @@ public:
         // goes on with the draws it would have made. The cache keeps its first n_keep positions.
         kv_tokens_.resize(n_keep);
         kv_tokens_.insert(kv_tokens_.end(), fresh.begin(), fresh.end());
-        TD_TRY(
-            engine_.seq_start(kSeq, sampling_, false, {kv_tokens_, n_drawn_}, static_cast<int32_t>(n_keep)));
+        TD_TRY(engine_.seq_start(kSeq, sampling_, false, {kv_tokens_, n_drawn_, mirostat_mu_},
+                                 static_cast<int32_t>(n_keep)));
         // Prefill the new part; only its last row wants an output (the reply's first token).
         Batch batch;
         std::vector<StepOutput> last;
@@ -107,6 +109,7 @@ public:
             return make_error(ErrorKind::failed, "the engine returned {} outputs for the prompt",
                               last.size());
         ++n_drawn_;
+        mirostat_mu_ = last.front().mirostat_mu;
         st.n_cached = static_cast<int32_t>(n_keep);
         st.n_new = static_cast<int32_t>(fresh.size());
 
@@ -152,6 +155,7 @@ public:
                 return make_error(ErrorKind::failed, "the engine returned {} outputs for one token",
                                   last.size());
             ++n_drawn_;
+            mirostat_mu_ = last.front().mirostat_mu;
             kv_tokens_.push_back(token);
             raw += tokenizer_.token_to_piece(token);
             if (vocab_.is_control(token)) text_known = false;  // renders as "" but sits in the cache
@@ -184,6 +188,7 @@ private:
     std::string kv_text_;             // the text kv_tokens_ came from, when kv_text_known_
     bool kv_text_known_ = true;
     uint64_t n_drawn_ = 0;  // tokens the conversation's sampler has drawn (SamplerHistory::n_drawn)
+    std::optional<float> mirostat_mu_;  // its Mirostat threshold after the last draw
 };
 
 // One input line, without its end of line; false at end of input (a partial last line still counts).

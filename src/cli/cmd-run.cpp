@@ -253,6 +253,15 @@ void register_run(CLI::App &app, Runners &runners) {
     cmd->add_option("--dynatemp-exp", opt->sampling.dynatemp_exponent,
                     "Dynamic temperature: the exponent on the normalised entropy")
         ->default_val(1.0f);
+    cmd->add_option(
+           "--mirostat", opt->sampling.mirostat,
+           "Mirostat in place of top-k, top-p and the other filters: 1 Mirostat, 2 Mirostat 2.0 (0: off)")
+        ->default_val(0);
+    cmd->add_option("--mirostat-ent", opt->sampling.mirostat_tau,
+                    "Mirostat: the surprise it aims at (tau, bits per token)")
+        ->default_val(5.0f);
+    cmd->add_option("--mirostat-lr", opt->sampling.mirostat_eta, "Mirostat: its learning rate (eta)")
+        ->default_val(0.1f);
     cmd->add_option("--dry-multiplier", opt->sampling.dry_multiplier,
                     "DRY: the penalty of a token that extends a repeat (0: off)")
         ->default_val(0.0f);

@@ -89,6 +89,7 @@ Status ClusterEngine::seq_start(int32_t seq, const SamplerParams &params, bool w
     put_sampling(params, m);
     TD_TRY(sampler_history_validate(history, n_vocab()));
     m.n_sampled = history.n_drawn;
+    if (history.mirostat_mu) m.mirostat_mu = *history.mirostat_mu;
     const auto tail = sampler_history_tail(params, history.tokens, net::kMaxSeqHistory);
     m.history.assign(tail.begin(), tail.end());
     buf_.clear();
@@ -257,6 +258,7 @@ Status ClusterEngine::take_result(Frame *f, uint64_t id, std::vector<StepOutput>
             o.seq = row.seq;
             o.token = row.token;
             o.logprob = row.logprob;
+            o.mirostat_mu = row.mirostat_mu;
             if (row.token == net::kEmbeddingRowToken) {
                 const float *p =
                     reinterpret_cast<const float *>(r->embeddings.data()) + size_t{n_embd_rows++} * r->n_embd;

@@ -1,6 +1,8 @@
 #include "cluster/stage.h"
 
 #include <chrono>
+#include <cmath>
+#include <optional>
 
 #include "cluster/handshake.h"
 #include "cluster/node-info.h"
@@ -241,7 +243,9 @@ Status Stage::handle_seq_start(Frame &f) {
         if (t >= n_vocab)
             return invalid_input("seq_start: history token {} is outside the vocabulary of {}", t, n_vocab);
     samplers_[m.seq] = std::make_unique<Sampler>(sp, n_vocab);
-    if (m.n_sampled > 0 || !m.history.empty()) samplers_[m.seq]->restore(m.n_sampled, m.history);
+    std::optional<float> mu;  // NaN: the start value
+    if (!std::isnan(m.mirostat_mu)) mu = m.mirostat_mu;
+    if (m.n_sampled > 0 || !m.history.empty() || mu) samplers_[m.seq]->restore(m.n_sampled, m.history, mu);
     sampler_ptrs_[m.seq] = samplers_[m.seq].get();
     want_logits_[m.seq] = m.want_logits != 0;
     return {};
@@ -309,7 +313,7 @@ Status Stage::handle_forward(Frame &f) {
     rows_.resize(outputs_.size());
     bool any_logits = false;
     for (size_t i = 0; i < outputs_.size(); ++i) {
-        rows_[i] = {outputs_[i].seq, outputs_[i].token, outputs_[i].logprob};
+        rows_[i] = {outputs_[i].seq, outputs_[i].token, outputs_[i].logprob, outputs_[i].mirostat_mu};
         any_logits = any_logits || !outputs_[i].logits.empty();
     }
     // With logits, every sampled row's logits go (ctx's [n_outputs, n_vocab] as is); the head keeps the rows

@@ -68,6 +68,9 @@ void sampling_fields(Params &p, Msg &m, F &&f) {
     f(p.dry_penalty_last_n, m.dry_penalty_last_n);
     f(p.dynatemp_range, m.dynatemp_range);
     f(p.dynatemp_exponent, m.dynatemp_exponent);
+    f(p.mirostat, m.mirostat);
+    f(p.mirostat_tau, m.mirostat_tau);
+    f(p.mirostat_eta, m.mirostat_eta);
     f(p.seed, m.seed);
 }
 

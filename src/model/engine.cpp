@@ -27,6 +27,7 @@ void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab,
         } else if (sampler != nullptr) {
             so.token = sampler->sample(row);
             sampler->accept(so.token);
+            so.mirostat_mu = sampler->mirostat_mu();
         }
         if (want_logits[s]) {  // the log-softmax costs a pass over the vocabulary: only when asked
             if (sampler != nullptr && !rejected) so.logprob = sampler->token_logprob(row, so.token);
@@ -80,7 +81,8 @@ Status LocalEngine::seq_start(int32_t seq, const SamplerParams &params, bool wan
     TD_TRY(sampler_history_validate(history, n_vocab()));
     slots_[seq].sampler = std::make_unique<Sampler>(params, n_vocab());
     const auto tail = sampler_history_tail(params, history.tokens);
-    if (history.n_drawn > 0 || !tail.empty()) slots_[seq].sampler->restore(history.n_drawn, tail);
+    if (history.n_drawn > 0 || !tail.empty() || history.mirostat_mu)
+        slots_[seq].sampler->restore(history.n_drawn, tail, history.mirostat_mu);
     slots_[seq].want_logits = want_logits;
     ctx_->seq_copy(keep_from < 0 ? seq : keep_from, seq, keep);
     return {};
@@ -90,6 +92,8 @@ Status sampler_history_validate(const SamplerHistory &history, int32_t n_vocab) 
     for (int32_t t : history.tokens)
         if (t < 0 || t >= n_vocab)
             return invalid_input("history token {} is out of range (vocabulary has {} tokens)", t, n_vocab);
+    if (history.mirostat_mu && !std::isfinite(*history.mirostat_mu))
+        return invalid_input("mirostat mu must be a finite number, got {}", *history.mirostat_mu);
     return {};
 }
 

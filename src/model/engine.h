@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -29,6 +30,8 @@ struct StepOutput {
     int32_t seq = 0;
     int32_t token = 0;      // sampled with the sequence's sampler (already accepted into its history)
     float logprob = 0.0f;   // log-probability of `token` under the raw distribution (with want_logits)
+    float mirostat_mu = 0.0f;   // the sampler's Mirostat threshold after this draw (what a resumed stream
+                                // restores: SamplerHistory::mirostat_mu)
     std::vector<float> logits;  // [n_vocab], only when the sequence was started with want_logits
     std::vector<float> embedding;  // [n_embd], the row's final-normed hidden state (kOutEmbedding rows)
 };
@@ -37,10 +40,13 @@ struct StepOutput {
 // and DRY, and so do the engines: `tokens` is the prompt, then (a stream resumed after a lost node, or a
 // chat's later turn) what the stream sampled and what came after; the sampler keeps the tail its windows
 // read (sampler_history_tail). n_drawn: how many of the stream's tokens were sampled, each one generator
-// draw (Sampler::restore), so a seeded stream goes on with the draws it would have made.
+// draw (Sampler::restore), so a seeded stream goes on with the draws it would have made. mirostat_mu:
+// Mirostat's threshold after the stream's last draw (StepOutput::mirostat_mu), finite; nullopt: its start
+// value.
 struct SamplerHistory {
     std::span<const int32_t> tokens;  // each in [0, n_vocab)
     uint64_t n_drawn = 0;
+    std::optional<float> mirostat_mu = std::nullopt;
 };
 
 class Engine {

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "core/check.h"
@@ -97,6 +98,7 @@ bool penalties_on(const SamplerParams &p) {
 // Tokens the history keeps: the longer of the penalties' window and DRY's, of those that are on; -1: every
 // accepted token; 0: nothing reads the history.
 int64_t history_window(const SamplerParams &p) {
+    if (p.mirostat != 0) return 0;  // llama.cpp's Mirostat chain has no penalties or DRY
     int64_t w = 0;
     if (penalties_on(p)) {
         if (p.repeat_last_n < 0) return -1;
@@ -173,6 +175,14 @@ Status sampler_params_validate(const SamplerParams &p) {
                              p.dynatemp_range);
     if (!(std::isfinite(p.dynatemp_exponent) && p.dynatemp_exponent >= 0.0f))
         return invalid_input("dynatemp_exponent must be >= 0, got {}", p.dynatemp_exponent);
+    if (p.mirostat < 0 || p.mirostat > 2)
+        return invalid_input("mirostat must be 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0), got {}",
+                             p.mirostat);
+    if (!(std::isfinite(p.mirostat_tau) && p.mirostat_tau >= 0.0f))
+        return invalid_input("mirostat_tau must be >= 0 (the target surprise in bits), got {}",
+                             p.mirostat_tau);
+    if (!(std::isfinite(p.mirostat_eta) && p.mirostat_eta >= 0.0f))
+        return invalid_input("mirostat_eta must be >= 0 (its learning rate), got {}", p.mirostat_eta);
     if (!(std::isfinite(p.dry_multiplier) && p.dry_multiplier >= 0.0f))
         return invalid_input("dry_multiplier must be >= 0 (0 turns DRY off), got {}", p.dry_multiplier);
     if (!(std::isfinite(p.dry_base) && p.dry_base >= 1.0f))
@@ -254,6 +264,7 @@ Sampler::Sampler(const SamplerParams &params, int32_t n_vocab) : params_(params)
         std::sort(dry_by_head_.begin(), dry_by_head_.end());
         std::sort(dry_single_.begin(), dry_single_.end());
     }
+    mu_ = 2.0f * params_.mirostat_tau;
     reseed();
 }
 
@@ -277,11 +288,17 @@ void Sampler::reset() {
     last_greedy_ = false;
     last_token_ = -1;
     last_token_logprob_ = 0.0f;
+    mu_ = 2.0f * params_.mirostat_tau;
     reseed();
 }
 
-void Sampler::restore(uint64_t n_sampled, std::span<const int32_t> history) {
+void Sampler::restore(uint64_t n_sampled, std::span<const int32_t> history,
+                      std::optional<float> mirostat_mu) {
     reset();
+    if (mirostat_mu) {
+        TD_ASSERT(std::isfinite(*mirostat_mu), "mirostat mu {}", *mirostat_mu);
+        mu_ = *mirostat_mu;
+    }
     if (params_.temperature > 0.0f) {
         rng_.discard(n_sampled);  // sample() draws exactly once when not greedy
         if (xtc_on()) xtc_rng_.discard(n_sampled);
@@ -520,8 +537,9 @@ int32_t Sampler::sample(const float *logits) {
     size_t m = 0;
     float max = 0.0f;
     bool sorted = false;  // c[0, m) sorted by cmp; otherwise in id order
-    const bool top_k_first = !greedy && params_.top_n_sigma <= 0.0f && params_.top_k > 0 &&
-                             size_t(params_.top_k) <= k_heap_top_k_max && params_.top_k < n_vocab_;
+    const bool top_k_first = !greedy && params_.mirostat == 0 && params_.top_n_sigma <= 0.0f &&
+                             params_.top_k > 0 && size_t(params_.top_k) <= k_heap_top_k_max &&
+                             params_.top_k < n_vocab_;
     if (top_k_first && sparse_index_.empty()) {      // the first call: room for every token the bias and the
         sparse_index_.assign(size_t(n_vocab_), -1);  // history can move, whether or not they move yet
         sparse_.reserve(params_.logit_bias.size() +
@@ -536,7 +554,15 @@ int32_t Sampler::sample(const float *logits) {
         sample_prefilter(logits, c, m, max, sorted);
         if (c == nullptr) return last_token_;  // greedy, or nothing can be drawn
     }
-    return sample_filtered(c, m, max, sorted);
+    if (params_.mirostat == 0) return sample_filtered(c, m, max, sorted);
+
+    // Mirostat: truncate, draw, and move mu by the surprise of the draw in the distribution it came from.
+    const float temperature = params_.temperature;
+    const size_t keep = mirostat_keep(c, m, max, temperature);
+    const int32_t token = draw(c, keep, max, temperature, /*weighted=*/params_.mirostat == 2);
+    const double surprise = -double(last_token_logprob_) / std::log(2.0);
+    mu_ = float(double(mu_) - double(params_.mirostat_eta) * (surprise - double(params_.mirostat_tau)));
+    return token;
 }
 
 void Sampler::sample_prefilter(const float *logits, Candidate *&c, size_t &m, float &max, bool &sorted) {
@@ -573,6 +599,7 @@ void Sampler::sample_prefilter(const float *logits, Candidate *&c, size_t &m, fl
     // remove_if keeps the survivors in id order.
     m = size_t(std::remove_if(c, c + cand_.size(), [](const Candidate &x) { return x.logit == -k_inf; }) - c);
     sorted = false;
+    if (params_.mirostat != 0) return;  // it replaces the filters
 
     // top_n_sigma: over every token that can still occur (a +inf row is all 0 here: std 0 keeps them all).
     if (params_.top_n_sigma > 0.0f && m > 1) {
@@ -699,11 +726,15 @@ int32_t Sampler::sample_filtered(Candidate *c, size_t m, float max, bool sorted)
             temperature = 1.0f;
         }
     }
+    return draw(c, m, max, temperature);
+}
+
+int32_t Sampler::draw(Candidate *c, size_t m, float max, float temperature, bool weighted) {
     weight_.resize(cand_.size());  // allocates on the first call only
     float *w = weight_.data();     // [m]
     double sum = 0.0;
     for (size_t i = 0; i < m; ++i) {
-        w[i] = std::exp((c[i].logit - max) / temperature);
+        if (!weighted) w[i] = std::exp((c[i].logit - max) / temperature);
         sum += w[i];
     }
     const double r = uniform01(rng_) * sum;
@@ -737,6 +768,84 @@ Sampler::ExpMoments Sampler::exp_moments(const Candidate *c, size_t m, float max
     }
     r.mean = weighted / r.sum;
     return r;
+}
+
+size_t Sampler::mirostat_keep(Candidate *c, size_t m, float max, float t) {
+    weight_.resize(cand_.size());  // allocates on the first call only
+    float *w = weight_.data();     // [m]
+    if (params_.mirostat == 2) {
+        // The weights draw() would compute, kept for it: p_i = w_i / S, and -log2 p_i <= mu <=> w_i >= S
+        // 2^-mu.
+        double sum = 0.0;
+        for (size_t i = 0; i < m; ++i) {
+            w[i] = std::exp((c[i].logit - max) / t);
+            sum += w[i];
+        }
+        const double floor = sum * std::exp2(-double(mu_));
+        if (!(floor <= 1.0)) {  // mu is below even the best token's surprise: keep just that one (w = 1)
+            const size_t best =
+                size_t(std::find_if(c, c + m, [&](const Candidate &x) { return x.logit == max; }) - c);
+            c[0] = c[best];
+            w[0] = 1.0f;
+            return 1;
+        }
+        size_t keep = 0;  // in id order
+        for (size_t i = 0; i < m; ++i) {
+            if (double(w[i]) < floor) continue;
+            c[keep] = c[i];
+            w[keep++] = w[i];
+        }
+        return keep;
+    }
+    // Mirostat 1: the Zipf exponent s from the least-squares fit of log(p_i / p_i+1) = (l_i - l_i+1) / t
+    // against log((i + 2) / (i + 1)) over the 100 largest logits; then the k that makes the expected surprise
+    // of a Zipf distribution with that exponent over n_vocab tokens mu. Only values are needed: a copy of the
+    // logits is selected, and c stays in id order.
+    constexpr size_t kFit = 100;
+    const size_t top = std::min(m, kFit);
+    // The `top` largest into w[0, top) with a heap (the smallest on top) in one pass, most tokens one
+    // comparison; the rest after them, for the cut below.
+    for (size_t i = 0; i < top; ++i) w[i] = c[i].logit;
+    std::make_heap(w, w + top, std::greater<>());
+    for (size_t i = top; i < m; ++i) {
+        const float x = c[i].logit;
+        if (x > w[0]) {
+            std::pop_heap(w, w + top, std::greater<>());
+            w[i] = w[top - 1];
+            w[top - 1] = x;
+            std::push_heap(w, w + top, std::greater<>());
+        } else {
+            w[i] = x;
+        }
+    }
+    std::sort(w, w + top, std::greater<>());
+    double sum_tb = 0.0, sum_tt = 0.0;
+    for (size_t i = 0; i + 1 < top; ++i) {
+        const double ti = std::log(double(i + 2) / double(i + 1));
+        sum_tb += ti * (double(w[i] - w[i + 1]) / t);
+        sum_tt += ti * ti;
+    }
+    const double s = sum_tb / sum_tt;  // NaN for one token: k is then 1
+    const double e = s - 1.0;
+    const double k = std::pow(e * std::exp2(double(mu_)) / (1.0 - std::pow(double(n_vocab_), -e)), 1.0 / s);
+    const size_t keep = k >= double(m) ? m : k >= 1.0 ? size_t(k) : 1;  // NaN: 1
+    if (keep == m) return m;
+    // The top `keep` in the candidates' order: every logit above the keep-th largest, then the lowest ids of
+    // those equal to it.
+    if (keep > top) std::nth_element(w + top, w + keep - 1, w + m, std::greater<>());
+    const float edge = w[keep - 1];
+    size_t ties = keep;
+    for (size_t i = 0; i < m; ++i) ties -= c[i].logit > edge;
+    size_t n = 0;
+    for (size_t i = 0; i < m; ++i) {
+        if (c[i].logit > edge) {
+            c[n++] = c[i];
+        } else if (c[i].logit == edge && ties > 0) {
+            c[n++] = c[i];
+            --ties;
+        }
+    }
+    return n;
 }
 
 float Sampler::dynamic_temperature(const Candidate *c, size_t m, float max) const {

@@ -38,6 +38,18 @@
 //                with lo = max(0, temperature - r) and hi = temperature + r. A flat distribution gets hi, a
 //                peaked one nearly lo; a t of 0 keeps only the best survivor. One survivor: nothing to scale.
 //
+// Mirostat (mirostat 1 or 2, llama.cpp's --mirostat) replaces the chain after the bias, as llama.cpp's does:
+//
+//   logit bias -> temperature -> mirostat -> draw
+//
+// (no penalties, DRY or filters: they are ignored while it is on). It steers the surprise -log2 p of the
+// drawn tokens towards mirostat_tau bits with a running threshold mu (2 * tau at the start), after each draw
+// mu -= mirostat_eta * (surprise - tau), the surprise taken in the distribution it drew from:
+//   2 (Mirostat 2.0)  keeps the tokens whose surprise at the temperature is at most mu (at least the best).
+//   1 (Mirostat)      estimates the Zipf exponent s of the distribution from its 100 most likely tokens and
+//                     keeps the top k = (e 2^mu / (1 - n_vocab^-e))^(1/s) of them, e = s - 1 (at least one).
+// mu is the sampler's only state besides the generator: mirostat_mu() reads it, restore() sets it.
+//
 // temperature <= 0 is greedy: penalties, then the argmax; ties go to the lowest token id. Greedy never
 // touches the random generator. (So is temperature <= 0 with a dynatemp_range, where llama.cpp would still
 // draw at up to dynatemp_range.)
@@ -72,6 +84,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <string_view>
@@ -123,6 +136,9 @@ struct SamplerParams {
     float xtc_threshold = 0.1f;       // in [0, 1]; > 0.5: off
     float dynatemp_range = 0.0f;      // >= 0; 0: off (the temperature is fixed)
     float dynatemp_exponent = 1.0f;   // >= 0: how the normalised entropy maps onto the temperature range
+    int32_t mirostat = 0;             // 0: off; 1: Mirostat; 2: Mirostat 2.0 (in place of the filters)
+    float mirostat_tau = 5.0f;        // >= 0: the surprise Mirostat aims at, in bits
+    float mirostat_eta = 0.1f;        // >= 0: how fast its threshold follows
     float dry_multiplier = 0.0f;      // >= 0; 0: off
     float dry_base = 1.75f;           // >= 1
     int32_t dry_allowed_length = 2;   // >= 0
@@ -143,7 +159,8 @@ struct SamplerParams {
     }
 };
 
-// Whether the penalties or DRY are on, the only parts of the chain that read the accepted tokens.
+// Whether the penalties or DRY are on (and Mirostat, which skips them, off): the only parts of the chain that
+// read the accepted tokens.
 bool sampler_reads_history(const SamplerParams &params);
 
 // The tail of a stream's tokens (its prompt, then what it sampled) that the penalties and DRY can still see:
@@ -191,7 +208,13 @@ public:
     // same seed the next sample() is what the uninterrupted sampler would have drawn. n_sampled: tokens the
     // stream has sampled; history: the last of the tokens it has seen, its prompt and then those it sampled
     // (at least the window the penalties read, see sampler_history_tail), each in [0, n_vocab) (asserted).
-    void restore(uint64_t n_sampled, std::span<const int32_t> history);
+    // mirostat_mu: Mirostat's threshold as the stream left it (mirostat_mu() after its last draw); nullopt:
+    // the start value. A finite number (asserted).
+    void restore(uint64_t n_sampled, std::span<const int32_t> history,
+                 std::optional<float> mirostat_mu = std::nullopt);
+
+    // Mirostat's threshold mu now, in bits: 2 * mirostat_tau until the first draw (also with Mirostat off).
+    float mirostat_mu() const { return mu_; }
 
     // The distribution the last sample() drew from (after penalties, filters and temperature), for
     // logprobs of the sampled token. Greedy is a point mass: the chosen token with logprob 0.
@@ -238,7 +261,9 @@ private:
     bool top_k_of_raw(const float *logits, size_t &m, bool adjusted);
     int32_t recent(size_t i) const;  // the i-th most recent accepted token, i < history_.size()
     void reseed();
-    bool xtc_on() const { return params_.xtc_probability > 0.0f && params_.xtc_threshold <= 0.5f; }
+    bool xtc_on() const {
+        return params_.mirostat == 0 && params_.xtc_probability > 0.0f && params_.xtc_threshold <= 0.5f;
+    }
     // The filters after top_k on c[0, m) (xtc: sorted); they return the new m, the survivors sorted at c.
     size_t apply_typical(Candidate *c, size_t m, float max);  // max: the largest logit in c[0, m)
     size_t apply_xtc(Candidate *c, size_t m);
@@ -251,12 +276,19 @@ private:
     static ExpMoments exp_moments(const Candidate *c, size_t m, float max);
     // dynatemp: the temperature for the survivors c[0, m), m >= 2 (max: their largest logit).
     float dynamic_temperature(const Candidate *c, size_t m, float max) const;
+    // Mirostat's truncation of c[0, m) (the tokens that can occur, id order; max: their largest logit) at
+    // temperature t: returns how many survive, at c's front in id order (v2: their weights in weight_).
+    size_t mirostat_keep(Candidate *c, size_t m, float max, float t);
+    // The temperature, softmax and draw over c[0, m) that end every non-greedy sample(). weighted: weight_[0,
+    // m) already holds e^((logit - max) / temperature) of c[0, m).
+    int32_t draw(Candidate *c, size_t m, float max, float temperature, bool weighted = false);
 
     SamplerParams params_;
     int32_t n_vocab_ = 0;
     uint64_t seed_ = 0;
     std::mt19937_64 rng_;
     std::mt19937_64 xtc_rng_;  // XTC's coin, one draw per non-greedy sample() while XTC is on
+    float mu_ = 0.0f;          // Mirostat's threshold (bits)
 
     int64_t window_ = 0;            // tokens the history keeps: the longer of the two windows; -1: all
     std::vector<int32_t> history_;  // [min(n_accepted, window_)] ring buffer; all tokens when -1

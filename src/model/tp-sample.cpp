@@ -15,10 +15,10 @@ constexpr uint32_t kDense = 1u << 31;
 // How many candidates a rank sends for a row: 0 = the dense slice. A logit bias, like the penalties and DRY,
 // moves tokens past each other before top-k sees them, so rank 0's sampler gets every logit and applies it;
 // so does top_n_sigma, which reads the spread of every logit before top-k. typical_p and XTC act on what
-// top-k kept, so the global top-k is all they need.
+// top-k kept, so the global top-k is all they need. Mirostat skips top-k and reads the whole distribution.
 int32_t sparse_count(const SamplerParams &p, bool want_logits, int32_t n_vocab) {
     if (want_logits || sampler_reads_history(p) || !p.logit_bias.empty()) return 0;
-    if (p.temperature > 0.0f && p.top_n_sigma > 0.0f) return 0;
+    if (p.temperature > 0.0f && (p.top_n_sigma > 0.0f || p.mirostat != 0)) return 0;
     if (p.temperature <= 0.0f) return 1;
     if (p.top_k > 0 && p.top_k < n_vocab && p.top_k <= kTpSparseTopK) return p.top_k;
     return 0;

@@ -632,7 +632,11 @@ Status seq_start_fields(Io &io, M &m) {
                        [&](auto &t) { return io.field(t, "tail"); });
     }));
     TD_TRY(io.finite(m.dynatemp_range, "dynatemp_range"));
-    return io.finite(m.dynatemp_exponent, "dynatemp_exponent");
+    TD_TRY(io.finite(m.dynatemp_exponent, "dynatemp_exponent"));
+    TD_TRY(io.field(m.mirostat, "mirostat"));
+    TD_TRY(io.finite(m.mirostat_tau, "mirostat_tau"));
+    TD_TRY(io.finite(m.mirostat_eta, "mirostat_eta"));
+    return io.field(m.mirostat_mu, "mirostat_mu");
 }
 
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {
@@ -661,6 +665,9 @@ Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
     if (tail_tokens > kMaxSeqDryTailTokens)
         return invalid_input("seq_start: the DRY breakers' tails hold {} tokens, limit {}", tail_tokens,
                              kMaxSeqDryTailTokens);
+    if (std::isinf(m.mirostat_mu))
+        return invalid_input("seq_start: mirostat_mu is {} (finite, or NaN for the start value)",
+                             m.mirostat_mu);
     return m;
 }
 
@@ -846,6 +853,7 @@ ResultRow ResultView::row(uint32_t i) const {
     std::memcpy(&r.seq, p + 0, 4);
     std::memcpy(&r.token, p + 4, 4);
     std::memcpy(&r.logprob, p + 8, 4);
+    std::memcpy(&r.mirostat_mu, p + 12, 4);
     return r;
 }
 
@@ -917,6 +925,7 @@ void encode_result(std::span<const ResultRow> rows, const float *logits, uint32_
         put_at(q + 0, rows[i].seq);
         put_at(q + 4, rows[i].token);
         put_at(q + 8, rows[i].logprob);
+        put_at(q + 12, rows[i].mirostat_mu);
     }
     uint8_t *at = p + 8 + n * kResultRowBytes;
     if (logits) std::memcpy(at, logits, logits_bytes);

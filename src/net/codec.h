@@ -101,7 +101,7 @@ void wire_to_f32(const ForwardView &v, float *out);
 struct ResultView {
     uint32_t n_outputs = 0;
     uint32_t flags = 0;
-    std::span<const uint8_t> rows;    // n_outputs ResultRow records (12 bytes each, little-endian)
+    std::span<const uint8_t> rows;    // n_outputs ResultRow records (16 bytes each, little-endian)
     std::span<const uint8_t> logits;  // (n_outputs - n_embedding_rows) * n_vocab f32, with kResultLogits
     uint32_t n_embedding_rows = 0;    // rows whose token is kEmbeddingRowToken
     uint32_t n_embd = 0;              // with kResultEmbeddings

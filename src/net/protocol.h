@@ -26,13 +26,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 16;
+inline constexpr uint16_t kProtocolVersion = 17;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -298,22 +299,23 @@ struct ForwardHeader {
 };
 
 // Sampled tokens for the rows that wanted logits, and the rows that wanted an embedding (v11), in row order.
-// Fixed part: u32 n_outputs, u32 flags. Then per output: i32 seq, i32 token, f32 logprob; an embedding row
-// has token kEmbeddingRowToken. With kResultLogits: followed by (n_outputs - embedding rows) * n_vocab f32
-// logits, the other rows' in order (only when a seq asked for them in SeqStart). With kResultEmbeddings
-// (set exactly when there are embedding rows): then u32 n_embd and (embedding rows) * n_embd f32, the rows'
-// final-normed hidden states in order.
+// Fixed part: u32 n_outputs, u32 flags. Then per output: i32 seq, i32 token, f32 logprob, f32 mirostat_mu
+// (v17: the sampler's Mirostat threshold after the draw); an embedding row has token kEmbeddingRowToken. With
+// kResultLogits: followed by (n_outputs - embedding rows) * n_vocab f32 logits, the other rows' in order
+// (only when a seq asked for them in SeqStart). With kResultEmbeddings (set exactly when there are embedding
+// rows): then u32 n_embd and (embedding rows) * n_embd f32, the rows' final-normed hidden states in order.
 inline constexpr uint8_t kWantEmbedding = 2;  // forward want: the row's embedding
 inline constexpr uint8_t kWantDraft = 3;      // forward want (v12): logits, sampled only if its guess held
 inline constexpr int32_t kEmbeddingRowToken = -1;
 inline constexpr int32_t kRejectedRowToken = -2;  // (v12) a draft row whose guess failed: nothing drawn
 inline constexpr uint32_t kResultLogits = 1u << 0;
 inline constexpr uint32_t kResultEmbeddings = 1u << 1;
-inline constexpr size_t kResultRowBytes = 12;
+inline constexpr size_t kResultRowBytes = 16;
 struct ResultRow {
     int32_t seq = 0;
     int32_t token = 0;
     float logprob = 0.0f;
+    float mirostat_mu = 0.0f;
 };
 
 struct SeqLogitBias {  // i32 id, f32 bias
@@ -364,6 +366,12 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     // v16: llama.cpp's dynamic temperature (SamplerParams' fields; a range of 0 turns it off).
     float dynatemp_range = 0.0f;
     float dynatemp_exponent = 1.0f;
+    // v17: Mirostat (SamplerParams' fields; 0 turns it off), and its threshold where a resumed stream left
+    // it (NaN: the start value, 2 * tau).
+    int32_t mirostat = 0;
+    float mirostat_tau = 5.0f;
+    float mirostat_eta = 0.1f;
+    float mirostat_mu = std::numeric_limits<float>::quiet_NaN();
 };
 
 struct SeqClear {

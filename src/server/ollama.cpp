@@ -21,7 +21,7 @@ struct Unsupported {
     const char *key;
     double off;
 };
-constexpr Unsupported unsupported_options[] = {{"mirostat", 0.0}, {"tfs_z", 1.0}};
+constexpr Unsupported unsupported_options[] = {{"tfs_z", 1.0}};
 
 // `options` (Ollama's defaults first) and the fields both endpoints share.
 Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
@@ -80,6 +80,13 @@ Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
             return invalid_input("'options.repeat_last_n' must be -1 (the whole context) or >= 0, got {}", n);
         sp.repeat_last_n = static_cast<int32_t>(n);
     }
+    TD_TRY(get_int(*o, "mirostat", n, has));
+    if (has) {
+        if (n < 0 || n > 2) return invalid_input("'options.mirostat' must be 0 (off), 1 or 2, got {}", n);
+        sp.mirostat = static_cast<int32_t>(n);
+    }
+    TD_TRY(get_number(*o, "mirostat_tau", sp.mirostat_tau));
+    TD_TRY(get_number(*o, "mirostat_eta", sp.mirostat_eta));
     TD_TRY(get_int(*o, "seed", n, has));
     if (has) sp.seed = n >= 0 ? static_cast<uint64_t>(n) : SamplerParams::seed_random;
     TD_TRY(get_int(*o, "num_predict", n, has));

@@ -9,12 +9,13 @@
 //   GET  /api/version
 //
 // options: temperature top_k top_p min_p typical_p seed num_predict (-1 or -2: until the context is full)
-// stop repeat_penalty repeat_last_n presence_penalty frequency_penalty. Options that set up the runner
-// (num_ctx, num_batch, num_thread, num_gpu, use_mmap, ...) are accepted and ignored: the server was set up at
-// start. Defaults are Ollama's: temperature 0.8, top_k 40, top_p 0.9, min_p 0, repeat_penalty 1.1,
-// repeat_last_n 64. format: "json" (any JSON object) or a JSON schema (text/json-schema-grammar.h):
-// constrained sampling. Answered 400 naming them: images (the models are text only), suffix, and the sampling
-// options tandem does not have (mirostat, tfs_z).
+// stop repeat_penalty repeat_last_n presence_penalty frequency_penalty mirostat mirostat_tau mirostat_eta
+// (Mirostat replaces the filters and penalties, as in the llama.cpp runner Ollama uses). Options that set up
+// the runner (num_ctx, num_batch, num_thread, num_gpu, use_mmap, ...) are accepted and ignored: the server
+// was set up at start. Defaults are Ollama's: temperature 0.8, top_k 40, top_p 0.9, min_p 0,
+// repeat_penalty 1.1, repeat_last_n 64. format: "json" (any JSON object) or a JSON schema
+// (text/json-schema-grammar.h): constrained sampling. Answered 400 naming them: images (the models are text
+// only), suffix, and the sampling option tandem does not have (tfs_z, which llama.cpp dropped).
 //
 // /api/generate renders the prompt (and system) through the model's chat template, as Ollama does with a
 // model's template; a model without a template of its own, or raw: true, takes the prompt as it is.

@@ -213,13 +213,21 @@ Status parse_common(const json &j, std::string_view body, ApiRequest &r) {
     TD_TRY(get_number(j, "presence_penalty", sp.presence_penalty));
     TD_TRY(get_number(j, "frequency_penalty", sp.frequency_penalty));
     TD_TRY(get_number(j, "repeat_penalty", sp.repeat_penalty));
-    // llama-server's further filters (not OpenAI's): typical_p, top_n_sigma, XTC.
+    // llama-server's further samplers (not OpenAI's): typical_p, top_n_sigma, XTC, the dynamic temperature,
+    // Mirostat, DRY.
     TD_TRY(get_number(j, "typical_p", sp.typical_p));
     TD_TRY(get_number(j, "top_n_sigma", sp.top_n_sigma));
     TD_TRY(get_number(j, "xtc_probability", sp.xtc_probability));
     TD_TRY(get_number(j, "xtc_threshold", sp.xtc_threshold));
     TD_TRY(get_number(j, "dynatemp_range", sp.dynatemp_range));
     TD_TRY(get_number(j, "dynatemp_exponent", sp.dynatemp_exponent));
+    TD_TRY(get_int(j, "mirostat", n, has));
+    if (has) {
+        if (n < 0 || n > 2) return invalid_input("'mirostat' must be 0 (off), 1 or 2, got {}", n);
+        sp.mirostat = static_cast<int32_t>(n);
+    }
+    TD_TRY(get_number(j, "mirostat_tau", sp.mirostat_tau));
+    TD_TRY(get_number(j, "mirostat_eta", sp.mirostat_eta));
     TD_TRY(get_number(j, "dry_multiplier", sp.dry_multiplier));
     TD_TRY(get_number(j, "dry_base", sp.dry_base));
     TD_TRY(get_int(j, "dry_allowed_length", n, has));

@@ -133,6 +133,7 @@ struct Scheduler::Slot {
     int32_t n_in_flight = 0;  // steps in flight with rows of this slot; the slot is freed at 0
     int32_t n_prompt = 0;     // the request's prompt (job.prompt grows by `tokens` when it is resumed)
     std::vector<int32_t> tokens;  // generated so far, replayed after the prompt on a resume
+    std::optional<float> mirostat_mu;  // the engine's sampler's after its last draw (restored on a resume)
     bool resuming = false;        // its state was lost with a node: replay once the steps are drained
     bool preempted = false;       // its positions were given back to the KV pool: replay once there is room
     bool failed = false;          // ended with an error: what the engine holds for it is not trusted
@@ -415,6 +416,7 @@ void Scheduler::admit() {
         slot.n_in_flight = 0;
         slot.n_prompt = n_prompt;
         slot.tokens.clear();
+        slot.mirostat_mu.reset();
         slot.resuming = false;
         slot.preempted = false;
         slot.n_resumes = 0;
@@ -705,10 +707,12 @@ Status Scheduler::restart(Slot &slot) {
     slot.job.prompt.resize(static_cast<size_t>(slot.n_prompt));
     slot.job.prompt.insert(slot.job.prompt.end(), slot.tokens.begin(), slot.tokens.end());
     // The sampler continues where the old one stopped: it has seen that prompt, and a seeded stream makes
-    // the draws it would have. (A constrained stream's sampler is the head's own and was not lost; the
-    // engine's then draws greedy and reads no history.)
-    TD_TRY(engine_.seq_start(slot.seq, engine_sampling(slot.job), engine_logits(slot.job),
-                             {slot.job.prompt, constrained(slot.job) ? 0 : slot.tokens.size()}));
+    // the draws it would have, and Mirostat's threshold where it was. (A constrained stream's sampler is the
+    // head's own and was not lost; the engine's then draws greedy and reads no history.)
+    const bool own = !constrained(slot.job);
+    TD_TRY(engine_.seq_start(
+        slot.seq, engine_sampling(slot.job), engine_logits(slot.job),
+        {slot.job.prompt, own ? slot.tokens.size() : 0, own ? slot.mirostat_mu : std::nullopt}));
     slot.n_prefilled = 0;
     slot.n_past = 0;
     slot.n_done = 0;
@@ -967,6 +971,7 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
     slot.n_generated++;
     const int32_t token = constrained(slot.job) ? sample_constrained(slot, out) : out.token;
     if (token < 0) return;  // failed: no token continues the document
+    slot.mirostat_mu = out.mirostat_mu;
     slot.tokens.push_back(token);
     const Vocab &vocab = tokenizer_.vocab();
     if (!vocab.is_valid(token)) {
