@@ -131,9 +131,16 @@ TEST(OllamaParse, WhatIsNotSupportedIsNamed) {
               std::string::npos);
     EXPECT_NE(error(R"({"messages": []})").find("at least one"), std::string::npos);
     EXPECT_NE(error("not json").find("not valid JSON"), std::string::npos);
-    auto g = parse_ollama_generate(R"({"prompt": "x", "suffix": "y"})", false);
-    ASSERT_FALSE(g.ok());
-    EXPECT_NE(g.status().message().find("'suffix'"), std::string::npos);
+    // A suffix fills in the middle: the prompt is the prefix, no template (server/infill.h).
+    auto g = parse_ollama_generate(R"({"prompt": "x", "suffix": "y", "system": "s"})", true);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    EXPECT_EQ(g->kind, ApiKind::completion);
+    ASSERT_TRUE(g->infill);
+    EXPECT_EQ(g->infill->prefix, "x");
+    EXPECT_EQ(g->infill->suffix, "y");
+    auto bad = parse_ollama_generate(R"({"prompt": "x", "suffix": 3})", false);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.status().message().find("'suffix' must be a string"), std::string::npos);
 }
 
 TEST(OllamaParse, ModelNamesWithTags) {

@@ -83,6 +83,7 @@ struct ServerOptions {
     std::string model_path;     // "" = stories260K from ../shared
     std::string chat_template;  // ServeParams::chat_template
     bool slots = true;          // HttpParams::slots (GET /slots)
+    bool spm_infill = false;    // HttpParams::spm_infill (--spm-infill)
     Pooling pooling = Pooling::unset;  // ServeParams::pooling
     DraftParams draft;                 // ServeParams::draft (--draft)
 };
@@ -180,6 +181,7 @@ public:
         hp.api_key = o.api_key;
         hp.max_per_client = o.max_per_client;
         hp.slots = o.slots;
+        hp.spm_infill = o.spm_infill;
         hp.limits.n_threads = 24;
         http_ = std::make_unique<HttpServer>(hp);
         auto port = http_->bind();

@@ -37,6 +37,7 @@ struct ServeOptions {
     int http_threads = 0;
     int max_per_client = 0;
     bool no_webui = false;
+    bool spm_infill = false;
     bool no_slots = false;
     int32_t max_resumes = 0;
     std::string api_key;
@@ -107,6 +108,7 @@ int serve_main(const ServeOptions &opt) {
     hp.max_per_client = opt.max_per_client;
     hp.web_ui = !opt.no_webui;
     hp.slots = !opt.no_slots;
+    hp.spm_infill = opt.spm_infill;
     hp.ssl_cert = opt.ssl_cert;
     hp.ssl_key = opt.ssl_key;
     hp.model_id = opt.alias.empty() ? std::filesystem::path(*path).stem().string() : opt.alias;
@@ -218,6 +220,10 @@ void register_serve(CLI::App &app, Runners &runners) {
     cmd->add_flag("--no-webui", opt->no_webui,
                   "Do not serve the web dashboard (chat and cluster pages) at / (the API and /status stay)");
     cmd->add_flag("--no-slots", opt->no_slots, "Do not answer GET /slots (each slot's request and progress)");
+    cmd->add_flag(
+        "--spm-infill", opt->spm_infill,
+        "Fill in the middle with the suffix before the prefix (/infill, Ollama's suffix), for models "
+        "trained that way");
     cmd->add_option("--timeout", opt->timeout_s, "Seconds a write to a client may block")->default_val(600);
     cmd->add_option("--api-key", opt->api_key, "Require 'Authorization: Bearer KEY' (except /health)");
     cmd->add_option("--api-key-file", opt->api_key_file,

@@ -55,40 +55,46 @@ private:
 }  // namespace
 
 void HttpServer::Impl::setup_llamacpp() {
-    const auto complete = [this](const HttpRequest &req, HttpResponse &res) {
-        const auto t0 = Clock::now();
-        ServerBackend be;
-        if (!get_backend(be)) {
-            res.set_header("Retry-After", "5");
-            return reply_error(res, 503, "the model is still loading");
-        }
-        auto parsed = parse_llama_completion(req.body);
-        if (!parsed.ok())
-            return reply_error(res, http_status_for(parsed.status()), parsed.status().message());
-        ApiRequest &r = *parsed;
-        const ApiRequest settings = r;  // what the reply reports (start_generation takes the prompt)
-        const size_t n_prompts = r.prompts.size();
-        std::shared_ptr<ClientSlot> slot;
-        std::shared_ptr<StreamSet> streams = start_generation(req, res, r, be, reply_error, slot);
-        if (!streams) return;
-        if (!r.stream) {
-            std::optional<std::vector<Answer>> answers = collect(req, res, *streams, reply_error);
-            if (!answers) return;
-            json replies = json::array();
-            for (size_t i = 0; i < answers->size(); ++i) {
-                const Answer &a = (*answers)[i];
-                replies.push_back(llama_final_json(
-                    settings, i, final_of(params.model_id, a.done, t0, a.t_first), a.text, a.logprobs));
+    // /completion and /infill: the same replies, the request read by `parse`.
+    const auto completion = [this](Result<ApiRequest> (*parse)(std::string_view)) {
+        return [this, parse](const HttpRequest &req, HttpResponse &res) {
+            const auto t0 = Clock::now();
+            ServerBackend be;
+            if (!get_backend(be)) {
+                res.set_header("Retry-After", "5");
+                return reply_error(res, 503, "the model is still loading");
             }
-            // One prompt: its object; a list of prompts: the list of their objects (llama-server's shapes).
-            return reply_json(res, 200, n_prompts == 1 ? std::move(replies[0]) : std::move(replies));
-        }
-        stream_response(res, std::move(streams),
-                        std::make_unique<LlamaSseFormat>(settings, params.model_id, t0, n_prompts),
-                        "text/event-stream", std::move(slot));
+            auto parsed = parse(req.body);
+            if (!parsed.ok())
+                return reply_error(res, http_status_for(parsed.status()), parsed.status().message());
+            ApiRequest &r = *parsed;
+            const ApiRequest settings = r;  // what the reply reports (start_generation takes the prompt)
+            const size_t n_prompts = r.prompts.size();
+            std::shared_ptr<ClientSlot> slot;
+            std::shared_ptr<StreamSet> streams = start_generation(req, res, r, be, reply_error, slot);
+            if (!streams) return;
+            if (!r.stream) {
+                std::optional<std::vector<Answer>> answers = collect(req, res, *streams, reply_error);
+                if (!answers) return;
+                json replies = json::array();
+                for (size_t i = 0; i < answers->size(); ++i) {
+                    const Answer &a = (*answers)[i];
+                    replies.push_back(llama_final_json(
+                        settings, i, final_of(params.model_id, a.done, t0, a.t_first), a.text, a.logprobs));
+                }
+                // One prompt: its object; a list of prompts: the list of their objects (llama-server's
+                // shapes).
+                return reply_json(res, 200, n_prompts == 1 ? std::move(replies[0]) : std::move(replies));
+            }
+            stream_response(res, std::move(streams),
+                            std::make_unique<LlamaSseFormat>(settings, params.model_id, t0, n_prompts),
+                            "text/event-stream", std::move(slot));
+        };
     };
-    routes["/completion"] = {"POST", complete};
-    routes["/completions"] = {"POST", complete};
+    routes["/completion"] = {"POST",
+                             completion([](std::string_view body) { return parse_llama_completion(body); })};
+    routes["/completions"] = routes["/completion"];
+    routes["/infill"] = {"POST", completion(parse_llama_infill)};
     if (params.slots) {
         routes["/slots"] = {"GET", [this](const HttpRequest &req, HttpResponse &res) {
                                 ServerBackend be;

@@ -107,6 +107,8 @@ void HttpServer::Impl::setup_ollama() {
             j["done_reason"] = "load";
             return reply_json(res, 200, j);
         }
+        if (r.infill && !be.card->fill_in_middle)  // Ollama's answer for a model without the capability
+            return reply_ollama_error(res, 400, fmt::format("\"{}\" does not support insert", model));
         std::shared_ptr<ClientSlot> slot;
         std::shared_ptr<StreamSet> stream = start_generation(req, res, r, be, reply_ollama_error, slot);
         if (!stream) return;

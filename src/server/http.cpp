@@ -262,6 +262,21 @@ std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest 
         job.prompt.insert(job.prompt.end(), ids.begin(), ids.end());
         job.stop = be.chat->stop_strings();
         prompts.push_back(std::move(job.prompt));
+    } else if (r.infill) {
+        // The prompt continues the prefix: its special tokens parsed, nothing added (llama-server's).
+        if (Status s = infill_supported(tok.vocab()); !s.ok()) {
+            err(res, http_status_for(s), s.message());
+            return nullptr;
+        }
+        const ApiRequest::Prompt &p = r.prompts.at(0);
+        const std::vector<int32_t> own =
+            p.is_tokens ? p.tokens : tok.encode(p.text, /*add_special=*/false, /*parse_special=*/true);
+        InfillLimits limits;
+        limits.n_batch = params.infill_batch;
+        limits.n_predict = r.max_tokens;
+        limits.n_ctx = be.scheduler->n_ctx();
+        limits.spm = params.spm_infill;
+        prompts.push_back(infill_prompt(tok, *r.infill, own, limits));
     } else {
         for (ApiRequest::Prompt &p : r.prompts)
             prompts.push_back(p.is_tokens ? std::move(p.tokens)

@@ -6,6 +6,7 @@
 //   GET  /health                503 {"status":"loading"} until set_backend(), then 200 {"status":"ok"};
 //                               503 {"status":"error","message"} while the engine is failing (worker down)
 //   GET  /metrics               Prometheus text
+//   POST /completion, /infill   llama-server's completion and fill-in-the-middle (server/llamacpp.h)
 //   POST /tokenize              {"content", "add_special"?} -> {"tokens"}
 //   POST /detokenize            {"tokens"} -> {"content"}
 //   GET  /status                JSON for the dashboard: health, layout, recoveries, the scheduler's counters
@@ -58,6 +59,10 @@ struct HttpParams {
     int max_per_client = 0;
     bool web_ui = true;  // serve the dashboard at / (server/web-assets.h); false: --no-webui
     bool slots = true;   // GET /slots (llama-server's per-slot state); false: --no-slots
+    // Fill in the middle (/infill, Ollama's suffix; server/infill.h): the prompt's budget (llama-server's
+    // default n_batch) and the suffix-first layout (--spm-infill).
+    int32_t infill_batch = 2048;
+    bool spm_infill = false;
 };
 
 // What requests are served with, once the model is loaded. Everything must outlive the HttpServer (or

@@ -35,8 +35,8 @@ double per_second(int32_t n, double ms) {
 
 }  // namespace
 
-Result<ApiRequest> parse_llama_completion(std::string_view body) {
-    TD_ASSIGN_OR_RETURN(ApiRequest r, parse_completion_request(body));
+Result<ApiRequest> parse_llama_completion(std::string_view body, bool prompt_required) {
+    TD_ASSIGN_OR_RETURN(ApiRequest r, parse_completion_request(body, prompt_required));
     if (r.n_choices != 1)
         return invalid_input("/completion returns one reply per prompt; 'n' is for /v1/completions");
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
@@ -70,6 +70,42 @@ Result<ApiRequest> parse_llama_completion(std::string_view body) {
         TD_TRY(constrain_to_schema(r, text_in_order(body, {"json_schema"}, *schema)));
         r.constraint_from = "json_schema";
     }
+    return r;
+}
+
+Result<ApiRequest> parse_llama_infill(std::string_view body) {
+    TD_ASSIGN_OR_RETURN(json j, parse_object(body));
+    if (const json *p = field(j, "prompt"); p != nullptr && !p->is_string())
+        return invalid_input("'prompt' must be a string, got {}", type_name(*p));
+    InfillInput in;
+    for (const auto &[key, out] : {std::pair<const char *, std::string *>{"input_prefix", &in.prefix},
+                                   std::pair<const char *, std::string *>{"input_suffix", &in.suffix}}) {
+        const json *v = field(j, key);
+        if (v == nullptr) return invalid_input("'{}' is required", key);
+        if (!v->is_string()) return invalid_input("'{}' must be a string, got {}", key, type_name(*v));
+        *out = v->get<std::string>();
+    }
+    if (const json *extra = field(j, "input_extra")) {
+        if (!extra->is_array() || extra->size() > kMaxInfillChunks)
+            return invalid_input(
+                "'input_extra' must be an array of at most {} {{\"filename\": string, \"text\": string}}",
+                kMaxInfillChunks);
+        for (const json &chunk : *extra) {
+            InfillChunk c;
+            const json *text = chunk.is_object() ? field(chunk, "text") : nullptr;
+            if (text == nullptr || !text->is_string())
+                return invalid_input("each 'input_extra' chunk needs a \"text\" string");
+            c.text = text->get<std::string>();
+            if (const json *name = field(chunk, "filename")) {
+                if (!name->is_string())
+                    return invalid_input("an 'input_extra' chunk's \"filename\" must be a string");
+                c.filename = name->get<std::string>();
+            }
+            in.extra.push_back(std::move(c));
+        }
+    }
+    TD_ASSIGN_OR_RETURN(ApiRequest r, parse_llama_completion(body, /*prompt_required=*/false));
+    r.infill = std::move(in);
     return r;
 }
 

@@ -30,8 +30,17 @@
 
 namespace td::server {
 
-// Errors are invalid_input naming the field ("'n_predict' must be -1 or at least 1, got 0").
-Result<ApiRequest> parse_llama_completion(std::string_view body);
+// Errors are invalid_input naming the field ("'n_predict' must be -1 or at least 1, got 0"). prompt_required
+// false: a missing prompt is "".
+Result<ApiRequest> parse_llama_completion(std::string_view body, bool prompt_required = true);
+
+// POST /infill: /completion's fields (its prompt optional, a string: it continues the prefix) and
+//   input_prefix, input_suffix   strings, required: the text before and after the cursor
+//   input_extra                  [{"filename"?: string (default "tmp"), "text": string}], other files of the
+//                                project (at most kMaxInfillChunks)
+// The prompt is laid out by server/infill.h; the reply is /completion's.
+inline constexpr size_t kMaxInfillChunks = 1024;
+Result<ApiRequest> parse_llama_infill(std::string_view body);
 
 // How the reply went, for the last object.
 struct LlamaFinal {

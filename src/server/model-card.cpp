@@ -8,9 +8,11 @@
 #include <cctype>
 #include <map>
 
+#include "server/infill.h"
+
 namespace td::server {
 
-ModelCard model_card(const Model &model, const ChatFormatter &chat_template) {
+ModelCard model_card(const Model &model, const Vocab &vocab, const ChatFormatter &chat_template) {
     const gguf::File &f = model.file();
     const HParams &hp = model.hparams();
     ModelCard c;
@@ -43,6 +45,7 @@ ModelCard model_card(const Model &model, const ChatFormatter &chat_template) {
     if (auto t = f.get_string_opt("tokenizer.chat_template"); t.ok() && t->has_value()) c.chat_template = **t;
     c.template_family = chat_template.name();
     c.has_template = !chat_template.fallback();
+    c.fill_in_middle = infill_supported(vocab).ok();
     return c;
 }
 

@@ -23,9 +23,10 @@ struct ModelCard {
     std::string chat_template;    // tokenizer.chat_template as the file has it ("" when absent)
     std::string template_family;  // how tandem renders chats: "jinja" (the model's template) or a family
     bool has_template = false;    // false: no usable template of its own (chats fall back to chatml)
+    bool fill_in_middle = false;  // its vocabulary has FIM prefix, suffix and middle tokens (server/infill.h)
 };
 
-ModelCard model_card(const Model &model, const ChatFormatter &chat_template);
+ModelCard model_card(const Model &model, const Vocab &vocab, const ChatFormatter &chat_template);
 
 // "7.2B", "260K", "1.2M": a parameter count as Ollama shows it.
 std::string parameter_size(uint64_t n_params);

@@ -155,10 +155,11 @@ Result<ApiRequest> parse_ollama_generate(std::string_view body, bool use_templat
     ApiRequest r;
     TD_TRY(parse_common(j, body, r));
     TD_TRY(refuse_images(j, ""));
-    if (const json *v = field(j, "suffix");
-        v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
-        return invalid_input("'suffix' (fill in the middle) is not supported yet");
-    std::string prompt, system;
+    std::string prompt, system, suffix;
+    if (const json *v = field(j, "suffix")) {
+        if (!v->is_string()) return invalid_input("'suffix' must be a string, got {}", type_name(*v));
+        suffix = v->get<std::string>();
+    }
     if (const json *v = field(j, "prompt")) {
         if (!v->is_string()) return invalid_input("'prompt' must be a string, got {}", type_name(*v));
         prompt = v->get<std::string>();
@@ -169,6 +170,12 @@ Result<ApiRequest> parse_ollama_generate(std::string_view body, bool use_templat
     }
     bool raw = false;
     TD_TRY(get_bool(j, "raw", raw));
+    if (!suffix.empty()) {  // fill in the middle: the prompt is the text before the cursor
+        r.kind = ApiKind::completion;
+        r.prompts.emplace_back();
+        r.infill = InfillInput{prompt, suffix, {}};
+        return r;
+    }
     if (prompt.empty() && system.empty()) {  // Ollama's way to load a model: answered done at once
         r.kind = ApiKind::completion;
         return r;
@@ -271,7 +278,8 @@ json ollama_show(const ModelCard &c) {
             {"template", c.chat_template},
             {"details", details(c)},
             {"model_info", std::move(info)},
-            {"capabilities", json::array({"completion"})},
+            {"capabilities",
+             c.fill_in_middle ? json::array({"completion", "insert"}) : json::array({"completion"})},
             {"modified_at", rfc3339(c.modified_unix * 1000000000)}};
 }
 

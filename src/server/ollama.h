@@ -3,7 +3,9 @@
 // sockets or threads (server/http-ollama.cpp serves it).
 //
 //   POST /api/chat       {model, messages: [{role, content}], stream (default true), options, keep_alive}
-//   POST /api/generate   {model, prompt, system, raw, stream (default true), options, keep_alive}
+//   POST /api/generate   {model, prompt, suffix, system, raw, stream (default true), options, keep_alive};
+//                        with a suffix, the prompt and suffix are filled in the middle (server/infill.h; a
+//                        model without FIM tokens: 400 "... does not support insert", as Ollama answers)
 //   GET  /api/tags       the served model; GET /api/ps the same, as loaded
 //   POST /api/show       {model} (or {name}): details, model_info, template, capabilities
 //   GET  /api/version
@@ -15,7 +17,8 @@
 // was set up at start. Defaults are Ollama's: temperature 0.8, top_k 40, top_p 0.9, min_p 0,
 // repeat_penalty 1.1, repeat_last_n 64. format: "json" (any JSON object) or a JSON schema
 // (text/json-schema-grammar.h): constrained sampling. Answered 400 naming them: images (the models are text
-// only), suffix, and the sampling option tandem does not have (tfs_z, which llama.cpp dropped).
+// only) and the sampling option tandem does not have (tfs_z, which llama.cpp dropped). /api/show lists
+// "insert" among the capabilities of a model that can fill in the middle.
 //
 // /api/generate renders the prompt (and system) through the model's chat template, as Ollama does with a
 // model's template; a model without a template of its own, or raw: true, takes the prompt as it is.

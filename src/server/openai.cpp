@@ -503,13 +503,15 @@ Result<ApiRequest> parse_chat_request(std::string_view body) {
     return r;
 }
 
-Result<ApiRequest> parse_completion_request(std::string_view body) {
+Result<ApiRequest> parse_completion_request(std::string_view body, bool prompt_required) {
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
     ApiRequest r;
     r.kind = ApiKind::completion;
     TD_TRY(parse_common(j, body, r));
+    const json empty_prompt = "";
     const json *p = field(j, "prompt");
-    if (p == nullptr) return invalid_input("'prompt' is required");
+    if (p == nullptr && prompt_required) return invalid_input("'prompt' is required");
+    if (p == nullptr) p = &empty_prompt;
     // One prompt: a string or token ids.
     const auto one = [](const json &v, ApiRequest::Prompt &out) -> Status {
         if (v.is_string()) {

@@ -46,6 +46,7 @@
 
 #include "core/status.h"
 #include "model/sampler.h"
+#include "server/infill.h"
 #include "server/scheduler.h"
 #include "text/chat-template.h"
 #include "text/json-schema.h"
@@ -69,6 +70,9 @@ struct ApiRequest {
         bool is_tokens = false;
     };
     std::vector<Prompt> prompts;
+    // llama-server's /infill, Ollama's suffix: the prompt is the FIM layout around prompts[0]
+    // (server/infill.h).
+    std::optional<InfillInput> infill;
     SamplerParams sampling;
     // DRY's sequence breakers as given (llama-server's dry_sequence_breakers); none: its defaults. The
     // server turns them into sampling.dry_breakers with the model's tokenizer when DRY is on.
@@ -105,7 +109,8 @@ Status apply_tool_choice(ApiRequest &r);
 // Parses and validates a request body. Errors are invalid_input with a message for the client:
 // "the request body is not valid JSON: ...", "'messages' is required", "'n' must be 1..128, got 0".
 Result<ApiRequest> parse_chat_request(std::string_view body);
-Result<ApiRequest> parse_completion_request(std::string_view body);
+// prompt_required false: a missing prompt is "" (llama-server's /infill).
+Result<ApiRequest> parse_completion_request(std::string_view body, bool prompt_required = true);
 
 // What every response of one request shares.
 struct ResponseMeta {

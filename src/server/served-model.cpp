@@ -30,7 +30,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeParams &params
     TD_ASSIGN_OR_RETURN(sm->tokenizer_, Tokenizer::create(std::make_shared<const Vocab>(std::move(vocab))));
     TD_ASSIGN_OR_RETURN(sm->template_, ChatFormatter::for_model(sm->model_->file(), sm->tokenizer_->vocab(),
                                                                 params.chat_template));
-    sm->card_ = model_card(*sm->model_, sm->template_);
+    sm->card_ = model_card(*sm->model_, sm->tokenizer_->vocab(), sm->template_);
     sm->n_layer_ = sm->model_->hparams().n_layer;
     sm->pooling_ = params.pooling != Pooling::unset                  ? params.pooling
                    : sm->model_->hparams().pooling != Pooling::unset ? sm->model_->hparams().pooling

@@ -344,20 +344,26 @@ Result<Vocab> Vocab::from_spec(VocabSpec spec, std::string_view source) {
     vocab.unk_ = default_id(unk);
 
     // Ids from the file: "not set" keeps the default; anything else must name a token.
-    int32_t fim_pre = -1, fim_suf = -1, fim_mid = -1, fim_pad = -1, fim_rep = -1, fim_sep = -1;
     struct IdField {
         const char *key;
         const std::optional<int64_t> &value;
         int32_t &dst;
     };
     const IdField id_fields[] = {
-        {"bos_token_id", spec.bos, vocab.bos_},      {"eos_token_id", spec.eos, vocab.eos_},
-        {"eot_token_id", spec.eot, vocab.eot_},      {"eom_token_id", spec.eom, vocab.eom_},
-        {"unknown_token_id", spec.unk, vocab.unk_},  {"seperator_token_id", spec.sep, vocab.sep_},
-        {"padding_token_id", spec.pad, vocab.pad_},  {"mask_token_id", spec.mask, vocab.mask_},
-        {"fim_pre_token_id", spec.fim_pre, fim_pre}, {"fim_suf_token_id", spec.fim_suf, fim_suf},
-        {"fim_mid_token_id", spec.fim_mid, fim_mid}, {"fim_pad_token_id", spec.fim_pad, fim_pad},
-        {"fim_rep_token_id", spec.fim_rep, fim_rep}, {"fim_sep_token_id", spec.fim_sep, fim_sep},
+        {"bos_token_id", spec.bos, vocab.bos_},
+        {"eos_token_id", spec.eos, vocab.eos_},
+        {"eot_token_id", spec.eot, vocab.eot_},
+        {"eom_token_id", spec.eom, vocab.eom_},
+        {"unknown_token_id", spec.unk, vocab.unk_},
+        {"seperator_token_id", spec.sep, vocab.sep_},
+        {"padding_token_id", spec.pad, vocab.pad_},
+        {"mask_token_id", spec.mask, vocab.mask_},
+        {"fim_pre_token_id", spec.fim_pre, vocab.fim_pre_},
+        {"fim_suf_token_id", spec.fim_suf, vocab.fim_suf_},
+        {"fim_mid_token_id", spec.fim_mid, vocab.fim_mid_},
+        {"fim_pad_token_id", spec.fim_pad, vocab.fim_pad_},
+        {"fim_rep_token_id", spec.fim_rep, vocab.fim_rep_},
+        {"fim_sep_token_id", spec.fim_sep, vocab.fim_sep_},
     };
     for (const IdField &f : id_fields) {
         if (!f.value) continue;
@@ -403,12 +409,12 @@ Result<Vocab> Vocab::from_spec(VocabSpec spec, std::string_view source) {
     };
     detect(vocab.eot_, kEotTexts);
     detect(vocab.eom_, kEomTexts);
-    detect(fim_pre, kFimPreTexts);
-    detect(fim_suf, kFimSufTexts);
-    detect(fim_mid, kFimMidTexts);
-    detect(fim_pad, kFimPadTexts);
-    detect(fim_rep, kFimRepTexts);
-    detect(fim_sep, kFimSepTexts);
+    detect(vocab.fim_pre_, kFimPreTexts);
+    detect(vocab.fim_suf_, kFimSufTexts);
+    detect(vocab.fim_mid_, kFimMidTexts);
+    detect(vocab.fim_pad_, kFimPadTexts);
+    detect(vocab.fim_rep_, kFimRepTexts);
+    detect(vocab.fim_sep_, kFimSepTexts);
 
     // Control tokens named "unused" are unused.
     for (TokenData &t : vocab.tokens_) {
@@ -418,7 +424,8 @@ Result<Vocab> Vocab::from_spec(VocabSpec spec, std::string_view source) {
     }
 
     // End of generation.
-    std::vector<int32_t> eog = {fim_pad, fim_rep, fim_sep, vocab.eos_, vocab.eot_, vocab.eom_};
+    std::vector<int32_t> eog = {vocab.fim_pad_, vocab.fim_rep_, vocab.fim_sep_,
+                                vocab.eos_,     vocab.eot_,     vocab.eom_};
     for (std::string_view text : kEogTexts) {
         int32_t id = vocab.find(text);
         if (id < 0) continue;

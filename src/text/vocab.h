@@ -140,6 +140,13 @@ public:
     int32_t sep() const { return sep_; }
     int32_t pad() const { return pad_; }
     int32_t mask() const { return mask_; }
+    // Fill-in-the-middle: prefix, suffix, middle, and the repository-level pad, repo and file separator.
+    int32_t fim_pre() const { return fim_pre_; }
+    int32_t fim_suf() const { return fim_suf_; }
+    int32_t fim_mid() const { return fim_mid_; }
+    int32_t fim_pad() const { return fim_pad_; }
+    int32_t fim_rep() const { return fim_rep_; }
+    int32_t fim_sep() const { return fim_sep_; }
     const std::vector<int32_t> &eog_ids() const { return eog_ids_; }  // sorted
 
     bool add_bos() const { return add_bos_; }  // encode(add_special = true) prepends bos()
@@ -165,6 +172,7 @@ private:
     std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> text_to_id_;
     int32_t byte_to_token_[256] = {};
     int32_t bos_ = -1, eos_ = -1, eot_ = -1, eom_ = -1, unk_ = -1, sep_ = -1, pad_ = -1, mask_ = -1;
+    int32_t fim_pre_ = -1, fim_suf_ = -1, fim_mid_ = -1, fim_pad_ = -1, fim_rep_ = -1, fim_sep_ = -1;
     std::vector<int32_t> eog_ids_;
     std::vector<int32_t> special_tokens_;
     bool add_bos_ = false;

@@ -38,6 +38,10 @@ TD_FUZZ_INIT(http) {
                                        "\r\n\r\n" + body));
     seeds.push_back(fuzz::bytes_of("GET /v1/models?x=1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
     seeds.push_back(fuzz::bytes_of("GET /v1/models/llama3%3A8b HTTP/1.1\r\nHost: h\r\n\r\n"));
+    const std::string infill =
+        R"({"input_prefix":"def f(x):\n    ","input_suffix":"\n","input_extra":[{"filename":"a.py","text":"y = 1\n"},{"text":"z"}],"prompt":"return","n_predict":8})";
+    seeds.push_back(fuzz::bytes_of("POST /infill HTTP/1.1\r\nHost: localhost:8080\r\nContent-Type: application/json\r\n"
+                                   "Content-Length: " + std::to_string(infill.size()) + "\r\n\r\n" + infill));
     fuzz::write_seeds_and_exit_if_asked(seeds);
     return 0;
 }
@@ -46,6 +50,7 @@ static void parse_all(std::string_view body) {
     (void)parse_chat_request(body);
     (void)parse_completion_request(body);
     (void)parse_llama_completion(body);
+    (void)parse_llama_infill(body);
     (void)parse_ollama_chat(body);
     (void)parse_ollama_generate(body, true);
     (void)parse_ollama_generate(body, false);
