@@ -24,14 +24,21 @@ using test_server::post;
 using test_server::ServerOptions;
 using test_server::TestServer;
 
-std::unique_ptr<Tokenizer> tokenizer_of(const std::string &vocab_file) {
-    auto f = gguf::File::open(test::shared_path(vocab_file));
-    EXPECT_TRUE(f.ok()) << f.status().message();
-    auto v = Vocab::from_gguf(*f);
-    EXPECT_TRUE(v.ok()) << v.status().message();
-    auto t = Tokenizer::create(std::make_shared<const Vocab>(std::move(*v)));
-    EXPECT_TRUE(t.ok()) << t.status().message();
+// The tokenizer of a GGUF file's vocabulary (a path; tokenizer_of: one of ../shared's); null, with the test
+// failed, when it does not load.
+std::unique_ptr<Tokenizer> tokenizer_at(const std::string &path) {
+    auto f = gguf::File::open(path);
+    auto v = f.ok() ? Vocab::from_gguf(*f) : Result<Vocab>(f.status());
+    auto t = v.ok() ? Tokenizer::create(std::make_shared<const Vocab>(std::move(*v)))
+                    : Result<std::unique_ptr<Tokenizer>>(v.status());
+    if (!t.ok()) {
+        ADD_FAILURE() << t.status().message();
+        return nullptr;
+    }
     return std::move(*t);
+}
+std::unique_ptr<Tokenizer> tokenizer_of(const std::string &vocab_file) {
+    return tokenizer_at(test::shared_path(vocab_file));
 }
 
 std::vector<int32_t> concat(std::initializer_list<std::vector<int32_t>> parts) {
@@ -117,31 +124,27 @@ TEST(Infill, TheRepositoryLevelLayoutWhereTheVocabularyHasItsTokens) {
     w.set_bool("tokenizer.ggml.add_bos_token", true);
     const std::string path = dir.file("fim-vocab.gguf");
     ASSERT_TRUE(w.write(path).ok());
-    auto f = gguf::File::open(path);
-    ASSERT_TRUE(f.ok()) << f.status().message();
-    auto v = Vocab::from_gguf(*f);
-    ASSERT_TRUE(v.ok()) << v.status().message();
-    auto tok = Tokenizer::create(std::make_shared<const Vocab>(std::move(*v)));
-    ASSERT_TRUE(tok.ok()) << tok.status().message();
-    const Vocab &vocab = (*tok)->vocab();
+    const auto tok = tokenizer_at(path);
+    ASSERT_NE(tok, nullptr);
+    const Vocab &vocab = tok->vocab();
     ASSERT_EQ(vocab.fim_rep(), 6);
     ASSERT_EQ(vocab.fim_sep(), 7);
-    auto enc = [&](const std::string &text) { return (*tok)->encode(text, false, false); };
+    auto enc = [&](const std::string &text) { return tok->encode(text, false, false); };
     InfillInput in{"int f() {", "}", {{"a.py", "x = 1"}}};
     InfillLimits lim;
     lim.n_ctx = 4096;
-    EXPECT_EQ(infill_prompt(**tok, in, {}, lim), concat({{6},
-                                                         enc("myproject\n"),
-                                                         {7},
-                                                         enc("a.py\n"),
-                                                         enc("x = 1"),
-                                                         {7},
-                                                         enc("filename\n"),
-                                                         {1, 3},
-                                                         enc("int f() {"),
-                                                         {4},
-                                                         enc("}"),
-                                                         {5}}));
+    EXPECT_EQ(infill_prompt(*tok, in, {}, lim), concat({{6},
+                                                        enc("myproject\n"),
+                                                        {7},
+                                                        enc("a.py\n"),
+                                                        enc("x = 1"),
+                                                        {7},
+                                                        enc("filename\n"),
+                                                        {1, 3},
+                                                        enc("int f() {"),
+                                                        {4},
+                                                        enc("}"),
+                                                        {5}}));
 }
 
 // Long inputs: the prefix's last 3/4 n_batch tokens, the suffix's first n_batch/4 - 2 - prompt tokens, and
