@@ -13,6 +13,7 @@ using Runners = std::vector<std::function<int()>>;
 void register_run(CLI::App &app, Runners &runners);
 void register_tokenize(CLI::App &app, Runners &runners);
 void register_embed(CLI::App &app, Runners &runners);
+void register_perplexity(CLI::App &app, Runners &runners);
 void register_info(CLI::App &app, Runners &runners);
 void register_synth(CLI::App &app, Runners &runners);
 void register_bench(CLI::App &app, Runners &runners);

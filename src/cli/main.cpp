@@ -22,6 +22,7 @@ int main(int argc, char **argv) {
     td::cli::register_run(app, runners);
     td::cli::register_tokenize(app, runners);
     td::cli::register_embed(app, runners);
+    td::cli::register_perplexity(app, runners);
     td::cli::register_info(app, runners);
     td::cli::register_synth(app, runners);
     td::cli::register_bench(app, runners);
