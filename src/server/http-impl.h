@@ -15,6 +15,7 @@
 #include "server/http-core.h"
 #include "server/http.h"
 #include "server/openai.h"
+#include "server/responses.h"
 
 namespace td::server {
 
@@ -57,6 +58,8 @@ struct HttpServer::Impl {
     std::map<std::string, std::pair<std::string, Handler>> routes;  // path -> (method, handler)
     std::map<std::string, bool> public_paths;  // paths served without the API key (/health, the dashboard)
     std::chrono::steady_clock::time_point t_start = std::chrono::steady_clock::now();
+    ResponseStore stored_responses{kMaxStoredResponses,
+                                   kMaxStoredResponseBytes};  // the Responses API's store
 
     explicit Impl(HttpParams p) : params(std::move(p)) {}
 
@@ -94,6 +97,10 @@ struct HttpServer::Impl {
     void setup_ollama();    // http-ollama.cpp
     void setup_llamacpp();  // http-llamacpp.cpp: llama-server's /completion
     void setup_embeddings();  // http-embeddings.cpp: OpenAI's, llama-server's and Ollama's embeddings
+    void setup_responses();   // http-responses.cpp: OpenAI's Responses API
+    void handle_responses(const HttpRequest &req, HttpResponse &res);
+    // GET or DELETE /v1/responses/{id}.
+    void handle_stored_response(const HttpRequest &req, const std::string &id, HttpResponse &res);
     // Runs one embedding job per prompt (the served model's pooling), a slot's worth at a time, holding the
     // client's places; their done events (each with its embedding) in order. nullopt with `res` answered (by
     // `err`) when it failed.

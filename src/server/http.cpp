@@ -699,11 +699,18 @@ void HttpServer::Impl::handle_detokenize(const HttpRequest &req, HttpResponse &r
 
 void HttpServer::Impl::handle(const HttpRequest &req, HttpResponse &res) {
     auto route = routes.find(req.path);
-    const std::string_view models_prefix = "/v1/models/";
-    const bool one_model = route == routes.end() && req.path.size() > models_prefix.size() &&
-                           req.path.compare(0, models_prefix.size(), models_prefix) == 0;
+    const auto under = [&](std::string_view prefix) {
+        return route == routes.end() && req.path.size() > prefix.size() &&
+               req.path.compare(0, prefix.size(), prefix) == 0;
+    };
+    const std::string_view models_prefix = "/v1/models/", responses_prefix = "/v1/responses/";
+    const bool one_model = under(models_prefix);
+    const bool one_response = under(responses_prefix);
     // Only known paths become metric labels (a client must not grow the label set at will).
-    const std::string label = one_model ? "/v1/models/{id}" : route == routes.end() ? "other" : req.path;
+    const std::string label = one_model               ? "/v1/models/{id}"
+                              : one_response          ? "/v1/responses/{id}"
+                              : route == routes.end() ? "other"
+                                                      : req.path;
     if (!params.api_key.empty() && !public_paths.contains(req.path)) {
         // Compared in constant time, so the response time says nothing about how much of a guess was right.
         const std::string got = req.header("authorization");
@@ -721,6 +728,8 @@ void HttpServer::Impl::handle(const HttpRequest &req, HttpResponse &res) {
             reply_error(res, 405, fmt::format("/v1/models/{{id}} takes GET, not {}", req.method));
             res.set_header("Allow", "GET");
         }
+    } else if (one_response) {
+        handle_stored_response(req, req.path.substr(responses_prefix.size()), res);
     } else if (route == routes.end()) {
         reply_error(res, 404, fmt::format("no endpoint {} {}", req.method, req.path));
     } else if (route->second.first != req.method) {
@@ -751,6 +760,7 @@ void HttpServer::Impl::setup() {
     setup_ollama();
     setup_llamacpp();
     setup_embeddings();
+    setup_responses();
     // The dashboard's files, from the binary. They carry no data, so like /health they need no API key.
     public_paths["/health"] = true;
     for (const WebAsset &a : params.web_ui ? web_assets() : std::vector<WebAsset>()) {

@@ -311,14 +311,6 @@ Status parse_content(const json &v, size_t index, std::string &out) {
     return {};
 }
 
-std::string random_hex(size_t n) {
-    static thread_local std::mt19937_64 rng(std::random_device{}());
-    static const char digits[] = "0123456789abcdef";
-    std::string s(n, '0');
-    for (char &c : s) c = digits[rng() & 15];
-    return s;
-}
-
 // Chat: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
 json chat_logprobs_json(const std::vector<TokenLogprob> &lps) {
     json content = json::array();
@@ -377,6 +369,14 @@ json tool_calls_json(const std::vector<ToolCall> &calls, bool with_index) {
 }
 
 }  // namespace
+
+std::string random_hex(size_t n) {
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    static const char digits[] = "0123456789abcdef";
+    std::string s(n, '0');
+    for (char &c : s) c = digits[rng() & 15];
+    return s;
+}
 
 json bytes_json(const std::string &piece) {
     json b = json::array();

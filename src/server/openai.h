@@ -119,6 +119,9 @@ struct ResponseMeta {
     int64_t created = 0;
     std::string model;
 };
+// n random hex digits (response and call ids).
+std::string random_hex(size_t n);
+
 ResponseMeta make_response_meta(ApiKind kind, std::string model);
 
 struct Usage {

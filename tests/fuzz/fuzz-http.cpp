@@ -9,6 +9,7 @@
 #include "server/llamacpp.h"
 #include "server/ollama.h"
 #include "server/openai.h"
+#include "server/responses.h"
 
 using namespace td;
 using namespace td::server;
@@ -42,6 +43,10 @@ TD_FUZZ_INIT(http) {
         R"({"input_prefix":"def f(x):\n    ","input_suffix":"\n","input_extra":[{"filename":"a.py","text":"y = 1\n"},{"text":"z"}],"prompt":"return","n_predict":8})";
     seeds.push_back(fuzz::bytes_of("POST /infill HTTP/1.1\r\nHost: localhost:8080\r\nContent-Type: application/json\r\n"
                                    "Content-Length: " + std::to_string(infill.size()) + "\r\n\r\n" + infill));
+    const std::string responses =
+        R"({"model":"m","instructions":"Be brief.","input":[{"role":"developer","content":"x"},{"type":"message","role":"user","content":[{"type":"input_text","text":"Hi"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"ok"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object"}}},"max_output_tokens":8,"store":false,"stream":true})";
+    seeds.push_back(fuzz::bytes_of("POST /v1/responses HTTP/1.1\r\nHost: localhost:8080\r\nContent-Type: application/json\r\n"
+                                   "Content-Length: " + std::to_string(responses.size()) + "\r\n\r\n" + responses));
     fuzz::write_seeds_and_exit_if_asked(seeds);
     return 0;
 }
@@ -51,6 +56,8 @@ static void parse_all(std::string_view body) {
     (void)parse_completion_request(body);
     (void)parse_llama_completion(body);
     (void)parse_llama_infill(body);
+    if (auto in = parse_responses_input(body); in.ok())
+        (void)responses_chat_request(*in, nlohmann::ordered_json::array());
     (void)parse_ollama_chat(body);
     (void)parse_ollama_generate(body, true);
     (void)parse_ollama_generate(body, false);
