@@ -8,8 +8,10 @@ namespace td::server {
 
 using nlohmann::json;
 
-const char *type_name(const json &v) {
-    switch (v.type()) {
+namespace {
+
+const char *type_name_of(json::value_t type) {
+    switch (type) {
         case json::value_t::null:
             return "null";
         case json::value_t::object:
@@ -28,6 +30,16 @@ const char *type_name(const json &v) {
         default:
             return "a value of another type";
     }
+}
+
+}  // namespace
+
+const char *type_name(const json &v) {
+    return type_name_of(v.type());
+}
+
+const char *type_name(const nlohmann::ordered_json &v) {
+    return type_name_of(v.type());
 }
 
 const json *field(const json &obj, const char *key) {

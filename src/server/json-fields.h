@@ -18,6 +18,7 @@ namespace td::server {
 
 // "null", "an object", "a string", "an integer", ... for messages.
 const char *type_name(const nlohmann::json &v);
+const char *type_name(const nlohmann::ordered_json &v);
 
 // The field `key` of `obj`, or nullptr when absent or null.
 const nlohmann::json *field(const nlohmann::json &obj, const char *key);

@@ -4,33 +4,13 @@
 
 #include <utility>
 
+#include "server/json-fields.h"
+
 namespace td::server {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 using json = nlohmann::json;
-
-const char *kind_of(const ojson &v) {
-    switch (v.type()) {
-        case ojson::value_t::null:
-            return "null";
-        case ojson::value_t::object:
-            return "an object";
-        case ojson::value_t::array:
-            return "an array";
-        case ojson::value_t::string:
-            return "a string";
-        case ojson::value_t::boolean:
-            return "a boolean";
-        case ojson::value_t::number_integer:
-        case ojson::value_t::number_unsigned:
-            return "an integer";
-        case ojson::value_t::number_float:
-            return "a number";
-        default:
-            return "a value";
-    }
-}
 
 const ojson *get(const ojson &obj, const char *key) {
     auto it = obj.find(key);
@@ -40,7 +20,7 @@ const ojson *get(const ojson &obj, const char *key) {
 Status want_string(const ojson &obj, const char *key, const std::string &where, std::string &out) {
     const ojson *v = get(obj, key);
     if (v == nullptr) return invalid_input("'{}.{}' is required", where, key);
-    if (!v->is_string()) return invalid_input("'{}.{}' must be a string, got {}", where, key, kind_of(*v));
+    if (!v->is_string()) return invalid_input("'{}.{}' must be a string, got {}", where, key, type_name(*v));
     out = v->get<std::string>();
     return {};
 }
@@ -49,12 +29,12 @@ Status want_string(const ojson &obj, const char *key, const std::string &where, 
 Result<ojson> content_of(const ojson &v, const std::string &where) {
     if (v.is_string()) return ojson(v);
     if (!v.is_array())
-        return invalid_input("'{}' must be a string or an array of parts, got {}", where, kind_of(v));
+        return invalid_input("'{}' must be a string or an array of parts, got {}", where, type_name(v));
     ojson parts = ojson::array();
     for (size_t j = 0; j < v.size(); ++j) {
         const ojson &p = v[j];
         const std::string at = fmt::format("{}[{}]", where, j);
-        if (!p.is_object()) return invalid_input("'{}' must be an object, got {}", at, kind_of(p));
+        if (!p.is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(p));
         std::string type;
         TD_TRY(want_string(p, "type", at, type));
         if (type == "input_text" || type == "output_text" || type == "text") {
@@ -80,14 +60,15 @@ Result<ojson> input_messages(const ojson &input) {
         return out;
     }
     if (!input.is_array())
-        return invalid_input("'input' must be a string or an array of items, got {}", kind_of(input));
+        return invalid_input("'input' must be a string or an array of items, got {}", type_name(input));
     for (size_t i = 0; i < input.size(); ++i) {
         const ojson &item = input[i];
         const std::string at = fmt::format("input[{}]", i);
-        if (!item.is_object()) return invalid_input("'{}' must be an object, got {}", at, kind_of(item));
+        if (!item.is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(item));
         std::string type = "message";
         if (const ojson *t = get(item, "type")) {
-            if (!t->is_string()) return invalid_input("'{}.type' must be a string, got {}", at, kind_of(*t));
+            if (!t->is_string())
+                return invalid_input("'{}.type' must be a string, got {}", at, type_name(*t));
             type = t->get<std::string>();
         }
         if (type == "message") {
@@ -134,12 +115,12 @@ Result<ojson> input_messages(const ojson &input) {
 }
 
 Result<ojson> chat_tools(const ojson &tools) {
-    if (!tools.is_array()) return invalid_input("'tools' must be an array, got {}", kind_of(tools));
+    if (!tools.is_array()) return invalid_input("'tools' must be an array, got {}", type_name(tools));
     ojson out = ojson::array();
     for (size_t i = 0; i < tools.size(); ++i) {
         const ojson &t = tools[i];
         const std::string at = fmt::format("tools[{}]", i);
-        if (!t.is_object()) return invalid_input("'{}' must be an object, got {}", at, kind_of(t));
+        if (!t.is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(t));
         std::string type;
         TD_TRY(want_string(t, "type", at, type));
         if (type != "function")
@@ -156,7 +137,7 @@ Result<ojson> chat_tools(const ojson &tools) {
 Result<ojson> chat_tool_choice(const ojson &v) {
     if (v.is_string()) return ojson(v);
     if (!v.is_object())
-        return invalid_input("'tool_choice' must be a string or an object, got {}", kind_of(v));
+        return invalid_input("'tool_choice' must be a string or an object, got {}", type_name(v));
     std::string type, name;
     TD_TRY(want_string(v, "type", "tool_choice", type));
     if (type != "function") return invalid_input("'tool_choice.type' '{}' is not supported (function)", type);
@@ -165,10 +146,10 @@ Result<ojson> chat_tool_choice(const ojson &v) {
 }
 
 Result<ojson> chat_response_format(const ojson &text) {
-    if (!text.is_object()) return invalid_input("'text' must be an object, got {}", kind_of(text));
+    if (!text.is_object()) return invalid_input("'text' must be an object, got {}", type_name(text));
     const ojson *f = get(text, "format");
     if (f == nullptr) return ojson(nullptr);
-    if (!f->is_object()) return invalid_input("'text.format' must be an object, got {}", kind_of(*f));
+    if (!f->is_object()) return invalid_input("'text.format' must be an object, got {}", type_name(*f));
     std::string type;
     TD_TRY(want_string(*f, "type", "text.format", type));
     if (type == "text") return ojson(nullptr);
@@ -192,23 +173,23 @@ Result<ResponsesInput> parse_responses_input(std::string_view body) {
     } catch (const std::exception &) {
         return invalid_input("the request body is not valid JSON");
     }
-    if (!j.is_object()) return invalid_input("the request body must be a JSON object, got {}", kind_of(j));
+    if (!j.is_object()) return invalid_input("the request body must be a JSON object, got {}", type_name(j));
     ResponsesInput in;
     const ojson *input = get(j, "input");
     if (input == nullptr) return invalid_input("'input' is required");
     TD_ASSIGN_OR_RETURN(in.input, input_messages(*input));
     if (const ojson *v = get(j, "instructions")) {
-        if (!v->is_string()) return invalid_input("'instructions' must be a string, got {}", kind_of(*v));
+        if (!v->is_string()) return invalid_input("'instructions' must be a string, got {}", type_name(*v));
         if (!v->get<std::string>().empty()) in.instructions = {{"role", "system"}, {"content", *v}};
     }
     if (const ojson *v = get(j, "previous_response_id")) {
         if (!v->is_string())
-            return invalid_input("'previous_response_id' must be a string, got {}", kind_of(*v));
+            return invalid_input("'previous_response_id' must be a string, got {}", type_name(*v));
         in.previous_response_id = v->get<std::string>();
     }
     for (auto [key, out] : {std::pair<const char *, bool *>{"store", &in.store}, {"stream", &in.stream}})
         if (const ojson *v = get(j, key)) {
-            if (!v->is_boolean()) return invalid_input("'{}' must be a boolean, got {}", key, kind_of(*v));
+            if (!v->is_boolean()) return invalid_input("'{}' must be a boolean, got {}", key, type_name(*v));
             *out = v->get<bool>();
         }
 
