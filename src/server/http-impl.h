@@ -77,6 +77,9 @@ struct HttpServer::Impl {
     bool get_backend(ServerBackend &out);
     void count(const std::string &path, int status);
 
+    // A chat request's prompt: the model's template over its messages (and tools), tokenized. Errors: the
+    // template's (invalid_input).
+    Result<std::vector<int32_t>> chat_prompt(const ApiRequest &r, const ServerBackend &be);
     // Takes the client's place, builds the job from `r` (a chat through the model's template, or a prompt)
     // and submits it, once per choice (r.n_choices; choice i seeded seed + i when the seed is fixed). On
     // failure answers `res` with `err` and returns null. `slot` keeps the client's place.
@@ -98,6 +101,9 @@ struct HttpServer::Impl {
     void setup_llamacpp();  // http-llamacpp.cpp: llama-server's /completion
     void setup_embeddings();  // http-embeddings.cpp: OpenAI's, llama-server's and Ollama's embeddings
     void setup_responses();   // http-responses.cpp: OpenAI's Responses API
+    void setup_anthropic();   // http-anthropic.cpp: Anthropic's Messages API
+    void handle_messages(const HttpRequest &req, HttpResponse &res);
+    void handle_count_tokens(const HttpRequest &req, HttpResponse &res);
     void handle_responses(const HttpRequest &req, HttpResponse &res);
     // GET or DELETE /v1/responses/{id}.
     void handle_stored_response(const HttpRequest &req, const std::string &id, HttpResponse &res);
@@ -127,5 +133,6 @@ void reply_json(HttpResponse &res, int status, const nlohmann::json &body);
 // The APIs' ErrorReply: OpenAI's {"error": {...}} (llama-server answers the same), Ollama's {"error": "..."}.
 void reply_error(HttpResponse &res, int status, std::string_view message);
 void reply_ollama_error(HttpResponse &res, int status, std::string_view message);
+void reply_anthropic_error(HttpResponse &res, int status, std::string_view message);
 
 }  // namespace td::server

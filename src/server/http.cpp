@@ -220,6 +220,20 @@ void HttpServer::Impl::count(const std::string &path, int status) {
     request_counts[{path, status}]++;
 }
 
+Result<std::vector<int32_t>> HttpServer::Impl::chat_prompt(const ApiRequest &r, const ServerBackend &be) {
+    // BOS once at the start, the template's text with its markers parsed as control tokens
+    // (chat-template.h's BOS contract).
+    TD_ASSIGN_OR_RETURN(std::string text,
+                        be.chat->apply(r.messages, r.uses_tools() ? r.tools : nlohmann::json(),
+                                       /*add_generation_prompt=*/true));
+    const Tokenizer &tok = *be.tokenizer;
+    std::vector<int32_t> prompt;
+    if (tok.vocab().add_bos() && tok.vocab().bos() >= 0) prompt.push_back(tok.vocab().bos());
+    std::vector<int32_t> ids = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+    return prompt;
+}
+
 std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest &req, HttpResponse &res,
                                                               ApiRequest &r, const ServerBackend &be,
                                                               ErrorReply err,
@@ -249,19 +263,13 @@ std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest 
     GenerationJob job;
     std::vector<std::vector<int32_t>> prompts;  // the batch of a completion request; chat: one
     if (r.kind == ApiKind::chat) {
-        // BOS once at the start, the template's text with its markers parsed as control tokens
-        // (chat-template.h's BOS contract).
-        auto text = be.chat->apply(r.messages, r.uses_tools() ? r.tools : nlohmann::json(),
-                                   /*add_generation_prompt=*/true);
-        if (!text.ok()) {
-            err(res, 400, text.status().message());
+        auto prompt = chat_prompt(r, be);
+        if (!prompt.ok()) {
+            err(res, 400, prompt.status().message());
             return nullptr;
         }
-        if (tok.vocab().add_bos() && tok.vocab().bos() >= 0) job.prompt.push_back(tok.vocab().bos());
-        std::vector<int32_t> ids = tok.encode(*text, /*add_special=*/false, /*parse_special=*/true);
-        job.prompt.insert(job.prompt.end(), ids.begin(), ids.end());
         job.stop = be.chat->stop_strings();
-        prompts.push_back(std::move(job.prompt));
+        prompts.push_back(std::move(prompt).value());
     } else if (r.infill) {
         // The prompt continues the prefix: its special tokens parsed, nothing added (llama-server's).
         if (Status s = infill_supported(tok.vocab()); !s.ok()) {
@@ -713,11 +721,17 @@ void HttpServer::Impl::handle(const HttpRequest &req, HttpResponse &res) {
                                                       : req.path;
     if (!params.api_key.empty() && !public_paths.contains(req.path)) {
         // Compared in constant time, so the response time says nothing about how much of a guess was right.
-        const std::string got = req.header("authorization");
-        const std::string want = "Bearer " + params.api_key;
-        if (!net::equal_constant_time(std::span(reinterpret_cast<const uint8_t *>(got.data()), got.size()),
-                                      std::span(reinterpret_cast<const uint8_t *>(want.data()), want.size()))) {
-            reply_error(res, 401, "missing or wrong API key: send 'Authorization: Bearer <key>'");
+        // Anthropic's clients send the key as x-api-key.
+        const auto same = [](const std::string &a, const std::string &b) {
+            return net::equal_constant_time(std::span(reinterpret_cast<const uint8_t *>(a.data()), a.size()),
+                                            std::span(reinterpret_cast<const uint8_t *>(b.data()), b.size()));
+        };
+        const bool bearer = same(req.header("authorization"), "Bearer " + params.api_key);
+        const bool x_api_key = same(req.header("x-api-key"), params.api_key);
+        if (!bearer && !x_api_key) {
+            reply_error(
+                res, 401,
+                "missing or wrong API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')");
             return count(label, 401);
         }
     }
@@ -761,6 +775,7 @@ void HttpServer::Impl::setup() {
     setup_llamacpp();
     setup_embeddings();
     setup_responses();
+    setup_anthropic();
     // The dashboard's files, from the binary. They carry no data, so like /health they need no API key.
     public_paths["/health"] = true;
     for (const WebAsset &a : params.web_ui ? web_assets() : std::vector<WebAsset>()) {

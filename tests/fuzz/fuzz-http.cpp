@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "fuzz-util.h"
+#include "server/anthropic.h"
 #include "server/http-core.h"
 #include "server/llamacpp.h"
 #include "server/ollama.h"
@@ -47,6 +48,10 @@ TD_FUZZ_INIT(http) {
         R"({"model":"m","instructions":"Be brief.","input":[{"role":"developer","content":"x"},{"type":"message","role":"user","content":[{"type":"input_text","text":"Hi"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"ok"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_schema","name":"s","schema":{"type":"object"}}},"max_output_tokens":8,"store":false,"stream":true})";
     seeds.push_back(fuzz::bytes_of("POST /v1/responses HTTP/1.1\r\nHost: localhost:8080\r\nContent-Type: application/json\r\n"
                                    "Content-Length: " + std::to_string(responses.size()) + "\r\n\r\n" + responses));
+    const std::string messages =
+        R"({"model":"m","max_tokens":8,"system":[{"type":"text","text":"Be brief."}],"messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":[{"type":"thinking","thinking":"x"},{"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":[{"type":"text","text":"ok"}]},{"type":"text","text":"go"}]}],"tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any","disable_parallel_tool_use":true},"stop_sequences":["\n"],"stream":true})";
+    seeds.push_back(fuzz::bytes_of("POST /v1/messages HTTP/1.1\r\nHost: localhost:8080\r\nx-api-key: k\r\nContent-Type: application/json\r\n"
+                                   "Content-Length: " + std::to_string(messages.size()) + "\r\n\r\n" + messages));
     fuzz::write_seeds_and_exit_if_asked(seeds);
     return 0;
 }
@@ -58,6 +63,7 @@ static void parse_all(std::string_view body) {
     (void)parse_llama_infill(body);
     if (auto in = parse_responses_input(body); in.ok())
         (void)responses_chat_request(*in, nlohmann::ordered_json::array());
+    (void)parse_messages_request(body);
     (void)parse_ollama_chat(body);
     (void)parse_ollama_generate(body, true);
     (void)parse_ollama_generate(body, false);
