@@ -78,13 +78,14 @@ int perplexity_main(const PerplexityOptions &opt) {
     const int64_t n_whole = opt.n_ctx > 0 ? static_cast<int64_t>(tokens.size()) / opt.n_ctx : 0;
     const int64_t n_chunks = opt.n_chunks > 0 ? std::min<int64_t>(n_whole, opt.n_chunks) : n_whole;
     const std::string placement = engine_placement(**engine);
-    std::fprintf(
-        stderr,
-        "tandem: perplexity over %lld chunks of %d tokens (the text is %zu tokens), %d scored per chunk, "
-        "%d chunks side by side%s%s\n",
-        static_cast<long long>(n_chunks), opt.n_ctx, tokens.size(), opt.n_ctx - 1 - opt.n_ctx / 2,
-        std::min<int32_t>((*engine)->n_seq(), static_cast<int32_t>(std::max<int64_t>(n_chunks, 1))),
-        placement.empty() ? "" : ", layers ", placement.c_str());
+    if (n_chunks > 0)
+        std::fprintf(
+            stderr,
+            "tandem: perplexity over %lld chunks of %d tokens (the text is %zu tokens), %d scored per chunk, "
+            "%d chunks side by side%s%s\n",
+            static_cast<long long>(n_chunks), opt.n_ctx, tokens.size(), opt.n_ctx - 1 - opt.n_ctx / 2,
+            std::min<int32_t>((*engine)->n_seq(), static_cast<int32_t>(std::max<int64_t>(n_chunks, 1))),
+            placement.empty() ? "" : ", layers ", placement.c_str());
 
     std::vector<double> running;
     const auto t0 = std::chrono::steady_clock::now();
