@@ -294,6 +294,27 @@ TEST(InfillServer, InfillAndOllamasSuffixFillTheMiddle) {
     ASSERT_TRUE(show);
     EXPECT_EQ(json::parse(show->body)["capabilities"], json::array({"completion", "insert"})) << show->body;
 
+    // OpenAI's suffix on /v1/completions: the same layout (prompt = the text before the cursor), echo gives
+    // the prefix back in front.
+    auto oa = post(c, "/v1/completions",
+                   {{"prompt", "def add(a, b):\n    "},
+                    {"suffix", "\n\nprint(add(1, 2))\n"},
+                    {"max_tokens", 6},
+                    {"temperature", 0},
+                    {"echo", true}});
+    auto bare = post(c, "/infill",
+                     {{"input_prefix", "def add(a, b):\n    "},
+                      {"input_suffix", "\n\nprint(add(1, 2))\n"},
+                      {"n_predict", 6},
+                      {"temperature", 0}});
+    ASSERT_TRUE(oa && bare);
+    ASSERT_EQ(oa->status, 200) << oa->body;
+    const json oaj = json::parse(oa->body);
+    const json bj = json::parse(bare->body);
+    const std::string want = std::string("def add(a, b):\n    ") + bj["content"].get<std::string>();
+    EXPECT_EQ(oaj["choices"][0]["text"], want);
+    EXPECT_EQ(oaj["usage"]["prompt_tokens"], bj["tokens_evaluated"]);
+
     auto bad = post(c, "/infill", {{"input_prefix", "x"}});
     ASSERT_TRUE(bad);
     EXPECT_EQ(bad->status, 400);
@@ -316,6 +337,14 @@ TEST(InfillServer, AModelWithoutFimTokensIsRefused) {
     auto show = post(c, "/api/show", {{"model", "stories"}});
     ASSERT_TRUE(show);
     EXPECT_EQ(json::parse(show->body)["capabilities"], json::array({"completion"})) << show->body;
+    auto oa = post(c, "/v1/completions", {{"prompt", "a"}, {"suffix", "b"}});
+    ASSERT_TRUE(oa);
+    EXPECT_EQ(oa->status, 501);
+    EXPECT_NE(oa->body.find("prefix token is missing"), std::string::npos) << oa->body;
+    oa = post(c, "/v1/completions", {{"prompt", {1, 2}}, {"suffix", "b"}});
+    ASSERT_TRUE(oa);
+    EXPECT_EQ(oa->status, 400);
+    EXPECT_NE(oa->body.find("'suffix' needs one prompt given as text"), std::string::npos) << oa->body;
 }
 
 }  // namespace

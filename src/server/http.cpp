@@ -63,12 +63,17 @@ public:
           include_usage_(include_usage),
           n_logprobs_(n_logprobs) {}
     std::string open() override {
-        if (meta_.kind != ApiKind::chat) return "";
         std::string out;
-        for (size_t i = 0; i < choices_.size(); ++i)
-            out += sse_event(chunk_json(meta_, index(i), "", /*role_first=*/true, nullptr, -1, {}));
+        for (size_t i = 0; i < choices_.size(); ++i) {
+            if (meta_.kind == ApiKind::chat)
+                out += sse_event(chunk_json(meta_, index(i), "", /*role_first=*/true, nullptr, -1, {}));
+            else if (!choices_[i].echo.empty())
+                out += sse_event(chunk_json(meta_, index(i), choices_[i].echo, false, nullptr, -1, {}));
+        }
         return out;
     }
+    // Completions' echo: choice `choice` starts with this text (its prompt).
+    void set_echo(size_t choice, std::string text) { choices_[choice].echo = std::move(text); }
     // Tool calls: text that is or may become a call is held back (ToolCallStream) and, when the reply ends,
     // sent as delta.tool_calls chunks; the rest streams as content.
     void enable_tool_calls(bool parallel, std::function<std::string()> new_id) {
@@ -111,6 +116,7 @@ public:
 private:
     struct Choice {
         std::optional<ToolCallStream> tools;  // set when the request offers tools
+        std::string echo;                     // completions' echo: the prompt, sent first
     };
     static int32_t index(size_t choice) { return static_cast<int32_t>(choice); }
     ResponseMeta meta_;
@@ -398,17 +404,29 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
         res.set_header("Retry-After", "5");
         return reply_error(res, 503, "the model is still loading");
     }
-    auto parsed = kind == ApiKind::chat ? parse_chat_request(req.body) : parse_completion_request(req.body);
+    auto parsed = kind == ApiKind::chat ? parse_chat_request(req.body) : parse_openai_completion(req.body);
     if (!parsed.ok()) return reply_status(res, parsed.status());
     ApiRequest &r = *parsed;
     if (!r.model.empty() && r.model != params.model_id)
         return reply_error(
             res, 404, fmt::format("model '{}' not found; this server serves '{}'", r.model, params.model_id));
 
+    // echo: each prompt as it was given (token ids as their text), before start_generation takes them.
+    std::vector<std::string> echo;
+    if (r.echo) {
+        for (const ApiRequest::Prompt &p : r.prompts)
+            echo.push_back(r.infill      ? r.infill->prefix
+                           : p.is_tokens ? detokenize(*be.tokenizer, p.tokens, Detokenizer::Start::text,
+                                                      /*render_special=*/true)
+                                         : p.text);
+    }
     std::shared_ptr<ClientSlot> slot;
     std::shared_ptr<StreamSet> streams = start_generation(req, res, r, be, reply_error, slot);
     if (!streams) return;
     ResponseMeta meta = make_response_meta(kind, params.model_id);
+    const auto echo_of = [&](size_t choice) {
+        return echo.empty() ? std::string() : echo[choice / static_cast<size_t>(std::max(r.n_choices, 1))];
+    };
     if (!r.stream) {
         // A client that goes away before the answer is ready cancels its request, which frees its slot.
         std::optional<std::vector<Answer>> answers = collect(req, res, *streams, reply_error);
@@ -429,12 +447,14 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
                     a.text = std::move(p.content);
                 }
             }
-            c.text = std::move(a.text);
+            c.text = echo_of(i) + a.text;
         }
         return reply_json(res, 200, completion_json(meta, choices, usage, r.n_logprobs));
     }
     auto format = std::make_unique<SseFormat>(
         std::move(meta), streams->size(), static_cast<size_t>(r.n_choices), r.include_usage, r.n_logprobs);
+    if (!echo.empty())
+        for (size_t i = 0; i < streams->size(); ++i) format->set_echo(i, echo_of(i));
     if (r.uses_tools()) {
         const ChatFormatter *chat = be.chat;
         format->enable_tool_calls(r.parallel_tool_calls, [chat] { return chat->new_tool_call_id(); });

@@ -556,6 +556,33 @@ Result<ApiRequest> parse_completion_request(std::string_view body, bool prompt_r
     return r;
 }
 
+Result<ApiRequest> parse_openai_completion(std::string_view body) {
+    TD_ASSIGN_OR_RETURN(ApiRequest r, parse_completion_request(body));
+    TD_ASSIGN_OR_RETURN(json j, parse_object(body));
+    TD_TRY(get_bool(j, "echo", r.echo));
+    if (r.echo && r.n_logprobs >= 0)
+        return invalid_input(
+            "'echo' with 'logprobs' needs the prompt's log-probabilities, which this server does not "
+            "compute");
+    int64_t best_of = 0;
+    bool has = false;
+    TD_TRY(get_int(j, "best_of", best_of, has));
+    if (has && best_of != r.n_choices)
+        return invalid_input(
+            "'best_of' is not supported (as in llama-server and vLLM); 'n' asks for {} choices", r.n_choices);
+    if (const json *v = field(j, "suffix")) {
+        if (!v->is_string()) return invalid_input("'suffix' must be a string, got {}", type_name(*v));
+        if (!v->get<std::string>().empty()) {
+            if (r.prompts.size() != 1 || r.prompts[0].is_tokens)
+                return invalid_input(
+                    "'suffix' needs one prompt given as text (the text before the insertion)");
+            r.infill = InfillInput{std::move(r.prompts[0].text), v->get<std::string>(), {}};
+            r.prompts[0] = ApiRequest::Prompt{};
+        }
+    }
+    return r;
+}
+
 ResponseMeta make_response_meta(ApiKind kind, std::string model) {
     ResponseMeta m;
     m.kind = kind;

@@ -14,6 +14,8 @@
 //   stream, stream_options.include_usage
 //   n                        1..128 choices: one sequence each (seeds seed, seed+1, ... when seed is given),
 //                            usage counts the prompt once and every choice's tokens
+//   echo, suffix, best_of    completions (parse_openai_completion): the prompt before each choice's text; fill
+//                            in the middle; refused unless equal to n
 //   cache_prompt             bool (llama-server's): false computes the whole prompt, not reusing a cached
 //   prefix
 //   speculative.n_max        0..64 (llama-server's): tokens guessed per step by prompt lookup for this
@@ -85,6 +87,7 @@ struct ApiRequest {
     int32_t n_logprobs = -1;  // -1: no logprobs
     bool cache_prompt = true;  // llama-server's cache_prompt: false computes the whole prompt again
     bool ignore_eos = false;   // llama-server's and vLLM's: end-of-generation tokens are never drawn
+    bool echo = false;         // completions: each choice's text starts with its prompt
     int32_t n_draft = -1;      // speculative.n_max; -1: the server's
     std::shared_ptr<const JsonSchema> schema;  // response_format json_object / json_schema; null: text
     std::shared_ptr<const Grammar> grammar;    // grammar (GBNF, llama-server's); null: none
@@ -111,6 +114,11 @@ Status apply_tool_choice(ApiRequest &r);
 Result<ApiRequest> parse_chat_request(std::string_view body);
 // prompt_required false: a missing prompt is "" (llama-server's /infill).
 Result<ApiRequest> parse_completion_request(std::string_view body, bool prompt_required = true);
+// POST /v1/completions: parse_completion_request and OpenAI's fields for it alone: echo (not with logprobs:
+// the prompt's log-probabilities are not computed), suffix (fill in the middle: the prompt, one text, is the
+// text before the cursor, as Ollama's suffix), best_of (refused unless it equals n, as llama-server and
+// vLLM refuse it).
+Result<ApiRequest> parse_openai_completion(std::string_view body);
 
 // What every response of one request shares.
 struct ResponseMeta {
