@@ -1736,9 +1736,12 @@ bool is_code(const std::string &t) {
            std::all_of(t.begin() + 4, t.end(), [](char ch) { return ch >= 'a' && ch <= 'z'; });
 }
 
-// The same seed gives the same document on one machine, through a pipeline and over --tp 2, streamed or not;
-// and through Ollama's format; and the same sentence of a grammar.
+// The same seed gives the same document on one machine and through a pipeline (f32 wire: the same logits),
+// streamed or not; and through Ollama's format; and the same sentence of a grammar. Over --tp 2 the partial
+// sums are added in another order, so a seeded draw that falls near a boundary between two tokens may go the
+// other way (docs/architecture.md): there each document is valid and the stream is the whole answer.
 TEST_P(ServerTest, StructuredOutputIsTheSameOnEveryEngine) {
+    const bool same_logits = GetParam() != Backend::tp;
     ServerOptions o = opts();
     o.n_ctx_slot = 512;
     TestServer s(o);
@@ -1756,7 +1759,9 @@ TEST_P(ServerTest, StructuredOutputIsTheSameOnEveryEngine) {
         expect_story(text);
         auto rr = post(ref, "/v1/chat/completions", story_request(seed));
         ASSERT_TRUE(rr);
-        EXPECT_EQ(text, json::parse(rr->body)["choices"][0]["message"]["content"].get<std::string>());
+        if (same_logits) {
+            EXPECT_EQ(text, json::parse(rr->body)["choices"][0]["message"]["content"].get<std::string>());
+        }
         const Streamed st = streams_through(
             s, {story_request(seed)}, [] {}, {}, "/v1/chat/completions");
         bool done = false;
@@ -1778,7 +1783,9 @@ TEST_P(ServerTest, StructuredOutputIsTheSameOnEveryEngine) {
     ASSERT_EQ(g->status, 200) << g->body;
     const std::string sentence = json::parse(g->body)["content"];
     EXPECT_TRUE(is_answer(sentence)) << sentence;
-    EXPECT_EQ(sentence, json::parse(gref->body)["content"].get<std::string>());
+    if (same_logits) {
+        EXPECT_EQ(sentence, json::parse(gref->body)["content"].get<std::string>());
+    }
 }
 
 // llama-server's "grammar" (GBNF): every seeded reply is a sentence of it, on /completion and the OpenAI
