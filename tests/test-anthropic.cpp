@@ -113,29 +113,6 @@ TEST(Anthropic, StopSequencesAreNamed) {
     EXPECT_EQ(m["stop_sequence"], stop) << m;
 }
 
-struct SseEvent {
-    std::string name;
-    json data;
-};
-
-std::vector<SseEvent> parse_events(const std::string &body) {
-    std::vector<SseEvent> out;
-    size_t pos = 0;
-    while (pos < body.size()) {
-        const size_t end = body.find("\n\n", pos);
-        if (end == std::string::npos) break;
-        const std::string ev = body.substr(pos, end - pos);
-        pos = end + 2;
-        const size_t nl = ev.find('\n');
-        EXPECT_EQ(ev.rfind("event: ", 0), 0u) << ev;
-        EXPECT_EQ(ev.compare(nl + 1, 6, "data: "), 0) << ev;
-        out.push_back({ev.substr(7, nl - 7), json::parse(ev.substr(nl + 7))});
-        EXPECT_EQ(out.back().data["type"], out.back().name);
-    }
-    EXPECT_EQ(pos, body.size()) << "trailing bytes";
-    return out;
-}
-
 TEST(Anthropic, TheStreamCarriesTheSameTextStopReasonAndUsage) {
     TestServer s;
     auto c = s.client();
@@ -148,10 +125,10 @@ TEST(Anthropic, TheStreamCarriesTheSameTextStopReasonAndUsage) {
     auto r = post(c, "/v1/messages", streamed);
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200) << r->body;
-    const std::vector<SseEvent> events = parse_events(r->body);
+    const std::vector<NamedEvent> events = parse_named_sse(r->body);
     std::vector<std::string> names;
     std::string text;
-    for (const SseEvent &e : events) {
+    for (const NamedEvent &e : events) {
         if (e.name == "content_block_delta") {
             EXPECT_EQ(e.data["index"], 0);
             EXPECT_EQ(e.data["delta"]["type"], "text_delta");
@@ -210,9 +187,9 @@ TEST(Anthropic, ToolsGiveToolUseBlocks) {
     auto r = post(c, "/v1/messages", streamed);
     ASSERT_TRUE(r);
     ASSERT_EQ(r->status, 200);
-    const std::vector<SseEvent> events = parse_events(r->body);
+    const std::vector<NamedEvent> events = parse_named_sse(r->body);
     std::vector<std::string> names;
-    for (const SseEvent &e : events) names.push_back(e.name);
+    for (const NamedEvent &e : events) names.push_back(e.name);
     const std::vector<std::string> want = {
         "message_start",      "ping",          "content_block_start", "content_block_delta",
         "content_block_stop", "message_delta", "message_stop"};

@@ -248,6 +248,32 @@ inline std::vector<json> parse_sse(const std::string &body, bool *done) {
     return out;
 }
 
+// The events of an SSE body that names each one ("event: NAME", then "data: JSON" whose "type" is NAME), as
+// the Responses and Messages APIs send them.
+struct NamedEvent {
+    std::string name;
+    json data;
+};
+inline std::vector<NamedEvent> parse_named_sse(const std::string &body) {
+    std::vector<NamedEvent> out;
+    size_t pos = 0;
+    while (pos < body.size()) {
+        const size_t end = body.find("\n\n", pos);
+        if (end == std::string::npos) break;
+        const std::string ev = body.substr(pos, end - pos);
+        pos = end + 2;
+        const size_t nl = ev.find('\n');
+        EXPECT_EQ(ev.rfind("event: ", 0), 0u) << ev;
+        EXPECT_NE(nl, std::string::npos) << ev;
+        if (nl == std::string::npos) break;
+        EXPECT_EQ(ev.compare(nl + 1, 6, "data: "), 0) << ev;
+        out.push_back({ev.substr(7, nl - 7), json::parse(ev.substr(nl + 7), nullptr, false)});
+        EXPECT_EQ(out.back().data["type"], out.back().name) << ev;
+    }
+    EXPECT_EQ(pos, body.size()) << "trailing bytes in the SSE body";
+    return out;
+}
+
 // Text of a streamed response (chat deltas or completion texts) and its finish_reason.
 // The text (and the finish reason) streamed for choice `index` (OpenAI's n: each chunk names its choice).
 inline std::string stream_text(const std::vector<json> &events, std::string *finish = nullptr,

@@ -12,19 +12,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 using json = nlohmann::json;
 
-const ojson *get(const ojson &obj, const char *key) {
-    auto it = obj.find(key);
-    return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-Status want_string(const ojson &obj, const char *key, const std::string &where, std::string &out) {
-    const ojson *v = get(obj, key);
-    if (v == nullptr) return invalid_input("'{}.{}' is required", where, key);
-    if (!v->is_string()) return invalid_input("'{}.{}' must be a string, got {}", where, key, type_name(*v));
-    out = v->get<std::string>();
-    return {};
-}
-
 // Text content: a string, or text blocks (as the chat path's parts).
 Result<ojson> text_content(const ojson &v, const std::string &where) {
     if (v.is_string()) return ojson(v);
@@ -35,11 +22,11 @@ Result<ojson> text_content(const ojson &v, const std::string &where) {
         const std::string at = fmt::format("{}[{}]", where, j);
         if (!v[j].is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(v[j]));
         std::string type, text;
-        TD_TRY(want_string(v[j], "type", at, type));
+        TD_TRY(get_required_string(v[j], "type", at, type));
         if (type != "text")
             return invalid_input("'{}.type' '{}' is not supported here: this server takes text only", at,
                                  type);
-        TD_TRY(want_string(v[j], "text", at, text));
+        TD_TRY(get_required_string(v[j], "text", at, text));
         parts.push_back({{"type", "text"}, {"text", std::move(text)}});
     }
     return parts;
@@ -51,10 +38,10 @@ Status add_message(const ojson &m, size_t i, ojson &out) {
     const std::string at = fmt::format("messages[{}]", i);
     if (!m.is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(m));
     std::string role;
-    TD_TRY(want_string(m, "role", at, role));
+    TD_TRY(get_required_string(m, "role", at, role));
     if (role != "user" && role != "assistant")
         return invalid_input("'{}.role' must be user or assistant, got '{}'", at, role);
-    const ojson *content = get(m, "content");
+    const ojson *content = field(m, "content");
     if (content == nullptr) return invalid_input("'{}.content' is required", at);
     if (content->is_string()) {
         out.push_back({{"role", role}, {"content", *content}});
@@ -69,16 +56,16 @@ Status add_message(const ojson &m, size_t i, ojson &out) {
         const std::string bat = fmt::format("{}.content[{}]", at, j);
         if (!b.is_object()) return invalid_input("'{}' must be an object, got {}", bat, type_name(b));
         std::string type;
-        TD_TRY(want_string(b, "type", bat, type));
+        TD_TRY(get_required_string(b, "type", bat, type));
         if (type == "text") {
             std::string text;
-            TD_TRY(want_string(b, "text", bat, text));
+            TD_TRY(get_required_string(b, "text", bat, text));
             parts.push_back({{"type", "text"}, {"text", std::move(text)}});
         } else if (type == "tool_use" && role == "assistant") {
             std::string id, name;
-            TD_TRY(want_string(b, "id", bat, id));
-            TD_TRY(want_string(b, "name", bat, name));
-            const ojson *input = get(b, "input");
+            TD_TRY(get_required_string(b, "id", bat, id));
+            TD_TRY(get_required_string(b, "name", bat, name));
+            const ojson *input = field(b, "input");
             if (input == nullptr || !input->is_object())
                 return invalid_input("'{}.input' must be an object", bat);
             calls.push_back({{"id", id},
@@ -86,9 +73,9 @@ Status add_message(const ojson &m, size_t i, ojson &out) {
                              {"function", {{"name", name}, {"arguments", input->dump()}}}});
         } else if (type == "tool_result" && role == "user") {
             std::string id;
-            TD_TRY(want_string(b, "tool_use_id", bat, id));
+            TD_TRY(get_required_string(b, "tool_use_id", bat, id));
             ojson result = "";
-            if (const ojson *c = get(b, "content")) {
+            if (const ojson *c = field(b, "content")) {
                 TD_ASSIGN_OR_RETURN(result, text_content(*c, bat + ".content"));
             }
             results.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", std::move(result)}});
@@ -119,15 +106,15 @@ Result<ojson> chat_tools(const ojson &tools) {
         const ojson &t = tools[i];
         const std::string at = fmt::format("tools[{}]", i);
         if (!t.is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(t));
-        if (const ojson *type = get(t, "type"); type != nullptr && *type != "custom")
+        if (const ojson *type = field(t, "type"); type != nullptr && *type != "custom")
             return invalid_input("'{}.type' '{}' is not supported: this server runs custom tools only", at,
                                  type->is_string() ? type->get<std::string>() : type->dump());
         std::string name;
-        TD_TRY(want_string(t, "name", at, name));
-        const ojson *schema = get(t, "input_schema");
+        TD_TRY(get_required_string(t, "name", at, name));
+        const ojson *schema = field(t, "input_schema");
         if (schema == nullptr) return invalid_input("'{}.input_schema' is required", at);
         ojson fn = {{"name", name}, {"parameters", *schema}};
-        if (const ojson *d = get(t, "description")) fn["description"] = *d;
+        if (const ojson *d = field(t, "description")) fn["description"] = *d;
         out.push_back({{"type", "function"}, {"function", std::move(fn)}});
     }
     return out;
@@ -136,7 +123,7 @@ Result<ojson> chat_tools(const ojson &tools) {
 Status chat_tool_choice(const ojson &v, ojson &chat) {
     if (!v.is_object()) return invalid_input("'tool_choice' must be an object, got {}", type_name(v));
     std::string type;
-    TD_TRY(want_string(v, "type", "tool_choice", type));
+    TD_TRY(get_required_string(v, "type", "tool_choice", type));
     if (type == "auto") {
         chat["tool_choice"] = "auto";
     } else if (type == "any") {
@@ -145,12 +132,12 @@ Status chat_tool_choice(const ojson &v, ojson &chat) {
         chat["tool_choice"] = "none";
     } else if (type == "tool") {
         std::string name;
-        TD_TRY(want_string(v, "name", "tool_choice", name));
+        TD_TRY(get_required_string(v, "name", "tool_choice", name));
         chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", name}}}};
     } else {
         return invalid_input("'tool_choice.type' must be auto, any, tool or none, got '{}'", type);
     }
-    if (const ojson *d = get(v, "disable_parallel_tool_use")) {
+    if (const ojson *d = field(v, "disable_parallel_tool_use")) {
         if (!d->is_boolean())
             return invalid_input("'tool_choice.disable_parallel_tool_use' must be a boolean, got {}",
                                  type_name(*d));
@@ -162,13 +149,7 @@ Status chat_tool_choice(const ojson &v, ojson &chat) {
 }  // namespace
 
 Result<MessagesRequest> parse_messages_request(std::string_view body) {
-    ojson j;
-    try {
-        j = ojson::parse(body);
-    } catch (const std::exception &) {
-        return invalid_input("the request body is not valid JSON");
-    }
-    if (!j.is_object()) return invalid_input("the request body must be a JSON object, got {}", type_name(j));
+    TD_ASSIGN_OR_RETURN(ojson j, parse_object_in_order(body));
     MessagesRequest out;
     ojson chat = ojson::object();
     static const char *const own[] = {"messages",
@@ -196,13 +177,13 @@ Result<MessagesRequest> parse_messages_request(std::string_view body) {
             chat[it.key()] = it.value();
 
     ojson messages = ojson::array();
-    if (const ojson *s = get(j, "system")) {
+    if (const ojson *s = field(j, "system")) {
         TD_ASSIGN_OR_RETURN(ojson system, text_content(*s, "system"));
         if (!(system.is_string() && system.get<std::string>().empty()) &&
             !(system.is_array() && system.empty()))
             messages.push_back({{"role", "system"}, {"content", std::move(system)}});
     }
-    const ojson *ms = get(j, "messages");
+    const ojson *ms = field(j, "messages");
     if (ms == nullptr) return invalid_input("'messages' is required");
     if (!ms->is_array() || ms->empty())
         return invalid_input("'messages' must be a non-empty array, got {}",
@@ -210,7 +191,7 @@ Result<MessagesRequest> parse_messages_request(std::string_view body) {
     for (size_t i = 0; i < ms->size(); ++i) TD_TRY(add_message((*ms)[i], i, messages));
     chat["messages"] = std::move(messages);
 
-    if (const ojson *s = get(j, "stop_sequences")) {
+    if (const ojson *s = field(j, "stop_sequences")) {
         if (!s->is_array())
             return invalid_input("'stop_sequences' must be an array of strings, got {}", type_name(*s));
         for (const ojson &x : *s) {
@@ -220,22 +201,22 @@ Result<MessagesRequest> parse_messages_request(std::string_view body) {
         }
         chat["stop"] = *s;
     }
-    if (const ojson *t = get(j, "tools")) {
+    if (const ojson *t = field(j, "tools")) {
         TD_ASSIGN_OR_RETURN(ojson tools, chat_tools(*t));
         chat["tools"] = std::move(tools);
     }
-    if (const ojson *tc = get(j, "tool_choice")) TD_TRY(chat_tool_choice(*tc, chat));
-    if (const ojson *f = get(j, "output_format")) {
+    if (const ojson *tc = field(j, "tool_choice")) TD_TRY(chat_tool_choice(*tc, chat));
+    if (const ojson *f = field(j, "output_format")) {
         if (!f->is_object()) return invalid_input("'output_format' must be an object, got {}", type_name(*f));
         std::string type;
-        TD_TRY(want_string(*f, "type", "output_format", type));
+        TD_TRY(get_required_string(*f, "type", "output_format", type));
         if (type != "json_schema")
             return invalid_input("'output_format.type' must be json_schema, got '{}'", type);
-        const ojson *schema = get(*f, "schema");
+        const ojson *schema = field(*f, "schema");
         if (schema == nullptr) return invalid_input("'output_format.schema' is required");
         chat["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"schema", *schema}}}};
     }
-    if (const ojson *s = get(j, "stream")) {
+    if (const ojson *s = field(j, "stream")) {
         if (!s->is_boolean()) return invalid_input("'stream' must be a boolean, got {}", type_name(*s));
         out.stream = s->get<bool>();
     }

@@ -117,10 +117,7 @@ std::string tool_use_id() {
 
 void HttpServer::Impl::handle_messages(const HttpRequest &req, HttpResponse &res) {
     ServerBackend be;
-    if (!get_backend(be)) {
-        res.set_header("Retry-After", "5");
-        return reply_anthropic_error(res, 503, "the model is still loading");
-    }
+    if (!ready_backend(res, reply_anthropic_error, be)) return;
     auto parsed = parse_messages_request(req.body);
     if (!parsed.ok())
         return reply_anthropic_error(res, http_status_for(parsed.status()), parsed.status().message());
@@ -156,10 +153,7 @@ void HttpServer::Impl::handle_messages(const HttpRequest &req, HttpResponse &res
 
 void HttpServer::Impl::handle_count_tokens(const HttpRequest &req, HttpResponse &res) {
     ServerBackend be;
-    if (!get_backend(be)) {
-        res.set_header("Retry-After", "5");
-        return reply_anthropic_error(res, 503, "the model is still loading");
-    }
+    if (!ready_backend(res, reply_anthropic_error, be)) return;
     auto parsed = parse_messages_request(req.body);
     if (!parsed.ok())
         return reply_anthropic_error(res, http_status_for(parsed.status()), parsed.status().message());

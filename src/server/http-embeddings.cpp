@@ -125,11 +125,7 @@ void HttpServer::Impl::setup_embeddings() {
     // The backend and the request's JSON object; false with `res` answered (by `err`) when either is missing.
     const auto start = [this](const HttpRequest &req, HttpResponse &res, ErrorReply err, ServerBackend &be,
                               json &body) {
-        if (!get_backend(be)) {
-            res.set_header("Retry-After", "5");
-            err(res, 503, "the model is still loading");
-            return false;
-        }
+        if (!ready_backend(res, err, be)) return false;
         auto parsed = body_object(req.body);
         if (!parsed.ok()) {
             err(res, 400, parsed.status().message());

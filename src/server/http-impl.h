@@ -75,6 +75,9 @@ struct HttpServer::Impl {
     std::shared_ptr<ClientSlot> client_slot(const std::string &peer, int n, int &open);
 
     bool get_backend(ServerBackend &out);
+    // get_backend, or (no model attached yet) `res` answered by `err` with 503 "the model is still loading"
+    // and Retry-After.
+    bool ready_backend(HttpResponse &res, ErrorReply err, ServerBackend &out);
     void count(const std::string &path, int status);
 
     // A chat request's prompt: the model's template over its messages (and tools), tokenized. Errors: the

@@ -60,10 +60,7 @@ void HttpServer::Impl::setup_llamacpp() {
         return [this, parse](const HttpRequest &req, HttpResponse &res) {
             const auto t0 = Clock::now();
             ServerBackend be;
-            if (!get_backend(be)) {
-                res.set_header("Retry-After", "5");
-                return reply_error(res, 503, "the model is still loading");
-            }
+            if (!ready_backend(res, reply_error, be)) return;
             auto parsed = parse(req.body);
             if (!parsed.ok())
                 return reply_error(res, http_status_for(parsed.status()), parsed.status().message());
@@ -98,10 +95,7 @@ void HttpServer::Impl::setup_llamacpp() {
     if (params.slots) {
         routes["/slots"] = {"GET", [this](const HttpRequest &req, HttpResponse &res) {
                                 ServerBackend be;
-                                if (!get_backend(be)) {
-                                    res.set_header("Retry-After", "5");
-                                    return reply_error(res, 503, "the model is still loading");
-                                }
+                                if (!ready_backend(res, reply_error, be)) return;
                                 const std::vector<SlotInfo> slots = be.scheduler->slots();
                                 const bool any_free =
                                     std::any_of(slots.begin(), slots.end(),

@@ -151,10 +151,7 @@ private:
 
 void HttpServer::Impl::handle_responses(const HttpRequest &req, HttpResponse &res) {
     ServerBackend be;
-    if (!get_backend(be)) {
-        res.set_header("Retry-After", "5");
-        return reply_error(res, 503, "the model is still loading");
-    }
+    if (!ready_backend(res, reply_error, be)) return;
     auto parsed = parse_responses_input(req.body);
     if (!parsed.ok()) return reply_error(res, http_status_for(parsed.status()), parsed.status().message());
     auto in = std::make_shared<const ResponsesInput>(std::move(parsed).value());

@@ -214,6 +214,13 @@ std::shared_ptr<HttpServer::Impl::ClientSlot> HttpServer::Impl::client_slot(cons
     return slot;
 }
 
+bool HttpServer::Impl::ready_backend(HttpResponse &res, ErrorReply err, ServerBackend &out) {
+    if (get_backend(out)) return true;
+    res.set_header("Retry-After", "5");
+    err(res, 503, "the model is still loading");
+    return false;
+}
+
 bool HttpServer::Impl::get_backend(ServerBackend &out) {
     std::lock_guard lock(mu);
     if (!has_backend) return false;
@@ -400,10 +407,7 @@ void HttpServer::Impl::stream_response(HttpResponse &res, std::shared_ptr<Stream
 
 void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res, ApiKind kind) {
     ServerBackend be;
-    if (!get_backend(be)) {
-        res.set_header("Retry-After", "5");
-        return reply_error(res, 503, "the model is still loading");
-    }
+    if (!ready_backend(res, reply_error, be)) return;
     auto parsed = kind == ApiKind::chat ? parse_chat_request(req.body) : parse_openai_completion(req.body);
     if (!parsed.ok()) return reply_status(res, parsed.status());
     ApiRequest &r = *parsed;
@@ -496,10 +500,7 @@ json HttpServer::Impl::model_json() {
 // llama-server's /props: what a client reads to learn the server's model, slots, template and defaults.
 void HttpServer::Impl::handle_props(HttpResponse &res) {
     ServerBackend be;
-    if (!get_backend(be)) {
-        res.set_header("Retry-After", "5");
-        return reply_error(res, 503, "the model is still loading");
-    }
+    if (!ready_backend(res, reply_error, be)) return;
     const Vocab &vocab = be.tokenizer->vocab();
     const auto token = [&](int32_t id) { return id >= 0 && vocab.is_valid(id) ? vocab.token_text(id) : ""; };
     const SamplerParams sp;  // what a request that sets nothing samples with

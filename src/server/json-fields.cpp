@@ -211,4 +211,25 @@ Result<json> parse_object(std::string_view body) {
     return j;
 }
 
+Result<nlohmann::ordered_json> parse_object_in_order(std::string_view body) {
+    nlohmann::ordered_json j = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return invalid_input("the request body is not valid JSON");
+    if (!j.is_object()) return invalid_input("the request body must be a JSON object, got {}", type_name(j));
+    return j;
+}
+
+const nlohmann::ordered_json *field(const nlohmann::ordered_json &obj, const char *key) {
+    auto it = obj.find(key);
+    return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+Status get_required_string(const nlohmann::ordered_json &obj, const char *key, std::string_view where,
+                           std::string &out) {
+    const nlohmann::ordered_json *v = field(obj, key);
+    if (v == nullptr) return invalid_input("'{}.{}' is required", where, key);
+    if (!v->is_string()) return invalid_input("'{}.{}' must be a string, got {}", where, key, type_name(*v));
+    out = v->get<std::string>();
+    return {};
+}
+
 }  // namespace td::server

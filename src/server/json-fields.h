@@ -44,6 +44,15 @@ Status get_tool_calls(const nlohmann::json &m, size_t index, std::vector<ToolCal
 // The body as a JSON object: "the request body is not valid JSON", "... must be a JSON object, got ...".
 Result<nlohmann::json> parse_object(std::string_view body);
 
+// The same for a body read with its keys in the client's order (the Responses and Messages APIs, which pass
+// schemas on to the chat path).
+Result<nlohmann::ordered_json> parse_object_in_order(std::string_view body);
+const nlohmann::ordered_json *field(const nlohmann::ordered_json &obj, const char *key);
+// The string `key` of `obj`: "'where.key' is required" when absent, "'where.key' must be a string, got ..."
+// when it is not one.
+Status get_required_string(const nlohmann::ordered_json &obj, const char *key, std::string_view where,
+                           std::string &out);
+
 // The value at `path` in a request body as JSON text, its objects' keys in the client's order (json sorts
 // them, and a JSON schema's properties are generated in the order given); fallback's text when the path is
 // not there.

@@ -12,19 +12,6 @@ namespace {
 using ojson = nlohmann::ordered_json;
 using json = nlohmann::json;
 
-const ojson *get(const ojson &obj, const char *key) {
-    auto it = obj.find(key);
-    return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-
-Status want_string(const ojson &obj, const char *key, const std::string &where, std::string &out) {
-    const ojson *v = get(obj, key);
-    if (v == nullptr) return invalid_input("'{}.{}' is required", where, key);
-    if (!v->is_string()) return invalid_input("'{}.{}' must be a string, got {}", where, key, type_name(*v));
-    out = v->get<std::string>();
-    return {};
-}
-
 // A message's content: a string, or parts of text (input_text, output_text, text) as the chat path's parts.
 Result<ojson> content_of(const ojson &v, const std::string &where) {
     if (v.is_string()) return ojson(v);
@@ -36,14 +23,14 @@ Result<ojson> content_of(const ojson &v, const std::string &where) {
         const std::string at = fmt::format("{}[{}]", where, j);
         if (!p.is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(p));
         std::string type;
-        TD_TRY(want_string(p, "type", at, type));
+        TD_TRY(get_required_string(p, "type", at, type));
         if (type == "input_text" || type == "output_text" || type == "text") {
             std::string text;
-            TD_TRY(want_string(p, "text", at, text));
+            TD_TRY(get_required_string(p, "text", at, text));
             parts.push_back({{"type", "text"}, {"text", std::move(text)}});
         } else if (type == "refusal") {
             std::string text;
-            TD_TRY(want_string(p, "refusal", at, text));
+            TD_TRY(get_required_string(p, "refusal", at, text));
             parts.push_back({{"type", "text"}, {"text", std::move(text)}});
         } else {
             return invalid_input("'{}.type' '{}' is not supported: this server takes text only", at, type);
@@ -66,27 +53,27 @@ Result<ojson> input_messages(const ojson &input) {
         const std::string at = fmt::format("input[{}]", i);
         if (!item.is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(item));
         std::string type = "message";
-        if (const ojson *t = get(item, "type")) {
+        if (const ojson *t = field(item, "type")) {
             if (!t->is_string())
                 return invalid_input("'{}.type' must be a string, got {}", at, type_name(*t));
             type = t->get<std::string>();
         }
         if (type == "message") {
             std::string role;
-            TD_TRY(want_string(item, "role", at, role));
+            TD_TRY(get_required_string(item, "role", at, role));
             if (role == "developer") role = "system";
             if (role != "user" && role != "assistant" && role != "system")
                 return invalid_input("'{}.role' must be user, assistant, system or developer, got '{}'", at,
                                      role);
-            const ojson *c = get(item, "content");
+            const ojson *c = field(item, "content");
             if (c == nullptr) return invalid_input("'{}.content' is required", at);
             TD_ASSIGN_OR_RETURN(ojson content, content_of(*c, at + ".content"));
             out.push_back({{"role", role}, {"content", std::move(content)}});
         } else if (type == "function_call") {
             std::string call_id, name, arguments;
-            TD_TRY(want_string(item, "call_id", at, call_id));
-            TD_TRY(want_string(item, "name", at, name));
-            TD_TRY(want_string(item, "arguments", at, arguments));
+            TD_TRY(get_required_string(item, "call_id", at, call_id));
+            TD_TRY(get_required_string(item, "name", at, name));
+            TD_TRY(get_required_string(item, "arguments", at, arguments));
             ojson call = {{"id", call_id},
                           {"type", "function"},
                           {"function", {{"name", name}, {"arguments", arguments}}}};
@@ -99,8 +86,8 @@ Result<ojson> input_messages(const ojson &input) {
             }
         } else if (type == "function_call_output") {
             std::string call_id;
-            TD_TRY(want_string(item, "call_id", at, call_id));
-            const ojson *o = get(item, "output");
+            TD_TRY(get_required_string(item, "call_id", at, call_id));
+            const ojson *o = field(item, "output");
             if (o == nullptr) return invalid_input("'{}.output' is required", at);
             TD_ASSIGN_OR_RETURN(ojson content, content_of(*o, at + ".output"));
             out.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", std::move(content)}});
@@ -122,13 +109,13 @@ Result<ojson> chat_tools(const ojson &tools) {
         const std::string at = fmt::format("tools[{}]", i);
         if (!t.is_object()) return invalid_input("'{}' must be an object, got {}", at, type_name(t));
         std::string type;
-        TD_TRY(want_string(t, "type", at, type));
+        TD_TRY(get_required_string(t, "type", at, type));
         if (type != "function")
             return invalid_input("'{}.type' '{}' is not supported: this server runs function tools only", at,
                                  type);
         ojson fn = ojson::object();
         for (const char *key : {"name", "description", "parameters", "strict"})
-            if (const ojson *v = get(t, key)) fn[key] = *v;
+            if (const ojson *v = field(t, key)) fn[key] = *v;
         out.push_back({{"type", "function"}, {"function", std::move(fn)}});
     }
     return out;
@@ -139,56 +126,50 @@ Result<ojson> chat_tool_choice(const ojson &v) {
     if (!v.is_object())
         return invalid_input("'tool_choice' must be a string or an object, got {}", type_name(v));
     std::string type, name;
-    TD_TRY(want_string(v, "type", "tool_choice", type));
+    TD_TRY(get_required_string(v, "type", "tool_choice", type));
     if (type != "function") return invalid_input("'tool_choice.type' '{}' is not supported (function)", type);
-    TD_TRY(want_string(v, "name", "tool_choice", name));
+    TD_TRY(get_required_string(v, "name", "tool_choice", name));
     return ojson{{"type", "function"}, {"function", {{"name", name}}}};
 }
 
 Result<ojson> chat_response_format(const ojson &text) {
     if (!text.is_object()) return invalid_input("'text' must be an object, got {}", type_name(text));
-    const ojson *f = get(text, "format");
+    const ojson *f = field(text, "format");
     if (f == nullptr) return ojson(nullptr);
     if (!f->is_object()) return invalid_input("'text.format' must be an object, got {}", type_name(*f));
     std::string type;
-    TD_TRY(want_string(*f, "type", "text.format", type));
+    TD_TRY(get_required_string(*f, "type", "text.format", type));
     if (type == "text") return ojson(nullptr);
     if (type == "json_object") return ojson{{"type", "json_object"}};
     if (type != "json_schema")
         return invalid_input("'text.format.type' must be text, json_object or json_schema, got '{}'", type);
-    const ojson *schema = get(*f, "schema");
+    const ojson *schema = field(*f, "schema");
     if (schema == nullptr) return invalid_input("'text.format.schema' is required with json_schema");
     ojson js = {{"schema", *schema}};
-    if (const ojson *n = get(*f, "name")) js["name"] = *n;
-    if (const ojson *s = get(*f, "strict")) js["strict"] = *s;
+    if (const ojson *n = field(*f, "name")) js["name"] = *n;
+    if (const ojson *s = field(*f, "strict")) js["strict"] = *s;
     return ojson{{"type", "json_schema"}, {"json_schema", std::move(js)}};
 }
 
 }  // namespace
 
 Result<ResponsesInput> parse_responses_input(std::string_view body) {
-    ojson j;
-    try {
-        j = ojson::parse(body);
-    } catch (const std::exception &) {
-        return invalid_input("the request body is not valid JSON");
-    }
-    if (!j.is_object()) return invalid_input("the request body must be a JSON object, got {}", type_name(j));
+    TD_ASSIGN_OR_RETURN(ojson j, parse_object_in_order(body));
     ResponsesInput in;
-    const ojson *input = get(j, "input");
+    const ojson *input = field(j, "input");
     if (input == nullptr) return invalid_input("'input' is required");
     TD_ASSIGN_OR_RETURN(in.input, input_messages(*input));
-    if (const ojson *v = get(j, "instructions")) {
+    if (const ojson *v = field(j, "instructions")) {
         if (!v->is_string()) return invalid_input("'instructions' must be a string, got {}", type_name(*v));
         if (!v->get<std::string>().empty()) in.instructions = {{"role", "system"}, {"content", *v}};
     }
-    if (const ojson *v = get(j, "previous_response_id")) {
+    if (const ojson *v = field(j, "previous_response_id")) {
         if (!v->is_string())
             return invalid_input("'previous_response_id' must be a string, got {}", type_name(*v));
         in.previous_response_id = v->get<std::string>();
     }
     for (auto [key, out] : {std::pair<const char *, bool *>{"store", &in.store}, {"stream", &in.stream}})
-        if (const ojson *v = get(j, key)) {
+        if (const ojson *v = field(j, key)) {
             if (!v->is_boolean()) return invalid_input("'{}' must be a boolean, got {}", key, type_name(*v));
             *out = v->get<bool>();
         }
@@ -224,23 +205,23 @@ Result<ResponsesInput> parse_responses_input(std::string_view body) {
         for (const char *k : own) skip = skip || it.key() == k;
         if (!skip) in.chat[it.key()] = it.value();
     }
-    if (const ojson *v = get(j, "max_output_tokens")) in.chat["max_tokens"] = *v;
-    if (const ojson *v = get(j, "tools")) {
+    if (const ojson *v = field(j, "max_output_tokens")) in.chat["max_tokens"] = *v;
+    if (const ojson *v = field(j, "tools")) {
         TD_ASSIGN_OR_RETURN(ojson tools, chat_tools(*v));
         in.chat["tools"] = std::move(tools);
     }
-    if (const ojson *v = get(j, "tool_choice")) {
+    if (const ojson *v = field(j, "tool_choice")) {
         TD_ASSIGN_OR_RETURN(ojson choice, chat_tool_choice(*v));
         in.chat["tool_choice"] = std::move(choice);
     }
-    if (const ojson *v = get(j, "text")) {
+    if (const ojson *v = field(j, "text")) {
         TD_ASSIGN_OR_RETURN(ojson format, chat_response_format(*v));
         if (!format.is_null()) in.chat["response_format"] = std::move(format);
     }
 
     // What the response repeats, as OpenAI's does (null where the request left it to the server).
     const auto given = [&](const char *key, json fallback) {
-        const ojson *v = get(j, key);
+        const ojson *v = field(j, key);
         return v == nullptr ? fallback : json::parse(v->dump());
     };
     in.echo = {{"instructions", given("instructions", nullptr)},
