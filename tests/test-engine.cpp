@@ -1,6 +1,8 @@
 // LocalEngine: the Engine contract that generation, the benchmark and the server rely on.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "kernels/kernels.h"
 #include "model/engine.h"
 #include "model/model.h"
@@ -79,6 +81,88 @@ TEST_F(EngineTest, BatchedSequencesSampleAsIfAlone) {
         }
     }
     for (int32_t s = 0; s < 3; ++s) EXPECT_EQ(got[s], alone(prompts[s], params[s], n)) << "sequence " << s;
+}
+
+// A score row rates the token that follows it: its output is that token and its log-probability (the
+// log-softmax of the row's logits, as a whole-logits run gives them), with its sequence's n_probs most likely
+// tokens, and the sequence's sampler neither draws nor sees it: what the sequence samples after a scored
+// prompt is what it samples after the same prompt computed without outputs.
+TEST_F(EngineTest, AScoreRowRatesTheNextTokenWithoutDrawing) {
+    const std::vector<int32_t> prompt = {1, 403, 407, 338, 401, 396, 385, 403};
+    const int32_t n = static_cast<int32_t>(prompt.size());
+    const int32_t n_vocab = model->hparams().n_vocab;
+    SamplerParams sp = sampling(0.9f, 5);
+    sp.repeat_penalty = 1.3f;  // the sampler's history matters
+    sp.n_probs = 4;
+    ThreadPool pool(1);
+    ContextParams cp;
+    cp.n_ctx = 64;
+    cp.n_seq = 2;
+    auto e = LocalEngine::create(model, cp, pool);
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE((*e)->seq_start(0, sp, /*want_logits=*/true, {prompt}).ok());
+    SamplerParams plain = sp;
+    plain.n_probs = -1;
+    ASSERT_TRUE((*e)->seq_start(1, plain, false, {prompt}).ok());
+    Batch b;
+    for (int32_t i = 0; i + 1 < n; ++i) b.add_score(prompt[i], i, 0, prompt[i + 1]);
+    b.add(prompt[n - 1], n - 1, 0, true);
+    for (int32_t i = 0; i < n; ++i) b.add(prompt[i], i, 1, i == n - 1);
+    Status submitted = (*e)->submit(b);
+    ASSERT_TRUE(submitted.ok()) << submitted.message();
+    auto r = (*e)->wait();
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    ASSERT_EQ(r->size(), static_cast<size_t>(n + 1));
+    Sampler helper(SamplerParams{}, n_vocab);
+    for (int32_t i = 0; i < n; ++i) {
+        const StepOutput &o = r->at(i);
+        EXPECT_EQ(o.seq, 0);
+        ASSERT_EQ(o.logits.size(), static_cast<size_t>(n_vocab));
+        // The log-softmax, in double.
+        double max = o.logits[0], sum = 0.0;
+        for (float v : o.logits) max = std::max<double>(max, v);
+        for (float v : o.logits) sum += std::exp(v - max);
+        const int32_t rated = i + 1 < n ? prompt[i + 1] : o.token;
+        if (i + 1 < n) {
+            EXPECT_EQ(o.token, prompt[i + 1]) << i;
+        }
+        EXPECT_NEAR(o.logprob, o.logits[rated] - max - std::log(sum), 1e-5) << i;
+        ASSERT_EQ(o.top.size(), 4u) << i;
+        const std::vector<TokenProb> top = helper.top_logprobs(o.logits.data(), 4);
+        for (size_t k = 0; k < 4; ++k) {
+            EXPECT_EQ(o.top[k].id, top[k].id) << i;
+            EXPECT_EQ(o.top[k].logprob, top[k].logprob) << i;
+        }
+    }
+    // Both sequences draw the same from here on: the score rows left the sampler as it was.
+    std::vector<int32_t> got[2] = {{r->at(n - 1).token}, {r->at(n).token}};
+    for (int k = 0; k < 6; ++k) {
+        b.clear();
+        for (int32_t s = 0; s < 2; ++s) b.add(got[s].back(), n + k, s, true);
+        ASSERT_TRUE((*e)->submit(b).ok());
+        auto step = (*e)->wait();
+        ASSERT_TRUE(step.ok());
+        for (int32_t s = 0; s < 2; ++s) got[s].push_back(step->at(s).token);
+        EXPECT_TRUE(step->at(1).top.empty());  // n_probs -1: nothing reported
+        EXPECT_EQ(step->at(0).top.size(), 4u);
+    }
+    EXPECT_EQ(got[0], got[1]);
+
+    // What the engine refuses: a score row without a target, or with one outside the vocabulary, and a draft
+    // row after a score row.
+    for (int which = 0; which < 3; ++which) {
+        ASSERT_TRUE((*e)->seq_clear(0).ok());
+        b.clear();
+        if (which == 0) b.add_out(prompt[0], 0, 0, kOutScore);
+        if (which == 1) b.add_score(prompt[0], 0, 0, n_vocab);
+        if (which == 2) {
+            b.add_score(prompt[0], 0, 0, prompt[1]);
+            b.add_out(prompt[1], 1, 0, kOutDraft);
+        }
+        Status bad = (*e)->submit(b);
+        ASSERT_FALSE(bad.ok()) << which;
+        EXPECT_EQ(bad.kind(), ErrorKind::invalid_input) << which;
+    }
 }
 
 // seq_start with keep_from: a slot starts from another slot's first positions, copied, and samples exactly

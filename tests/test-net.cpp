@@ -290,6 +290,15 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
         encode_forward(r.pos, r.seq, want, r.tokens, hidden.data(), 64, WireType::f16, b);
         v.emplace_back(MsgType::forward, std::move(b));
     }
+    {
+        Bytes b;  // v18: score rows with their targets
+        std::vector<uint8_t> want = r.want;
+        std::vector<int32_t> targets(want.size(), -1);
+        want.front() = kWantScore;
+        targets.front() = 3;
+        encode_forward(r.pos, r.seq, want, {}, hidden.data(), 64, WireType::f32, b, targets);
+        v.emplace_back(MsgType::forward, std::move(b));
+    }
     const ResultRow rows[2] = {{0, 42, -0.5f}, {2, 7, -1.25f}};
     const std::vector<float> logits = random_rows(2 * 16, 2);
     {
@@ -305,6 +314,12 @@ std::vector<std::pair<MsgType, Bytes>> all_messages() {
         Bytes d;
         encode_result(mixed, logits.data(), 16, embd.data(), 8, d);
         v.emplace_back(MsgType::result, std::move(d));
+        // v18: each row's alternatives.
+        const uint32_t counts[2] = {2, 0};
+        const ResultTop pairs[2] = {{12, -0.5f}, {3, -1.5f}};
+        Bytes e;
+        encode_result(rows, nullptr, 16, nullptr, 0, e, counts, pairs);
+        v.emplace_back(MsgType::result, std::move(e));
     }
     v.emplace_back(MsgType::stats_request, Bytes{});
     v.emplace_back(MsgType::shutdown, Bytes{});
@@ -903,7 +918,7 @@ TEST(NetCodec, ForwardHiddenRowsMayCarryTheirTokenIds) {
     r.tokens[2] = -3;
     encode_forward(r.pos, r.seq, r.want, r.tokens, x.data(), n_embd, WireType::f32, bad);
     EXPECT_FALSE(decode_forward(bad).ok());
-    r.want[1] = 4;
+    r.want[1] = 5;
     r.tokens[2] = 3;
     encode_forward(r.pos, r.seq, r.want, r.tokens, x.data(), n_embd, WireType::f32, bad);
     EXPECT_FALSE(decode_forward(bad).ok());
@@ -995,8 +1010,10 @@ TEST(NetCodec, ForwardRejectsMalformedPayloads) {
     put_le<uint32_t>(b, 12, 0x80);
     expect_error(b, "unknown flags");
     b = good;
-    b[16 + 8 * 12 + 3] = 4;  // want[3]: 2 is an embedding (v11), 3 a draft (v12), 4 nothing
-    expect_error(b, "want must be 0, 1, 2 or 3");
+    b[16 + 8 * 12 + 3] = 5;  // want[3]: 2 is an embedding (v11), 3 a draft (v12), 4 a score (v18), 5 nothing
+    expect_error(b, "want must be 0, 1, 2, 3 or 4");
+    b[16 + 8 * 12 + 3] = 4;  // a score row needs the step's targets
+    expect_error(b, "is a score row but the step carries no targets");
     b = good;
     put_le<int32_t>(b, 16, -1);  // pos[0]
     expect_error(b, "pos -1");
@@ -1077,6 +1094,94 @@ TEST(NetCodec, ResultCarriesEmbeddingRowsAfterTheSampledRowsLogits) {
     // A short embeddings block.
     b.resize(b.size() - 4);
     EXPECT_FALSE(decode_result(b, n_vocab, n_embd).ok());
+}
+
+// v18: a step with score rows carries each row's target after the token ids, or after none with hidden rows;
+// a result carries each logits row's most likely tokens as (id, logprob) pairs before the logits.
+TEST(NetCodec, ScoreRowsCarryTheirTargetsAndResultsTheirAlternatives) {
+    Rows r = sample_rows(4);
+    r.want = {kWantScore, kWantScore, 0, 1};
+    const std::vector<int32_t> targets = {5, 9, -1, -1};
+    const std::vector<float> hidden = random_rows(4 * 64, 11);
+    for (const bool tokens : {true, false}) {
+        Bytes b;
+        encode_forward(r.pos, r.seq, r.want,
+                       tokens ? std::span<const int32_t>(r.tokens) : std::span<const int32_t>(),
+                       tokens ? nullptr : hidden.data(), 64, WireType::f16, b, targets);
+        auto v = decode_forward(b);
+        ASSERT_TRUE(v.ok()) << v.status().message();
+        EXPECT_TRUE(v->header.flags & kForwardTargets);
+        EXPECT_EQ(std::vector<int32_t>(v->target.begin(), v->target.end()), targets);
+        if (tokens) {
+            EXPECT_EQ(std::vector<int32_t>(v->token.begin(), v->token.end()), r.tokens);
+        } else {
+            EXPECT_EQ(v->hidden.size(), 4 * 64 * 2u);
+        }
+        // A target that breaks the rule: negative on a score row, set on another row.
+        for (const auto &[row, value] : {std::pair{0, -1}, std::pair{2, 3}}) {
+            Bytes bad = b;
+            const size_t at = b.size() - (tokens ? 0 : v->hidden.size()) - 16 + 4 * row;
+            put_le<int32_t>(bad, at, value);
+            auto e = decode_forward(bad);
+            ASSERT_FALSE(e.ok()) << row;
+            EXPECT_NE(e.status().message().find("has target"), std::string::npos) << e.status().message();
+        }
+    }
+    // A score row in a step without targets.
+    Bytes no_targets;
+    encode_forward(r.pos, r.seq, std::vector<uint8_t>{0, 0, 0, 1}, r.tokens, nullptr, 0, WireType::f32,
+                   no_targets);
+    put_le<uint8_t>(no_targets, 16 + 2 * 4 * 4, kWantScore);
+    auto e = decode_forward(no_targets);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("carries no targets"), std::string::npos) << e.status().message();
+
+    // Result: a score row, an embedding row, a sampled row; the first with 2 alternatives, the last with 1.
+    const ResultRow rows[3] = {{0, 5, -2.5f}, {1, kEmbeddingRowToken, 0.0f}, {2, 7, -0.25f}};
+    const uint32_t counts[2] = {2, 1};
+    const ResultTop pairs[3] = {{3, -0.1f}, {5, -2.5f}, {7, -0.25f}};
+    const uint32_t n_vocab = 16, n_embd = 8;
+    const std::vector<float> logits = random_rows(2 * n_vocab, 12);
+    const std::vector<float> embd = random_rows(n_embd, 13);
+    Bytes b;
+    encode_result(rows, logits.data(), n_vocab, embd.data(), n_embd, b, counts, pairs);
+    auto v = decode_result(b, n_vocab, n_embd);
+    ASSERT_TRUE(v.ok()) << v.status().message();
+    EXPECT_EQ(v->flags, kResultLogits | kResultEmbeddings | kResultTop);
+    ASSERT_EQ(v->top_counts.size(), 8u);
+    EXPECT_EQ(v->top_count(0), 2u);
+    EXPECT_EQ(v->top_count(1), 1u);
+    for (uint64_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(v->top_pair(k).id, pairs[k].id);
+        EXPECT_EQ(v->top_pair(k).logprob, pairs[k].logprob);
+    }
+    EXPECT_EQ(std::memcmp(v->logits.data(), logits.data(), v->logits.size()), 0);
+    EXPECT_EQ(std::memcmp(v->embeddings.data(), embd.data(), v->embeddings.size()), 0);
+    // Too many alternatives, an id outside the vocabulary, a NaN logprob, a short list.
+    const size_t counts_at = 8 + 3 * kResultRowBytes, pairs_at = counts_at + 8;
+    for (const auto &[at, value, why] :
+         {std::tuple{counts_at, uint32_t{kMaxResultTop + 1}, "alternatives, limit"},
+          std::tuple{pairs_at, n_vocab, "alternative 0 is token 16"},
+          std::tuple{pairs_at + 12, 0x7fc00000u, "with logprob nan"}}) {
+        Bytes bad = b;
+        put_le<uint32_t>(bad, at, value);
+        auto w = decode_result(bad, n_vocab, n_embd);
+        ASSERT_FALSE(w.ok()) << why;
+        EXPECT_NE(w.status().message().find(why), std::string::npos) << w.status().message();
+    }
+    Bytes cut(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(pairs_at + 4));
+    EXPECT_FALSE(decode_result(cut, n_vocab, n_embd).ok());
+
+    // SeqStart's n_probs travels and is bounded.
+    SeqStart m;
+    m.n_probs = 7;
+    Bytes s;
+    encode(m, s);
+    auto d = decode_seq_start(s);
+    ASSERT_TRUE(d.ok()) << d.status().message();
+    EXPECT_EQ(d->n_probs, 7);
+    put_le<int32_t>(s, s.size() - 4, static_cast<int32_t>(kMaxResultTop) + 1);
+    EXPECT_FALSE(decode_seq_start(s).ok());
 }
 
 // Deterministic mutations of every message: byte flips, truncations, extensions, header-field rewrites.

@@ -142,7 +142,8 @@ Status ClusterEngine::submit(const Batch &batch) {
     const int32_t n = batch.size();
     if (n == 0) return invalid_input("empty batch");
     if (batch.token.size() != batch.pos.size() || batch.seq.size() != batch.pos.size() ||
-        batch.want_logits.size() != batch.pos.size())
+        batch.want_logits.size() != batch.pos.size() ||
+        (batch.has_targets() && batch.target.size() != batch.pos.size()))
         return invalid_input("batch arrays have different lengths");
     if (static_cast<size_t>(n) > net::kMaxBatchRows * kMaxPartsPerStep)
         return invalid_input("a batch of {} rows exceeds the cluster limit of {}", n,
@@ -159,6 +160,14 @@ Status ClusterEngine::submit(const Batch &batch) {
         if (lost_[s]) return lost_error(s);  // a reconnect (a probe's, or another call's) cleared it
         if (out_has_logits(batch.want_logits[i]) && !started_[s])
             return invalid_input("sequence {} wants logits but was not started (seq_start)", s);
+        if (batch.want_logits[i] > kOutLast)
+            return invalid_input("row {}: output kind {} is unknown", i, batch.want_logits[i]);
+        // What the wire carries for a target: >= 0 on a score row (in the vocabulary), -1 elsewhere.
+        const int32_t target = batch.has_targets() ? batch.target[i] : -1;
+        if (batch.want_logits[i] == kOutScore ? target < 0 || target >= n_vocab() : target != -1)
+            return invalid_input("row {}: target token {} ({})", i, target,
+                                 batch.want_logits[i] == kOutScore ? "a score row's must be in the vocabulary"
+                                                                   : "only score rows have one");
     }
     if (static_cast<int>(pending_.size()) >= options_.max_in_flight)
         return make_error(ErrorKind::failed, "{} steps are already queued; call wait() first",
@@ -211,17 +220,25 @@ Status ClusterEngine::send_part(const Batch &batch, int32_t begin, int32_t end, 
         part_.pos.assign(batch.pos.begin() + begin, batch.pos.begin() + end);
         part_.seq.assign(batch.seq.begin() + begin, batch.seq.begin() + end);
         part_.want_logits.assign(batch.want_logits.begin() + begin, batch.want_logits.begin() + end);
+        part_.target.clear();
+        // A part without score rows sends no targets.
+        if (batch.has_targets() && std::any_of(part_.want_logits.begin(), part_.want_logits.end(),
+                                               [](uint8_t w) { return w == kOutScore; }))
+            part_.target.assign(batch.target.begin() + begin, batch.target.begin() + end);
     }
     const Batch &b = whole ? batch : part_;
+    const std::span<const int32_t> targets =
+        b.count(kOutScore) > 0 ? std::span<const int32_t>(b.target) : std::span<const int32_t>();
     if (head_ctx_) {
         TD_TRY(head_ctx_->decode(b));  // validates the rows (positions, slots) before anything is sent
         // With draft rows the guesses go along: the last stage checks them.
         net::encode_forward(
             b.pos, b.seq, b.want_logits,
             b.count(kOutDraft) > 0 ? std::span<const int32_t>(b.token) : std::span<const int32_t>(),
-            head_ctx_->hidden(), n_embd, options_.wire, buf_);
+            head_ctx_->hidden(), n_embd, options_.wire, buf_, targets);
     } else {
-        net::encode_forward(b.pos, b.seq, b.want_logits, b.token, nullptr, n_embd, options_.wire, buf_);
+        net::encode_forward(b.pos, b.seq, b.want_logits, b.token, nullptr, n_embd, options_.wire, buf_,
+                            targets);
     }
     return enqueue_data(net::MsgType::forward, id, buf_);
 }
@@ -244,6 +261,8 @@ Status ClusterEngine::take_result(Frame *f, uint64_t id, std::vector<StepOutput>
         s = r.status().with_context(fmt::format("worker {}", result_address()));
     } else {
         const bool has_logits = (r->flags & net::kResultLogits) != 0;
+        const bool has_top = (r->flags & net::kResultTop) != 0;
+        uint64_t next_pair = 0;
         const size_t base = out.size();
         out.resize(base + r->n_outputs);
         uint32_t n_logit_rows = 0, n_embd_rows = 0;
@@ -266,6 +285,14 @@ Status ClusterEngine::take_result(Frame *f, uint64_t id, std::vector<StepOutput>
                 continue;
             }
             const uint32_t li = n_logit_rows++;
+            if (has_top) {
+                const uint32_t n_top = r->top_count(li);
+                o.top.resize(n_top);
+                for (uint32_t k = 0; k < n_top; ++k) {
+                    const net::ResultTop t = r->top_pair(next_pair++);
+                    o.top[k] = {t.id, t.logprob};
+                }
+            }
             if (has_logits && want_logits_[row.seq]) {
                 const float *p =
                     reinterpret_cast<const float *>(r->logits.data()) + static_cast<size_t>(li) * n_vocab();

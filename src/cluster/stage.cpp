@@ -259,6 +259,7 @@ Status Stage::handle_forward(Frame &f) {
     batch_.pos.assign(v.pos.begin(), v.pos.end());
     batch_.seq.assign(v.seq.begin(), v.seq.end());
     batch_.want_logits.assign(v.want.begin(), v.want.end());
+    batch_.target.assign(v.target.begin(), v.target.end());
     const float *hidden = nullptr;
     if (is_first_) {
         if (!tokens) return invalid_input("forward: the first stage needs token ids, got hidden rows");
@@ -288,11 +289,11 @@ Status Stage::handle_forward(Frame &f) {
         const bool drafts = batch_.count(kOutDraft) > 0;
         net::encode_forward(batch_.pos, batch_.seq, batch_.want_logits,
                             drafts ? std::span<const int32_t>(batch_.token) : std::span<const int32_t>(),
-                            ctx_->hidden(), static_cast<uint32_t>(hp.n_embd), wire_, out_buf_);
+                            ctx_->hidden(), static_cast<uint32_t>(hp.n_embd), wire_, out_buf_, batch_.target);
         return send_down(net::MsgType::forward, f.header.request_id, out_buf_);
     }
     static_assert(net::kWantEmbedding == kOutEmbedding && net::kWantDraft == kOutDraft &&
-                  net::kEmbeddingRowToken == StepOutput::kEmbeddingToken &&
+                  net::kWantScore == kOutScore && net::kEmbeddingRowToken == StepOutput::kEmbeddingToken &&
                   net::kRejectedRowToken == StepOutput::kRejectedToken);
     const float *logits = ctx_->logits();  // [n_outputs, n_vocab]
     if (collective_) {
@@ -311,15 +312,27 @@ Status Stage::handle_forward(Frame &f) {
                        outputs_);
     }
     rows_.resize(outputs_.size());
-    bool any_logits = false;
+    bool any_logits = false, any_top = false;
     for (size_t i = 0; i < outputs_.size(); ++i) {
         rows_[i] = {outputs_[i].seq, outputs_[i].token, outputs_[i].logprob, outputs_[i].mirostat_mu};
         any_logits = any_logits || !outputs_[i].logits.empty();
+        any_top = any_top || !outputs_[i].top.empty();
+    }
+    // A row's most likely tokens go as (id, logprob) pairs: n_probs of them instead of n_vocab logits.
+    top_counts_.clear();
+    top_pairs_.clear();
+    if (any_top) {
+        for (const StepOutput &o : outputs_) {
+            if (o.token == StepOutput::kEmbeddingToken) continue;
+            top_counts_.push_back(static_cast<uint32_t>(o.top.size()));
+            for (const TokenProb &t : o.top) top_pairs_.push_back({t.id, t.logprob});
+        }
     }
     // With logits, every sampled row's logits go (ctx's [n_outputs, n_vocab] as is); the head keeps the rows
     // of the sequences that asked. Embedding rows go as the context left them ([n_embeddings, n_embd]).
     net::encode_result(rows_, any_logits ? logits : nullptr, static_cast<uint32_t>(hp.n_vocab),
-                       ctx_->embeddings(), static_cast<uint32_t>(hp.n_embd), out_buf_);
+                       ctx_->embeddings(), static_cast<uint32_t>(hp.n_embd), out_buf_, top_counts_,
+                       top_pairs_);
     return send_down(net::MsgType::result, f.header.request_id, out_buf_);
 }
 

@@ -93,6 +93,8 @@ private:
     std::vector<bool> want_logits_;                   // [n_seq]
     std::vector<StepOutput> outputs_;
     std::vector<net::ResultRow> rows_;
+    std::vector<uint32_t> top_counts_;       // [rows with logits] alternatives each (kResultTop)
+    std::vector<net::ResultTop> top_pairs_;  // the alternatives, in row order
 
     // Counters (StatsReply).
     std::atomic<uint64_t> msgs_in_{0}, msgs_out_{0}, bytes_in_{0}, bytes_out_{0}, forward_steps_{0};

@@ -72,6 +72,7 @@ void sampling_fields(Params &p, Msg &m, F &&f) {
     f(p.mirostat_tau, m.mirostat_tau);
     f(p.mirostat_eta, m.mirostat_eta);
     f(p.seed, m.seed);
+    f(p.n_probs, m.n_probs);
 }
 
 }  // namespace
@@ -83,6 +84,7 @@ void put_sampling(const SamplerParams &params, net::SeqStart &m) {
     m.dry_breakers.clear();
     for (const DryBreaker &b : params.dry_breakers) m.dry_breakers.push_back({b.head, b.tail});
     static_assert(net::kMaxSeqLogitBias >= kMaxLogitBias);
+    static_assert(net::kMaxResultTop == static_cast<uint32_t>(kMaxNProbs));
     m.logit_bias.clear();
     for (const LogitBias &b : params.logit_bias) m.logit_bias.push_back({b.id, b.bias});
 }

@@ -59,6 +59,7 @@ Status Context::validate(const Batch &batch, const float *hidden_in) const {
     const int32_t n = batch.size();
     if (n == 0) return invalid_input("empty batch");
     if (batch.seq.size() != batch.pos.size() || batch.want_logits.size() != batch.pos.size() ||
+        (!batch.target.empty() && batch.target.size() != batch.pos.size()) ||
         (m.layer_first() == 0 && batch.token.size() != batch.pos.size()))
         return invalid_input("batch arrays have different lengths");
     if (m.layer_first() > 0 && hidden_in == nullptr)
@@ -77,13 +78,19 @@ Status Context::validate(const Batch &batch, const float *hidden_in) const {
         if (next[s] < 0 ? p > expected : p != expected)
             return invalid_input("sequence {}: position {} does not follow position {}", s, p, expected - 1);
         next[s] = p + 1;
-        if (batch.want_logits[i] > kOutDraft)
-            return invalid_input("row {}: output kind {} is unknown (0 none, 1 logits, 2 embedding, 3 draft)",
-                                 i, batch.want_logits[i]);
+        if (batch.want_logits[i] > kOutLast)
+            return invalid_input(
+                "row {}: output kind {} is unknown (0 none, 1 logits, 2 embedding, 3 draft, 4 score)", i,
+                batch.want_logits[i]);
         if (batch.want_logits[i] == kOutDraft &&
-            (i == 0 || batch.seq[i - 1] != s || !out_has_logits(batch.want_logits[i - 1])))
-            return invalid_input("row {}: a draft row must follow a row of its sequence that wants logits",
-                                 i);
+            (i == 0 || batch.seq[i - 1] != s || !out_is_sampled(batch.want_logits[i - 1])))
+            return invalid_input("row {}: a draft row must follow a row of its sequence that is sampled", i);
+        if (batch.want_logits[i] == kOutScore) {
+            const int32_t t = batch.target.size() == batch.pos.size() ? batch.target[i] : -1;
+            if (t < 0 || t >= m.hparams().n_vocab)
+                return invalid_input("row {}: a score row's target token {} is outside the vocabulary of {}",
+                                     i, t, m.hparams().n_vocab);
+        }
         if (m.layer_first() == 0) {
             const int32_t t = batch.token[i];
             if (t < 0 || t >= m.hparams().n_vocab)

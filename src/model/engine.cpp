@@ -17,6 +17,19 @@ void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab,
         Sampler *sampler = samplers[s];
         StepOutput so;
         so.seq = s;
+        const int32_t n_probs = sampler != nullptr ? sampler->params().n_probs : -1;
+        if (kind == kOutScore) {
+            // Rated, not drawn: the sampler neither draws nor sees the token.
+            so.token = batch.target[i];
+            if (sampler != nullptr) {
+                so.logprob = sampler->token_logprob(row, so.token);
+                so.mirostat_mu = sampler->mirostat_mu();
+                if (n_probs > 0) so.top = sampler->top_logprobs(row, n_probs);
+            }
+            if (want_logits[s]) so.logits.assign(row, row + n_vocab);
+            out.push_back(std::move(so));
+            continue;
+        }
         // A draft row counts only if the row before it (its sequence's, validated) drew the token it guessed;
         // once a guess fails, the sequence's later draft rows in the batch are rejected without a draw, so
         // the sampler draws exactly for the tokens the sequence keeps, as without drafts.
@@ -29,10 +42,12 @@ void sample_outputs(const Batch &batch, const float *logits, int32_t n_vocab,
             sampler->accept(so.token);
             so.mirostat_mu = sampler->mirostat_mu();
         }
-        if (want_logits[s]) {  // the log-softmax costs a pass over the vocabulary: only when asked
-            if (sampler != nullptr && !rejected) so.logprob = sampler->token_logprob(row, so.token);
-            so.logits.assign(row, row + n_vocab);
+        // The log-softmax costs a pass over the vocabulary: only when asked.
+        if ((want_logits[s] || n_probs >= 0) && sampler != nullptr && !rejected) {
+            so.logprob = sampler->token_logprob(row, so.token);
+            if (n_probs > 0) so.top = sampler->top_logprobs(row, n_probs);
         }
+        if (want_logits[s]) so.logits.assign(row, row + n_vocab);
         out.push_back(std::move(so));
     }
     if (embeddings != nullptr) add_embedding_outputs(batch, embeddings, n_embd, out);

@@ -28,8 +28,14 @@ struct StepOutput {
     // was drawn for it.
     static constexpr int32_t kRejectedToken = -2;
     int32_t seq = 0;
-    int32_t token = 0;      // sampled with the sequence's sampler (already accepted into its history)
-    float logprob = 0.0f;   // log-probability of `token` under the raw distribution (with want_logits)
+    // Sampled with the sequence's sampler (already accepted into its history); a kOutScore row's target.
+    int32_t token = 0;
+    // log-probability of `token` under the raw distribution (the log-softmax of the logits): for score rows,
+    // and for sampled rows whose sequence wants logits or n_probs.
+    float logprob = 0.0f;
+    // The row's SamplerParams::n_probs most likely tokens under the raw distribution, best first (ties: lower
+    // id); empty when n_probs <= 0.
+    std::vector<TokenProb> top;
     float mirostat_mu = 0.0f;   // the sampler's Mirostat threshold after this draw (what a resumed stream
                                 // restores: SamplerHistory::mirostat_mu)
     std::vector<float> logits;  // [n_vocab], only when the sequence was started with want_logits

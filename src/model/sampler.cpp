@@ -175,6 +175,8 @@ Status sampler_params_validate(const SamplerParams &p) {
                              p.dynatemp_range);
     if (!(std::isfinite(p.dynatemp_exponent) && p.dynatemp_exponent >= 0.0f))
         return invalid_input("dynatemp_exponent must be >= 0, got {}", p.dynatemp_exponent);
+    if (p.n_probs < -1 || p.n_probs > kMaxNProbs)
+        return invalid_input("n_probs must be in [-1, {}] (-1: off), got {}", kMaxNProbs, p.n_probs);
     if (p.mirostat < 0 || p.mirostat > 2)
         return invalid_input("mirostat must be 0 (off), 1 (Mirostat) or 2 (Mirostat 2.0), got {}",
                              p.mirostat);

@@ -117,6 +117,9 @@ inline constexpr size_t kMaxDryBreakers = 32768;    // sequences per sampler
 inline constexpr size_t kMaxDryTailTokens = 32768;  // their tails' tokens, all together
 inline constexpr size_t kMaxDryTail = 20;           // tokens in one tail (llama.cpp's cap)
 
+// The most alternatives an output reports (SamplerParams::n_probs); OpenAI's top_logprobs stops at 20.
+inline constexpr int32_t kMaxNProbs = 100;
+
 struct SamplerParams {
     // seed value meaning "pick a random seed" (from std::random_device) at construction and at each reset().
     static constexpr uint64_t seed_random = UINT64_MAX;
@@ -146,6 +149,11 @@ struct SamplerParams {
     std::vector<DryBreaker> dry_breakers;
     uint64_t seed = seed_random;
     std::vector<LogitBias> logit_bias;  // in order; a token listed twice gets both biases
+    // Not a sampling parameter: what each output of the sequence reports (llama.cpp's n_probs). -1: nothing;
+    // 0..kMaxNProbs: the log-probability of its token under the raw logits (StepOutput::logprob), and with
+    // n > 0 the n most likely tokens (StepOutput::top), computed where the logits are (a cluster's last
+    // stage) so that only these cross the network.
+    int32_t n_probs = -1;
 
     // The cheapest draw, greedy without penalties: for an engine whose token a caller replaces with its own
     // draw from the logits (constrained sampling).

@@ -58,7 +58,12 @@ Status TpOutputMerger::sample(const Batch &batch, const float *logits, const TpS
         const float *row = logits + static_cast<size_t>(o++) * n_local;  // [n_local]
         const int32_t s = batch.seq[i];
         const Sampler *sampler = samplers[s];
-        const int32_t k = sampler == nullptr ? 1 : sparse_count(sampler->params(), want_logits[s], n_vocab);
+        // A score row, and a row that reports its log-probabilities, need the whole distribution.
+        const int32_t k =
+            batch.want_logits[i] == kOutScore ? 0
+            : sampler == nullptr
+                ? 1
+                : sparse_count(sampler->params(), want_logits[s] || sampler->params().n_probs >= 0, n_vocab);
         if (k == 0) {
             put<uint32_t>(mine_, kDense | static_cast<uint32_t>(n_local));
             put<int32_t>(mine_, slice.vocab_first);

@@ -7,7 +7,8 @@
 //   top_k in 1..kTpSparseTopK, no penalties
 //                                    each rank's top_k (id, logit) by (logit desc, id asc): the global top_k
 //                                    is among them, and top_p / min_p / temperature act on those only
-//   otherwise (penalties or a logit bias move tokens; top_k off; Mirostat; want_logits)
+//   otherwise (penalties or a logit bias move tokens; top_k off; Mirostat; want_logits; n_probs;
+//   a kOutScore row)
 //                                    the rank's whole slice of logits
 // Rank 0 lays the candidates into a row of n_vocab logits, the others -inf, and runs the sequence's own
 // Sampler on it, so a seed gives the same tokens as one machine would given the same logits (-inf tokens are

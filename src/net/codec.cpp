@@ -636,7 +636,8 @@ Status seq_start_fields(Io &io, M &m) {
     TD_TRY(io.field(m.mirostat, "mirostat"));
     TD_TRY(io.finite(m.mirostat_tau, "mirostat_tau"));
     TD_TRY(io.finite(m.mirostat_eta, "mirostat_eta"));
-    return io.field(m.mirostat_mu, "mirostat_mu");
+    TD_TRY(io.field(m.mirostat_mu, "mirostat_mu"));
+    return io.field(m.n_probs, "n_probs");
 }
 
 void encode(const SeqStart &m, std::vector<uint8_t> &out) {
@@ -668,6 +669,8 @@ Result<SeqStart> decode_seq_start(std::span<const uint8_t> payload) {
     if (std::isinf(m.mirostat_mu))
         return invalid_input("seq_start: mirostat_mu is {} (finite, or NaN for the start value)",
                              m.mirostat_mu);
+    if (m.n_probs < -1 || m.n_probs > static_cast<int32_t>(kMaxResultTop))
+        return invalid_input("seq_start: n_probs {} is outside -1..{}", m.n_probs, kMaxResultTop);
     return m;
 }
 
@@ -735,9 +738,10 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
     TD_TRY(r.field(h.n_embd, "n_embd"));
     TD_TRY(r.field(h.wire, "wire"));
     TD_TRY(r.field(h.flags, "flags"));
-    constexpr uint32_t known = kForwardTokens | kForwardRowTokens;
+    constexpr uint32_t known = kForwardTokens | kForwardRowTokens | kForwardTargets;
     if (h.flags & ~known) return invalid_input("forward: unknown flags 0x{:x}", h.flags & ~known);
-    if ((h.flags & known) == known) return invalid_input("forward: token rows cannot carry token ids again");
+    if ((h.flags & kForwardTokens) && (h.flags & kForwardRowTokens))
+        return invalid_input("forward: token rows cannot carry token ids again");
     if (h.n_rows == 0 || h.n_rows > kMaxBatchRows) {
         return invalid_input("forward: n_rows {} is outside 1..{}", h.n_rows, kMaxBatchRows);
     }
@@ -753,7 +757,9 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
         }
     }
     const bool row_tokens = (h.flags & kForwardRowTokens) != 0;
-    const uint64_t ids = tokens || row_tokens ? uint64_t{4} * h.n_rows : 0;
+    const bool targets = (h.flags & kForwardTargets) != 0;
+    const uint64_t ids =
+        (tokens || row_tokens ? uint64_t{4} * h.n_rows : 0) + (targets ? uint64_t{4} * h.n_rows : 0);
     const uint64_t body = ids + (tokens ? 0 : uint64_t{h.n_rows} * wire_row_bytes(wire, h.n_embd));
     const ForwardLayout l = forward_layout(h.n_rows, body);
     if (l.total != payload.size()) {
@@ -770,16 +776,30 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
             return invalid_input("forward: row {} has pos {} seq {} (must not be negative)", i, v.pos[i],
                                  v.seq[i]);
         }
-        if (v.want[i] > kWantDraft)
-            return invalid_input("forward: row {} want must be 0, 1, 2 or 3, got {}", i, v.want[i]);
+        if (v.want[i] > kWantScore)
+            return invalid_input("forward: row {} want must be 0, 1, 2, 3 or 4, got {}", i, v.want[i]);
+        if (v.want[i] == kWantScore && !targets)
+            return invalid_input("forward: row {} is a score row but the step carries no targets", i);
     }
     for (size_t i = l.want + h.n_rows; i < l.body; ++i) {
         if (p[i] != 0) return invalid_input("forward: padding byte at offset {} is {}, must be 0", i, p[i]);
     }
+    size_t at = l.body;
     if (tokens || row_tokens) {
-        v.token = {reinterpret_cast<const int32_t *>(p + l.body), h.n_rows};
+        v.token = {reinterpret_cast<const int32_t *>(p + at), h.n_rows};
+        at += 4 * size_t{h.n_rows};
         for (uint32_t i = 0; i < h.n_rows; ++i) {
             if (v.token[i] < 0) return invalid_input("forward: row {} has negative token {}", i, v.token[i]);
+        }
+    }
+    if (targets) {
+        v.target = {reinterpret_cast<const int32_t *>(p + at), h.n_rows};
+        for (uint32_t i = 0; i < h.n_rows; ++i) {
+            const bool score = v.want[i] == kWantScore;
+            if (score ? v.target[i] < 0 : v.target[i] != -1)
+                return invalid_input(
+                    "forward: row {} has target {} ({})", i, v.target[i],
+                    score ? "a score row's must not be negative" : "must be -1 off score rows");
         }
     }
     if (!tokens) v.hidden = payload.subspan(l.body + ids);
@@ -788,7 +808,7 @@ Result<ForwardView> decode_forward(std::span<const uint8_t> payload) {
 
 void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, std::span<const uint8_t> want,
                     std::span<const int32_t> tokens, const float *hidden, uint32_t n_embd, WireType wire,
-                    std::vector<uint8_t> &out) {
+                    std::vector<uint8_t> &out, std::span<const int32_t> targets) {
     const size_t n_rows = pos.size();
     const bool with_tokens = !tokens.empty();
     const bool with_hidden = hidden != nullptr;
@@ -799,13 +819,16 @@ void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, 
     TD_ASSERT(n_embd <= kMaxEmbd, "forward: n_embd {} over the limit", n_embd);
     TD_ASSERT(with_tokens || with_hidden, "forward: rows need tokens or hidden data");
     if (with_tokens) TD_ASSERT(tokens.size() == n_rows, "forward: tokens need one per row");
+    const bool with_targets = !targets.empty();
+    if (with_targets) TD_ASSERT(targets.size() == n_rows, "forward: targets need one per row");
     if (with_hidden) {
         TD_ASSERT(n_embd > 0, "forward: hidden rows need n_embd > 0");
         TD_ASSERT(wire != WireType::q8_0 || n_embd % kWireQ8Block == 0,
                   "forward: q8_0 needs n_embd % 32 == 0");
     }
     const size_t row_bytes = wire_row_bytes(wire, n_embd);
-    const size_t ids = with_tokens ? 4 * n_rows : 0;
+    const size_t n_tokens_bytes = with_tokens ? 4 * n_rows : 0;
+    const size_t ids = n_tokens_bytes + (with_targets ? 4 * n_rows : 0);
     const ForwardLayout l = forward_layout(n_rows, ids + (with_hidden ? n_rows * row_bytes : 0));
     out.resize(l.total);  // capacity is kept across calls: no allocation once the largest step has been seen
     uint8_t *p = out.data();
@@ -813,7 +836,10 @@ void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, 
     h.n_rows = static_cast<uint32_t>(n_rows);
     h.n_embd = n_embd;
     h.wire = static_cast<uint32_t>(wire);
-    h.flags = !with_tokens ? 0 : with_hidden ? kForwardRowTokens : kForwardTokens;
+    h.flags = (!with_tokens  ? 0
+               : with_hidden ? kForwardRowTokens
+                             : kForwardTokens) |
+              (with_targets ? kForwardTargets : 0);
     put_at(p + 0, h.n_rows);
     put_at(p + 4, h.n_embd);
     put_at(p + 8, h.wire);
@@ -822,7 +848,8 @@ void encode_forward(std::span<const int32_t> pos, std::span<const int32_t> seq, 
     std::memcpy(p + l.seq, seq.data(), 4 * n_rows);
     std::memcpy(p + l.want, want.data(), n_rows);
     std::memset(p + l.want + n_rows, 0, l.body - l.want - n_rows);
-    if (with_tokens) std::memcpy(p + l.body, tokens.data(), ids);
+    if (with_tokens) std::memcpy(p + l.body, tokens.data(), n_tokens_bytes);
+    if (with_targets) std::memcpy(p + l.body + n_tokens_bytes, targets.data(), 4 * n_rows);
     if (!with_hidden) {
     } else if (wire == WireType::f32) {
         std::memcpy(p + l.body + ids, hidden, n_rows * row_bytes);
@@ -857,12 +884,27 @@ ResultRow ResultView::row(uint32_t i) const {
     return r;
 }
 
+uint32_t ResultView::top_count(uint32_t i) const {
+    TD_ASSERT(i < top_counts.size() / 4, "result alternative count {} of {}", i, top_counts.size() / 4);
+    uint32_t c = 0;
+    std::memcpy(&c, top_counts.data() + 4 * size_t{i}, 4);
+    return c;
+}
+
+ResultTop ResultView::top_pair(uint64_t k) const {
+    TD_ASSERT(k < top_pairs.size() / 8, "result alternative {} of {}", k, top_pairs.size() / 8);
+    ResultTop t;
+    std::memcpy(&t.id, top_pairs.data() + 8 * k, 4);
+    std::memcpy(&t.logprob, top_pairs.data() + 8 * k + 4, 4);
+    return t;
+}
+
 Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vocab, uint32_t n_embd) {
     Reader r("result", payload);
     ResultView v;
     TD_TRY(r.field(v.n_outputs, "n_outputs"));
     TD_TRY(r.field(v.flags, "flags"));
-    constexpr uint32_t known = kResultLogits | kResultEmbeddings;
+    constexpr uint32_t known = kResultLogits | kResultEmbeddings | kResultTop;
     if (v.flags & ~known) return invalid_input("result: unknown flags 0x{:x}", v.flags & ~known);
     if (v.n_outputs > kMaxBatchRows) {
         return invalid_input("result: n_outputs {} exceeds the limit of {}", v.n_outputs, kMaxBatchRows);
@@ -879,8 +921,36 @@ Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vo
     for (uint32_t i = 0; i < v.n_outputs; ++i) v.n_embedding_rows += v.row(i).token == kEmbeddingRowToken;
     if (v.n_embedding_rows > 0 && !embeddings)
         return invalid_input("result: {} embedding rows without their embeddings", v.n_embedding_rows);
-    const uint64_t logits_bytes = logits ? uint64_t{v.n_outputs - v.n_embedding_rows} * n_vocab * 4 : 0;
-    uint64_t at = 8 + rows_bytes + logits_bytes;
+    const uint32_t n_logit_rows = v.n_outputs - v.n_embedding_rows;
+    uint64_t top_bytes = 0;
+    if (v.flags & kResultTop) {
+        const uint64_t counts_at = 8 + rows_bytes;
+        if (payload.size() < counts_at + uint64_t{4} * n_logit_rows)
+            return invalid_input("result: {} rows' alternative counts need {} bytes, payload has {}",
+                                 n_logit_rows, counts_at + uint64_t{4} * n_logit_rows, payload.size());
+        v.top_counts = payload.subspan(counts_at, uint64_t{4} * n_logit_rows);
+        uint64_t n_pairs = 0;
+        for (uint32_t i = 0; i < n_logit_rows; ++i) {
+            if (v.top_count(i) > kMaxResultTop)
+                return invalid_input("result: row {} has {} alternatives, limit {}", i, v.top_count(i),
+                                     kMaxResultTop);
+            n_pairs += v.top_count(i);
+        }
+        const uint64_t pairs_at = counts_at + uint64_t{4} * n_logit_rows;
+        if (payload.size() < pairs_at + 8 * n_pairs)
+            return invalid_input("result: {} alternatives need {} bytes, payload has {}", n_pairs,
+                                 pairs_at + 8 * n_pairs, payload.size());
+        v.top_pairs = payload.subspan(pairs_at, 8 * n_pairs);
+        for (uint64_t k = 0; k < n_pairs; ++k) {
+            const ResultTop t = v.top_pair(k);
+            if (t.id < 0 || (n_vocab > 0 && static_cast<uint32_t>(t.id) >= n_vocab) || std::isnan(t.logprob))
+                return invalid_input("result: alternative {} is token {} with logprob {}", k, t.id,
+                                     t.logprob);
+        }
+        top_bytes = uint64_t{4} * n_logit_rows + 8 * n_pairs;
+    }
+    const uint64_t logits_bytes = logits ? uint64_t{n_logit_rows} * n_vocab * 4 : 0;
+    uint64_t at = 8 + rows_bytes + top_bytes + logits_bytes;
     if (embeddings) {
         if (payload.size() < at + 4)
             return invalid_input("result: the embeddings' width is missing ({} bytes)", payload.size());
@@ -899,13 +969,14 @@ Result<ResultView> decode_result(std::span<const uint8_t> payload, uint32_t n_vo
             embeddings ? fmt::format(", {} embeddings of {}", v.n_embedding_rows, v.n_embd) : std::string(),
             total, payload.size());
     }
-    v.logits = payload.subspan(8 + rows_bytes, logits_bytes);
+    v.logits = payload.subspan(8 + rows_bytes + top_bytes, logits_bytes);
     v.embeddings = payload.subspan(at, embd_bytes);
     return v;
 }
 
 void encode_result(std::span<const ResultRow> rows, const float *logits, uint32_t n_vocab,
-                   const float *embeddings, uint32_t n_embd, std::vector<uint8_t> &out) {
+                   const float *embeddings, uint32_t n_embd, std::vector<uint8_t> &out,
+                   std::span<const uint32_t> top_counts, std::span<const ResultTop> top_pairs) {
     const size_t n = rows.size();
     TD_ASSERT(n <= kMaxBatchRows, "result: {} outputs over the limit", n);
     TD_ASSERT(logits == nullptr || n_vocab > 0, "result: logits need n_vocab > 0");
@@ -914,12 +985,26 @@ void encode_result(std::span<const ResultRow> rows, const float *logits, uint32_
     TD_ASSERT(n_emb == 0 || (embeddings != nullptr && n_embd > 0),
               "result: {} embedding rows need their values", n_emb);
     const bool with_embeddings = n_emb > 0;
+    const bool with_top = !top_counts.empty();
+    if (with_top) {
+        TD_ASSERT(top_counts.size() == n - n_emb, "result: {} alternative counts for {} rows",
+                  top_counts.size(), n - n_emb);
+        size_t n_pairs = 0;
+        for (uint32_t c : top_counts) {
+            TD_ASSERT(c <= kMaxResultTop, "result: {} alternatives over the limit", c);
+            n_pairs += c;
+        }
+        TD_ASSERT(n_pairs == top_pairs.size(), "result: {} alternatives, counts say {}", top_pairs.size(),
+                  n_pairs);
+    }
+    const size_t top_bytes = with_top ? 4 * top_counts.size() + 8 * top_pairs.size() : 0;
     const size_t logits_bytes = logits ? (n - n_emb) * n_vocab * 4 : 0;
     const size_t embd_bytes = with_embeddings ? 4 + n_emb * n_embd * 4 : 0;
-    out.resize(8 + n * kResultRowBytes + logits_bytes + embd_bytes);
+    out.resize(8 + n * kResultRowBytes + top_bytes + logits_bytes + embd_bytes);
     uint8_t *p = out.data();
     put_at(p + 0, static_cast<uint32_t>(n));
-    put_at(p + 4, (logits ? kResultLogits : 0u) | (with_embeddings ? kResultEmbeddings : 0u));
+    put_at(p + 4, (logits ? kResultLogits : 0u) | (with_embeddings ? kResultEmbeddings : 0u) |
+                      (with_top ? kResultTop : 0u));
     for (size_t i = 0; i < n; ++i) {
         uint8_t *q = p + 8 + i * kResultRowBytes;
         put_at(q + 0, rows[i].seq);
@@ -928,6 +1013,15 @@ void encode_result(std::span<const ResultRow> rows, const float *logits, uint32_
         put_at(q + 12, rows[i].mirostat_mu);
     }
     uint8_t *at = p + 8 + n * kResultRowBytes;
+    if (with_top) {
+        std::memcpy(at, top_counts.data(), 4 * top_counts.size());
+        at += 4 * top_counts.size();
+        for (const ResultTop &t : top_pairs) {
+            put_at(at, t.id);
+            put_at(at + 4, t.logprob);
+            at += 8;
+        }
+    }
     if (logits) std::memcpy(at, logits, logits_bytes);
     at += logits_bytes;
     if (with_embeddings) {

@@ -33,7 +33,7 @@
 namespace td::net {
 
 inline constexpr uint32_t kMagic = 0x314d4454;  // "TDM1" read as little-endian u32
-inline constexpr uint16_t kProtocolVersion = 17;
+inline constexpr uint16_t kProtocolVersion = 18;
 inline constexpr size_t kHeaderBytes = 32;
 
 inline constexpr size_t kMaxString = 4096;                           // names, messages, build ids, addresses
@@ -284,13 +284,18 @@ struct StageReady {
 
 // One pipeline step. Fixed part: u32 n_rows, u32 n_embd, u32 wire, u32 flags.
 // Then: i32 pos[n_rows], i32 seq[n_rows], u8 want[n_rows] padded to 4 bytes (0 none, 1 logits, 2 embedding,
-// 3 draft),
+// 3 draft, 4 score),
 // then either i32 token[n_rows] (flag kForwardTokens: first stage input) or hidden rows
 // (n_rows * wire_row_bytes(wire, n_embd) bytes); with kForwardRowTokens (v12; set when a row is a draft, want
 // 3), the hidden rows follow i32 token[n_rows] too: the last stage compares a draft row's token, the guess,
-// with what its sequence samples at the row before.
+// with what its sequence samples at the row before. With kForwardTargets (v18; set exactly when a row is a
+// score row, want 4), i32 target[n_rows] follows the token ids (or takes their place), before any hidden
+// rows: a score row's is the token whose log-probability its result reports (>= 0), the others' -1.
+//
+//   | header 16 | pos 4n | seq 4n | want n, pad4 | [token 4n] | [target 4n] | [hidden rows] |
 inline constexpr uint32_t kForwardTokens = 1u << 0;
 inline constexpr uint32_t kForwardRowTokens = 1u << 1;
+inline constexpr uint32_t kForwardTargets = 1u << 2;
 struct ForwardHeader {
     uint32_t n_rows = 0;
     uint32_t n_embd = 0;
@@ -300,12 +305,25 @@ struct ForwardHeader {
 
 // Sampled tokens for the rows that wanted logits, and the rows that wanted an embedding (v11), in row order.
 // Fixed part: u32 n_outputs, u32 flags. Then per output: i32 seq, i32 token, f32 logprob, f32 mirostat_mu
-// (v17: the sampler's Mirostat threshold after the draw); an embedding row has token kEmbeddingRowToken. With
-// kResultLogits: followed by (n_outputs - embedding rows) * n_vocab f32 logits, the other rows' in order
-// (only when a seq asked for them in SeqStart). With kResultEmbeddings (set exactly when there are embedding
-// rows): then u32 n_embd and (embedding rows) * n_embd f32, the rows' final-normed hidden states in order.
+// (v17: the sampler's Mirostat threshold after the draw); an embedding row has token kEmbeddingRowToken; a
+// score row (v18) has its target and the target's log-probability. With kResultTop (v18; set when a seq asked
+// for n_probs > 0 in SeqStart): then u32 n_top[logits rows] (each <= kMaxResultTop; the rows that are not
+// embedding rows, in order) and sum(n_top) pairs (i32 id, f32 logprob), each row's most likely tokens best
+// first. With kResultLogits: followed by (n_outputs - embedding rows) * n_vocab f32 logits, the other rows'
+// in order (only when a seq asked for them in SeqStart). With kResultEmbeddings (set exactly when there are
+// embedding rows): then u32 n_embd and (embedding rows) * n_embd f32, the rows' final-normed hidden states in
+// order.
+//
+//   | 8 | rows 16n | [n_top 4m, pairs 8k] | [logits 4 m n_vocab] | [n_embd 4, embeddings] |
 inline constexpr uint8_t kWantEmbedding = 2;  // forward want: the row's embedding
 inline constexpr uint8_t kWantDraft = 3;      // forward want (v12): logits, sampled only if its guess held
+inline constexpr uint8_t kWantScore = 4;      // forward want (v18): logits, its target's log-probability
+inline constexpr uint32_t kResultTop = 1u << 2;
+inline constexpr uint32_t kMaxResultTop = 100;  // alternatives per row (SamplerParams' kMaxNProbs)
+struct ResultTop {                              // i32 id, f32 logprob
+    int32_t id = 0;
+    float logprob = 0.0f;
+};
 inline constexpr int32_t kEmbeddingRowToken = -1;
 inline constexpr int32_t kRejectedRowToken = -2;  // (v12) a draft row whose guess failed: nothing drawn
 inline constexpr uint32_t kResultLogits = 1u << 0;
@@ -372,6 +390,9 @@ struct SeqStart {  // sampling parameters, applied on the last stage; clears the
     float mirostat_tau = 5.0f;
     float mirostat_eta = 0.1f;
     float mirostat_mu = std::numeric_limits<float>::quiet_NaN();
+    // v18: what each output reports (SamplerParams::n_probs): -1 nothing, 0 its token's log-probability, up
+    // to kMaxResultTop also that many most likely tokens.
+    int32_t n_probs = -1;
 };
 
 struct SeqClear {

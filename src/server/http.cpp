@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "core/build-id.h"
 #include "core/log.h"
@@ -67,13 +68,18 @@ public:
         for (size_t i = 0; i < choices_.size(); ++i) {
             if (meta_.kind == ApiKind::chat)
                 out += sse_event(chunk_json(meta_, index(i), "", /*role_first=*/true, nullptr, -1, {}));
-            else if (!choices_[i].echo.empty())
-                out += sse_event(chunk_json(meta_, index(i), choices_[i].echo, false, nullptr, -1, {}));
+            else if (!choices_[i].echo.empty() && !echo_logprobs_)
+                out += sse_event(
+                    chunk_json(meta_, index(i), std::exchange(choices_[i].echo, {}), false, nullptr, -1, {}));
         }
         return out;
     }
-    // Completions' echo: choice `choice` starts with this text (its prompt).
-    void set_echo(size_t choice, std::string text) { choices_[choice].echo = std::move(text); }
+    // Completions' echo: choice `choice` starts with this text (its prompt). With logprobs, the text goes
+    // with the prompt's log-probabilities, in the chunk that brings them.
+    void set_echo(size_t choice, std::string text, bool with_logprobs) {
+        choices_[choice].echo = std::move(text);
+        echo_logprobs_ = with_logprobs;
+    }
     // Tool calls: text that is or may become a call is held back (ToolCallStream) and, when the reply ends,
     // sent as delta.tool_calls chunks; the rest streams as content.
     void enable_tool_calls(bool parallel, std::function<std::string()> new_id) {
@@ -82,6 +88,12 @@ public:
         new_id_ = std::move(new_id);
     }
     std::string delta(size_t choice, const StreamEvent &ev) override {
+        if (!ev.prompt_logprobs.empty()) {  // an echoed prompt's tokens (its text with the first of them)
+            std::string text = std::exchange(choices_[choice].echo, std::string());
+            if (text.empty() && n_logprobs_ < 0) return "";
+            return sse_event(
+                chunk_json(meta_, index(choice), text, false, nullptr, n_logprobs_, ev.prompt_logprobs));
+        }
         auto &tools = choices_[choice].tools;
         if (!tools)
             return sse_event(
@@ -124,6 +136,7 @@ private:
     size_t n_per_prompt_ = 1;
     bool include_usage_ = false;
     int32_t n_logprobs_ = -1;
+    bool echo_logprobs_ = false;
     Usage usage_;
     bool parallel_ = true;
     std::function<std::string()> new_id_;
@@ -172,7 +185,8 @@ bool pump_stream(StreamState &st, HttpStream &sink) {
             sink_write(sink, st.format->error(ev.error));
             return true;
         }
-        if ((!ev.text.empty() || !ev.logprobs.empty()) && !sink_write(sink, st.format->delta(choice, ev)))
+        if ((!ev.text.empty() || !ev.logprobs.empty() || !ev.prompt_logprobs.empty()) &&
+            !sink_write(sink, st.format->delta(choice, ev)))
             return give_up();
         if (ev.kind == StreamEvent::Kind::done) {
             if (!sink_write(sink, st.format->done(choice, ev))) return give_up();
@@ -325,6 +339,7 @@ std::shared_ptr<StreamSet> HttpServer::Impl::start_generation(const HttpRequest 
                 job.sampling.logit_bias.push_back({id, -std::numeric_limits<float>::infinity()});
     job.max_tokens = r.max_tokens;
     job.n_logprobs = r.n_logprobs;
+    job.n_prompt_logprobs = r.n_prompt_logprobs;
     job.stop.insert(job.stop.end(), r.stop.begin(), r.stop.end());
     job.cache_prompt = r.cache_prompt;
     job.n_draft = r.n_draft;
@@ -378,6 +393,8 @@ std::optional<std::vector<Answer>> HttpServer::Impl::collect(const HttpRequest &
         Answer &a = answers[i];
         if (!ev.text.empty() && a.text.empty()) a.t_first = std::chrono::steady_clock::now();
         a.text += ev.text;
+        // A scored prompt's tokens come first (completions' echo), then the generated ones.
+        for (TokenLogprob &lp : ev.prompt_logprobs) a.logprobs.push_back(std::move(lp));
         for (TokenLogprob &lp : ev.logprobs) a.logprobs.push_back(std::move(lp));
         if (ev.kind == StreamEvent::Kind::error) {
             streams.cancel();  // the other choices, if any
@@ -458,7 +475,7 @@ void HttpServer::Impl::handle_generate(const HttpRequest &req, HttpResponse &res
     auto format = std::make_unique<SseFormat>(
         std::move(meta), streams->size(), static_cast<size_t>(r.n_choices), r.include_usage, r.n_logprobs);
     if (!echo.empty())
-        for (size_t i = 0; i < streams->size(); ++i) format->set_echo(i, echo_of(i));
+        for (size_t i = 0; i < streams->size(); ++i) format->set_echo(i, echo_of(i), r.n_logprobs >= 0);
     if (r.uses_tools()) {
         const ChatFormatter *chat = be.chat;
         format->enable_tool_calls(r.parallel_tool_calls, [chat] { return chat->new_tool_call_id(); });

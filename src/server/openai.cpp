@@ -332,10 +332,12 @@ json completion_logprobs_json(const std::vector<TokenLogprob> &lps, size_t offse
     size_t offset = offset0;
     for (const TokenLogprob &lp : lps) {
         tokens.push_back(lp.piece);
-        token_lps.push_back(lp.logprob);
+        // An echoed prompt's first token has no log-probability: null, as OpenAI and vLLM give it.
+        const bool none = std::isnan(lp.logprob);
+        token_lps.push_back(none ? json(nullptr) : json(lp.logprob));
         json top = json::object();
         for (const TokenAlternative &alt : lp.top) top[alt.piece] = alt.logprob;
-        tops.push_back(std::move(top));
+        tops.push_back(none ? json(nullptr) : std::move(top));
         offsets.push_back(offset);
         offset += lp.piece.size();
     }
@@ -557,13 +559,23 @@ Result<ApiRequest> parse_completion_request(std::string_view body, bool prompt_r
 }
 
 Result<ApiRequest> parse_openai_completion(std::string_view body) {
-    TD_ASSIGN_OR_RETURN(ApiRequest r, parse_completion_request(body));
     TD_ASSIGN_OR_RETURN(json j, parse_object(body));
-    TD_TRY(get_bool(j, "echo", r.echo));
-    if (r.echo && r.n_logprobs >= 0)
-        return invalid_input(
-            "'echo' with 'logprobs' needs the prompt's log-probabilities, which this server does not "
-            "compute");
+    bool echo = false;
+    TD_TRY(get_bool(j, "echo", echo));
+    // OpenAI's max_tokens 0 with echo: the prompt alone, with its log-probabilities when asked (how lm-eval
+    // and others score a text). The common parser, which the other APIs share, takes at least 1.
+    const json *max_tokens = field(j, "max_tokens");
+    const bool score_only =
+        echo && max_tokens != nullptr && max_tokens->is_number_integer() && max_tokens->get<int64_t>() == 0;
+    std::string rest;
+    if (score_only) {
+        j.erase("max_tokens");
+        rest = j.dump();
+    }
+    TD_ASSIGN_OR_RETURN(ApiRequest r, parse_completion_request(score_only ? std::string_view(rest) : body));
+    r.echo = echo;
+    if (score_only) r.max_tokens = 0;
+    if (echo && (r.n_logprobs >= 0 || score_only)) r.n_prompt_logprobs = std::max(r.n_logprobs, 0);
     int64_t best_of = 0;
     bool has = false;
     TD_TRY(get_int(j, "best_of", best_of, has));
@@ -576,6 +588,10 @@ Result<ApiRequest> parse_openai_completion(std::string_view body) {
             if (r.prompts.size() != 1 || r.prompts[0].is_tokens)
                 return invalid_input(
                     "'suffix' needs one prompt given as text (the text before the insertion)");
+            if (r.n_prompt_logprobs >= 0)
+                return invalid_input(
+                    "'suffix' cannot be used with 'echo' and 'logprobs' or 'max_tokens': 0: the model reads "
+                    "a fill-in-the-middle prompt, not the text it would score");
             r.infill = InfillInput{std::move(r.prompts[0].text), v->get<std::string>(), {}};
             r.prompts[0] = ApiRequest::Prompt{};
         }

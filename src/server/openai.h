@@ -88,6 +88,9 @@ struct ApiRequest {
     bool cache_prompt = true;  // llama-server's cache_prompt: false computes the whole prompt again
     bool ignore_eos = false;   // llama-server's and vLLM's: end-of-generation tokens are never drawn
     bool echo = false;         // completions: each choice's text starts with its prompt
+    // completions' echo with logprobs (or max_tokens 0): the prompt's tokens are scored and listed first,
+    // with this many top ones (GenerationJob::n_prompt_logprobs); -1: not.
+    int32_t n_prompt_logprobs = -1;
     int32_t n_draft = -1;      // speculative.n_max; -1: the server's
     std::shared_ptr<const JsonSchema> schema;  // response_format json_object / json_schema; null: text
     std::shared_ptr<const Grammar> grammar;    // grammar (GBNF, llama-server's); null: none

@@ -147,6 +147,9 @@ struct Scheduler::Slot {
     std::unique_ptr<Detokenizer> detok;
     std::unique_ptr<StopStringMatcher> stop;
     std::vector<TokenLogprob> pending_lp;
+    int32_t n_scored = 0;  // prompt tokens whose log-probability came back (n_prompt_logprobs; the first too)
+    int32_t n_score_left = 0;  // complete_step: score outputs of this slot still to come in the step's
+    std::vector<TokenLogprob> pending_prompt_lp;
     // Structured output or a grammar: the request's sampler and where the reply is in its document.
     std::unique_ptr<ConstrainedSampler> constrained;
     std::vector<float> embd;             // an embedding job: what its rows pooled into so far
@@ -206,8 +209,12 @@ Status Scheduler::check_job(const GenerationJob &job) const {
     }
     TD_TRY(sampler_params_validate(job.sampling));
     TD_TRY(logit_bias_validate(job.sampling, engine_.n_vocab()));
-    if (job.max_tokens == 0 || job.max_tokens < -1)
-        return invalid_input("max_tokens must be at least 1, got {}", job.max_tokens);
+    if (job.max_tokens < -1 || (job.max_tokens == 0 && job.n_prompt_logprobs < 0))
+        return invalid_input("max_tokens must be at least 1 (0 only to score the prompt), got {}",
+                             job.max_tokens);
+    if (job.n_logprobs > kMaxNProbs || job.n_prompt_logprobs > kMaxNProbs)
+        return invalid_input("at most {} log-probabilities per token, got {}", kMaxNProbs,
+                             std::max(job.n_logprobs, job.n_prompt_logprobs));
     if (job.max_tokens > 0 && static_cast<int64_t>(n_prompt) + job.max_tokens > n_ctx_)
         return invalid_input("prompt ({} tokens) plus max_tokens ({}) exceeds the context size {}", n_prompt,
                              job.max_tokens, n_ctx_);
@@ -318,8 +325,9 @@ void Scheduler::admit() {
         }
         // At least the last prompt token is computed: its row gives the first token (or the embedding with
         // last pooling; the other poolings need every row).
-        const bool reuse =
-            p.job.cache_prompt && (p.job.embed == Pooling::unset || p.job.embed == Pooling::last);
+        // A scored prompt is computed whole: every row reports its next token's log-probability.
+        const bool reuse = p.job.cache_prompt && p.job.n_prompt_logprobs < 0 &&
+                           (p.job.embed == Pooling::unset || p.job.embed == Pooling::last);
         const size_t cap = reuse ? p.job.prompt.size() - 1 : 0;
         Slot *best = nullptr;
         size_t best_k = 0;
@@ -408,7 +416,7 @@ void Scheduler::admit() {
         slot.n_past = keep;
         slot.n_done = keep;
         slot.n_generated = 0;
-        slot.limit = slot.job.max_tokens > 0 ? slot.job.max_tokens : n_ctx_ - n_prompt;
+        slot.limit = slot.job.max_tokens >= 0 ? slot.job.max_tokens : n_ctx_ - n_prompt;
         slot.last_token = -1;
         slot.generating = false;
         slot.ended = false;
@@ -423,6 +431,18 @@ void Scheduler::admit() {
         slot.detok = std::make_unique<Detokenizer>(tokenizer_, Detokenizer::Start::continuation);
         slot.stop = std::make_unique<StopStringMatcher>(slot.job.stop);
         slot.pending_lp.clear();
+        slot.n_scored = 0;
+        slot.n_score_left = 0;
+        slot.pending_prompt_lp.clear();
+        if (slot.job.n_prompt_logprobs >= 0) {
+            // Nothing predicts the first token: its entry has no log-probability.
+            TokenLogprob first;
+            first.id = slot.job.prompt[0];
+            first.piece = tokenizer_.token_to_piece(first.id);
+            first.logprob = std::numeric_limits<float>::quiet_NaN();
+            slot.pending_prompt_lp.push_back(std::move(first));
+            slot.n_scored = 1;
+        }
         slot.constrained.reset();
         slot.embd.clear();
         slot.n_embd_rows = 0;
@@ -515,6 +535,7 @@ bool Scheduler::build_step(InFlight &step) {
     step.seqs.clear();
     step.past.clear();
     step.prompt_done.clear();
+    step.n_scored.clear();
     step.n_prompt_rows = 0;
     // Decode rows: the generating slots are dealt into depth_ micro-batches of about equal size.
     int32_t n_generating = 0;
@@ -557,6 +578,7 @@ bool Scheduler::build_step(InFlight &step) {
         }
         step.seqs.push_back(slot.seq);
         step.past.push_back(slot.n_past);
+        step.n_scored.push_back(0);
         n_decode++;
     }
     // Prompt chunks fill the rest of the step, oldest request first.
@@ -573,8 +595,17 @@ bool Scheduler::build_step(InFlight &step) {
         const int32_t n_prompt = static_cast<int32_t>(slot->job.prompt.size());
         const int32_t n = std::min(budget, n_prompt - slot->n_prefilled);
         const Pooling embed = slot->job.embed;
+        int32_t n_scored = 0;
         for (int32_t i = 0; i < n; ++i) {
             const int32_t p = slot->n_prefilled + i;
+            // A scored prompt's rows rate the token after them, those of the request's own prompt not rated
+            // yet (a resumed stream's replay skips what was sent).
+            if (slot->job.n_prompt_logprobs >= 0 && p + 1 < slot->n_prompt && p + 1 >= slot->n_scored) {
+                batch_.add_score(slot->job.prompt[p], p, slot->seq, slot->job.prompt[p + 1]);
+                slot->fed.push_back(slot->job.prompt[p]);
+                n_scored++;
+                continue;
+            }
             uint8_t out = p == n_prompt - 1 ? kOutLogits : kOutNone;
             if (embed != Pooling::unset)
                 out = embed == Pooling::none || embed == Pooling::mean || (embed == Pooling::cls && p == 0) ||
@@ -589,6 +620,7 @@ bool Scheduler::build_step(InFlight &step) {
         slot->n_in_flight++;
         step.seqs.push_back(slot->seq);
         step.past.push_back(slot->n_past);
+        step.n_scored.push_back(n_scored);
         if (slot->n_prefilled == n_prompt) step.prompt_done.push_back(slot->seq);
         step.n_prompt_rows += n;
     }
@@ -684,7 +716,11 @@ bool Scheduler::resume_slots() {
 }
 
 SamplerParams Scheduler::engine_sampling(const GenerationJob &job) const {
-    return constrained(job) ? SamplerParams::plain_greedy() : job.sampling;  // the engine's draw is not used
+    // A constrained job's draw is the head's, from whole logits: the engine's is not used.
+    SamplerParams p = constrained(job) ? SamplerParams::plain_greedy() : job.sampling;
+    // The engine reports log-probabilities where the logits are: only they cross a cluster.
+    p.n_probs = std::max(job.n_logprobs, job.n_prompt_logprobs);
+    return p;
 }
 
 int32_t Scheduler::sample_constrained(Slot &slot, const StepOutput &out) {
@@ -893,6 +929,7 @@ void Scheduler::complete_step(double &engine_seconds) {
             Slot &slot = slots_[step.seqs[i]];
             slot.n_in_flight--;
             slot.n_done = std::max(slot.n_done, step.past[i]);
+            slot.n_score_left = step.n_scored[i];
         }
         int32_t n_sampled = 0;
         int32_t prev_seq = -1;  // a slot's outputs come together, in row order
@@ -901,6 +938,11 @@ void Scheduler::complete_step(double &engine_seconds) {
             Slot &slot = slots_[out.seq];
             if (slot.job.embed != Pooling::unset) {
                 on_embedding(slot, out);
+                continue;
+            }
+            if (slot.n_score_left > 0) {  // a slot's score rows come first: its outputs are in row order
+                slot.n_score_left--;
+                on_prompt_score(slot, out);
                 continue;
             }
             if (out.token == StepOutput::kRejectedToken) {
@@ -926,6 +968,8 @@ void Scheduler::complete_step(double &engine_seconds) {
                 next_draft_budget(slot.draft_budget, slot.n_guessed, slot.n_held, draft_max(slot.job));
             slot.n_guessed = 0;
         }
+        for (int32_t seq : step.seqs)
+            if (slots_[seq].live()) flush_prompt_logprobs(slots_[seq]);
         for (int32_t seq : step.prompt_done)
             if (slots_[seq].live() && slots_[seq].job.embed != Pooling::unset) finish_embedding(slots_[seq]);
         for (int32_t seq : step.seqs) release_if_idle(slots_[seq]);
@@ -962,8 +1006,42 @@ void Scheduler::run_probe(bool idle) {
     }
 }
 
+// One prompt token's log-probability (engine thread, under mu_).
+void Scheduler::on_prompt_score(Slot &slot, const StepOutput &out) {
+    if (slot.n_scored >= slot.n_prompt || out.token != slot.job.prompt[slot.n_scored]) {
+        fail(slot,
+             make_error(ErrorKind::failed, "the engine rated token {} where the prompt's token {} is {}",
+                        out.token, slot.n_scored,
+                        slot.n_scored < slot.n_prompt ? slot.job.prompt[slot.n_scored] : -1));
+        return;
+    }
+    slot.n_scored++;
+    TokenLogprob lp;
+    lp.id = out.token;
+    lp.piece = tokenizer_.token_to_piece(out.token);
+    lp.logprob = out.logprob;
+    const size_t n_top =
+        std::min(out.top.size(), static_cast<size_t>(std::max(slot.job.n_prompt_logprobs, 0)));
+    for (size_t k = 0; k < n_top; ++k)
+        lp.top.push_back({tokenizer_.token_to_piece(out.top[k].id), out.top[k].logprob, out.top[k].id});
+    slot.pending_prompt_lp.push_back(std::move(lp));
+}
+
+void Scheduler::flush_prompt_logprobs(Slot &slot) {
+    if (slot.pending_prompt_lp.empty()) return;
+    StreamEvent ev;
+    ev.prompt_logprobs = std::move(slot.pending_prompt_lp);
+    slot.pending_prompt_lp.clear();
+    slot.stream->push(std::move(ev));
+}
+
 // One sampled token for a slot (engine thread, under mu_).
 void Scheduler::on_token(Slot &slot, const StepOutput &out) {
+    flush_prompt_logprobs(slot);  // the prompt's come first
+    if (slot.limit == 0) {        // only the prompt was asked for
+        finish(slot, FinishReason::length);
+        return;
+    }
     if (slot.n_generated == 0) {
         stats_.ttft_seconds_sum += std::chrono::duration<double>(Clock::now() - slot.t_submit).count();
         stats_.ttft_count++;
@@ -983,13 +1061,17 @@ void Scheduler::on_token(Slot &slot, const StepOutput &out) {
         finish(slot, FinishReason::stop);
         return;
     }
-    if (slot.job.n_logprobs >= 0 && static_cast<int32_t>(out.logits.size()) == engine_.n_vocab()) {
+    if (slot.job.n_logprobs >= 0) {
+        // A constrained draw is the head's own, from the logits; the engine rated its own draw.
+        const bool own = static_cast<int32_t>(out.logits.size()) == engine_.n_vocab();
         TokenLogprob lp;
         lp.id = token;
         lp.piece = tokenizer_.token_to_piece(token);
-        lp.logprob = lp_sampler_.token_logprob(out.logits.data(), token);
-        for (const TokenProb &tp : lp_sampler_.top_logprobs(out.logits.data(), slot.job.n_logprobs))
-            lp.top.push_back({tokenizer_.token_to_piece(tp.id), tp.logprob, tp.id});
+        lp.logprob = own ? lp_sampler_.token_logprob(out.logits.data(), token) : out.logprob;
+        const std::vector<TokenProb> top =
+            own ? lp_sampler_.top_logprobs(out.logits.data(), slot.job.n_logprobs) : out.top;
+        for (size_t k = 0; k < top.size() && k < static_cast<size_t>(slot.job.n_logprobs); ++k)
+            lp.top.push_back({tokenizer_.token_to_piece(top[k].id), top[k].logprob, top[k].id});
         slot.pending_lp.push_back(std::move(lp));
     }
     std::string text = slot.stop->push(slot.detok->push(token));

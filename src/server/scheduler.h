@@ -87,9 +87,14 @@ namespace td::server {
 struct GenerationJob {
     std::vector<int32_t> prompt;    // non-empty token ids
     SamplerParams sampling;         // must pass sampler_params_validate
-    int32_t max_tokens = -1;        // > 0; -1: until the context is full
+    int32_t max_tokens = -1;        // > 0; -1: until the context is full; 0: nothing (the prompt is scored)
     std::vector<std::string> stop;  // the reply ends before the first of these texts (empty ones ignored)
     int32_t n_logprobs = -1;  // -1: no logprobs; 0..20: the sampled token's logprob + that many top ones
+    // The prompt's log-probabilities (OpenAI's echo with logprobs, vLLM's prompt_logprobs): -1 none; 0..20:
+    // each prompt token's under the model given the tokens before it, and that many top ones, in
+    // StreamEvent::prompt_logprobs before anything is generated. The prompt is computed whole (no prefix
+    // cache).
+    int32_t n_prompt_logprobs = -1;
     bool cache_prompt = true;  // reuse a slot's cached prefix of this prompt (llama-server's cache_prompt)
     int32_t n_draft = -1;      // tokens guessed per step (SchedulerParams::draft); -1: the server's n_max
     // Structured output: the reply is a JSON document this schema accepts (constrained sampling: only tokens
@@ -118,7 +123,7 @@ struct TokenAlternative {
 struct TokenLogprob {
     int32_t id = 0;
     std::string piece;
-    float logprob = 0.0f;
+    float logprob = 0.0f;               // the prompt's first token, which nothing predicts: NaN (JSON null)
     std::vector<TokenAlternative> top;  // best first
 };
 
@@ -127,6 +132,9 @@ struct StreamEvent {
     Kind kind = Kind::delta;
     std::string text;                          // delta: new text (valid UTF-8, may be empty with logprobs)
     std::vector<TokenLogprob> logprobs;        // delta: tokens produced since the last event (when asked)
+    // delta: the next prompt tokens with their log-probabilities (GenerationJob::n_prompt_logprobs), the
+    // first one's NaN; all of them come before the first generated token's event.
+    std::vector<TokenLogprob> prompt_logprobs;
     FinishReason finish = FinishReason::stop;  // done
     int32_t n_prompt = 0;                      // done: usage
     int32_t n_generated = 0;
@@ -322,6 +330,7 @@ private:
         std::vector<int32_t> seqs;         // slots with rows in the step
         std::vector<int32_t> past;         // [seqs.size()] each slot's positions once the step is done
         std::vector<int32_t> prompt_done;  // slots whose last prompt chunk is in the step
+        std::vector<int32_t> n_scored;     // [seqs.size()] each slot's score rows (its first outputs)
         int64_t n_prompt_rows = 0;
         int32_t n_rows = 0;
         std::chrono::steady_clock::time_point t_submit;
@@ -359,7 +368,8 @@ private:
     static bool constrained(const GenerationJob &job) {
         return job.schema != nullptr || job.grammar != nullptr;
     }
-    bool engine_logits(const GenerationJob &job) const { return job.n_logprobs >= 0 || constrained(job); }
+    // Whole logits rows only where the head draws itself; logprobs come from the engine (n_probs).
+    bool engine_logits(const GenerationJob &job) const { return constrained(job); }
     // Structured output or a grammar: the token the request's own sampler draws from the masked logits; -1
     // (and the slot failed) when no token of the vocabulary continues the document or the sentence.
     int32_t sample_constrained(Slot &slot, const StepOutput &out);
@@ -367,6 +377,8 @@ private:
     void refresh_info();  // engine thread, without mu_
     void publish_slots();  // engine thread, under mu_: slot_info_ from slots_
     void on_token(Slot &slot, const StepOutput &out);
+    void on_prompt_score(Slot &slot, const StepOutput &out);  // a prompt token's log-probability
+    void flush_prompt_logprobs(Slot &slot);                   // sends those not sent yet
     void on_embedding(Slot &slot, const StepOutput &out);  // an embedding job's row: pooled into the slot
     void finish_embedding(Slot &slot);                     // its prompt is in: the done event
     void finish(Slot &slot, FinishReason reason);

@@ -29,8 +29,12 @@ void decode_payload(MsgType type, std::span<const uint8_t> p) {
         }
         case MsgType::result: {
             auto v = decode_result(p, 16, 8);
-            if (v.ok())
+            if (v.ok()) {
                 for (uint32_t i = 0; i < v->n_outputs; ++i) (void)v->row(i);
+                uint64_t k = 0;
+                for (uint32_t i = 0; i < v->top_counts.size() / 4; ++i)
+                    for (uint32_t j = 0; j < v->top_count(i); ++j) (void)v->top_pair(k++);
+            }
             break;
         }
         case MsgType::seq_start: (void)decode_seq_start(p); break;
@@ -129,6 +133,20 @@ TD_FUZZ_INIT(codec) {
         td::fuzz::Bytes b;
         encode_forward(pos, seq, want, {}, hidden.data(), 64, w, b);
         seeds.push_back(frame(MsgType::forward, b));
+    }
+    {
+        // v18: a score row with its target, and a result with each row's alternatives.
+        const uint8_t score[2] = {kWantScore, 1};
+        const int32_t targets[2] = {3, -1};
+        td::fuzz::Bytes b;
+        encode_forward(pos, seq, score, {}, hidden.data(), 64, WireType::f32, b, targets);
+        seeds.push_back(frame(MsgType::forward, b));
+        const ResultRow rows[2] = {{0, 3, -1.5f, 0.0f}, {0, 7, -0.5f, 0.0f}};
+        const uint32_t counts[2] = {1, 2};
+        const ResultTop pairs[3] = {{7, -0.2f}, {7, -0.5f}, {3, -1.5f}};
+        td::fuzz::Bytes r;
+        encode_result(rows, nullptr, 16, nullptr, 0, r, counts, pairs);
+        seeds.push_back(frame(MsgType::result, r));
     }
     td::fuzz::write_seeds_and_exit_if_asked(seeds);
     return 0;
