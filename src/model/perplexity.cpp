@@ -8,9 +8,6 @@
 namespace td {
 namespace {
 
-// A step's logits come back whole (StepOutput::logits): at most this many bytes of them per step.
-constexpr int64_t kMaxStepLogitBytes = int64_t{64} << 20;
-
 struct ChunkSums {
     double nll = 0.0;
     double nll2 = 0.0;
@@ -24,7 +21,7 @@ struct GroupSteps {
 };
 
 GroupSteps group_steps(std::span<const int32_t> tokens, int32_t first_chunk, int32_t n_slots,
-                       const PerplexityParams &params, int32_t max_outputs) {
+                       const PerplexityParams &params) {
     const int32_t n_ctx = params.n_ctx;
     const int32_t first = n_ctx / 2;
     GroupSteps g;
@@ -41,13 +38,16 @@ GroupSteps group_steps(std::span<const int32_t> tokens, int32_t first_chunk, int
         const int32_t *chunk = tokens.data() + static_cast<size_t>(first_chunk + s) * n_ctx;
         // The last position predicts nothing in the chunk: it is not computed.
         for (int32_t pos = 0; pos < n_ctx - 1; ++pos) {
-            const bool scored = pos >= first;
-            if (cur.size() == params.n_batch ||
-                (scored && static_cast<int32_t>(cur_targets.size()) == max_outputs))
-                flush();
+            if (cur.size() == params.n_batch) flush();
             const int32_t tok = pos == 0 && params.bos >= 0 ? params.bos : chunk[pos];
-            cur.add_out(tok, pos, s, scored ? kOutLogits : kOutNone);
-            if (scored) cur_targets.emplace_back(s, chunk[pos + 1]);
+            // A scored row rates the token after it where the logits are: one number comes back, not a row of
+            // n_vocab logits (what crosses a cluster's links).
+            if (pos >= first) {
+                cur.add_score(tok, pos, s, chunk[pos + 1]);
+                cur_targets.emplace_back(s, chunk[pos + 1]);
+            } else {
+                cur.add_out(tok, pos, s, kOutNone);
+            }
         }
     }
     flush();
@@ -66,14 +66,6 @@ double PerplexityResult::ppl_error() const {
     const double mean = nll_sum / n;
     const double var = nll2_sum / n - mean * mean;
     return var > 0.0 ? std::sqrt(var / (n - 1.0)) * ppl() : 0.0;
-}
-
-double token_nll(std::span<const float> logits, int32_t token) {
-    float max_logit = logits[0];
-    for (float v : logits) max_logit = std::max(max_logit, v);
-    double sum_exp = 0.0;
-    for (float v : logits) sum_exp += std::exp(v - max_logit);
-    return static_cast<double>(max_logit) + std::log(sum_exp) - static_cast<double>(logits[token]);
 }
 
 Result<PerplexityResult> perplexity(
@@ -102,17 +94,15 @@ Result<PerplexityResult> perplexity(
     if (params.n_chunks > 0) n_chunks = std::min<int64_t>(n_chunks, params.n_chunks);
     const int32_t per_chunk = n_ctx - 1 - n_ctx / 2;
     const int32_t n_slots = static_cast<int32_t>(std::min<int64_t>(std::max(engine.n_seq(), 1), n_chunks));
-    const int32_t max_outputs = static_cast<int32_t>(
-        std::max<int64_t>(1, kMaxStepLogitBytes / (static_cast<int64_t>(sizeof(float)) * n_vocab)));
     const size_t max_in_flight = static_cast<size_t>(std::max(engine.max_in_flight(), 1));
-    SamplerParams greedy;  // the engine samples every row that wants logits; greedy draws touch no state
+    SamplerParams greedy;  // score rows draw nothing; the sampler is only what a started slot needs
     greedy.temperature = 0.0f;
 
     PerplexityResult total;
     for (int64_t group = 0; group < n_chunks; group += n_slots) {
         const int32_t n_group = static_cast<int32_t>(std::min<int64_t>(n_slots, n_chunks - group));
-        for (int32_t s = 0; s < n_group; ++s) TD_TRY(engine.seq_start(s, greedy, /*want_logits=*/true));
-        const GroupSteps g = group_steps(tokens, static_cast<int32_t>(group), n_group, params, max_outputs);
+        for (int32_t s = 0; s < n_group; ++s) TD_TRY(engine.seq_start(s, greedy));
+        const GroupSteps g = group_steps(tokens, static_cast<int32_t>(group), n_group, params);
         std::vector<ChunkSums> sums(static_cast<size_t>(n_group));
         size_t submitted = 0;
         for (size_t done = 0; done < g.steps.size(); ++done) {
@@ -124,10 +114,10 @@ Result<PerplexityResult> perplexity(
                 return make_error(ErrorKind::failed, "a step of {} scored rows returned {} outputs",
                                   targets.size(), outs.size());
             for (size_t i = 0; i < outs.size(); ++i) {
-                if (outs[i].logits.size() != static_cast<size_t>(n_vocab))
-                    return make_error(ErrorKind::failed, "a scored row returned {} logits, not {}",
-                                      outs[i].logits.size(), n_vocab);
-                const double v = token_nll(outs[i].logits, targets[i].second);
+                if (outs[i].token != targets[i].second || !std::isfinite(outs[i].logprob))
+                    return make_error(ErrorKind::failed, "a scored row rated token {} at {}, not token {}",
+                                      outs[i].token, outs[i].logprob, targets[i].second);
+                const double v = -static_cast<double>(outs[i].logprob);
                 ChunkSums &c = sums[static_cast<size_t>(targets[i].first)];
                 c.nll += v;
                 c.nll2 += v * v;

@@ -17,7 +17,7 @@ namespace td {
 
 struct PerplexityParams {
     int32_t n_ctx = 512;     // tokens per chunk (llama-perplexity's -c); at most the engine's n_ctx
-    int32_t n_batch = 2048;  // rows per step at most (also capped so a step's logits stay under 64 MiB)
+    int32_t n_batch = 2048;  // rows per step at most
     int32_t n_chunks = -1;   // score at most this many chunks; -1: every whole chunk of the text
     int32_t bos = -1;  // each chunk's first token is replaced by this id (llama.cpp with add_bos); -1: kept
 };
@@ -33,12 +33,10 @@ struct PerplexityResult {
     double ppl_error() const;
 };
 
-// -log softmax(logits)[token], with the sum of exps in double as llama-perplexity computes it.
-double token_nll(std::span<const float> logits, int32_t token);
-
 // Scores `tokens`. on_chunk (optional) is called once per chunk, in chunk order, with the chunk's index and
 // the totals up to and including it (llama-perplexity's running "[i]ppl"). Uses the engine's slots
-// 0..min(n_seq, chunks)-1 and restarts them (seq_start with want_logits); leaves them started.
+// 0..min(n_seq, chunks)-1 and restarts them (seq_start); leaves them started. Each scored token is a score
+// row (kOutScore): the engine returns its log-probability, computed where the logits are.
 // Errors: n_ctx < 4 or above the engine's context, fewer than n_ctx tokens, a token or bos out of the
 // vocabulary (invalid_input); the engine's errors as they are.
 Result<PerplexityResult> perplexity(
