@@ -128,8 +128,14 @@ TEST_P(EchoLogprobs, ThePromptsTokensAreScoredAsGenerationRatesThem) {
     const json reply = json::parse(lc->body);
     for (const json &p : reply["completion_probabilities"]) whole.push_back(p["id"]);
     ASSERT_EQ(whole.size(), n_prompt + n_gen) << lc->body;
+    const auto generated_total = [&] {
+        auto m = c.Get("/metrics");
+        return m ? metric(m->body, "tandem_generated_tokens_total") : -1;
+    };
+    const int64_t before = generated_total();
     const json only = post_ok(c, {{"prompt", whole}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 3}});
     EXPECT_EQ(only["usage"]["completion_tokens"], 0);
+    EXPECT_EQ(generated_total(), before);  // nothing was generated
     EXPECT_EQ(only["choices"][0]["finish_reason"], "length");
     EXPECT_EQ(only["choices"][0]["text"], generated["choices"][0]["text"]);
     const Scored o2 = scored(only["choices"][0]["logprobs"]);

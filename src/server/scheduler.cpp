@@ -957,8 +957,8 @@ void Scheduler::complete_step(double &engine_seconds) {
                 slot.n_held++;
             }
             prev_seq = out.seq;
+            n_sampled += slot.limit > 0;  // a prompt scored alone (max_tokens 0) keeps no token
             on_token(slot, out);
-            n_sampled++;
         }
         stats_.n_drafted += stats_drafted_;
         stats_drafted_ = 0;
